@@ -1,0 +1,34 @@
+"""Typed exceptions: every user error names the argument, the value and what is allowed."""
+
+from __future__ import annotations
+
+
+class HeadpruneError(Exception):
+    """Base class of every error headprune raises on purpose (the CLI turns these into one line)."""
+
+
+class UnsupportedModelError(HeadpruneError, TypeError):
+    """The model has no attention sites headprune knows how to find."""
+
+
+class SiteError(HeadpruneError, KeyError):
+    """A site name that the model does not have."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class MaskError(HeadpruneError, ValueError):
+    """A head mask of the wrong shape, type or values."""
+
+
+class PlanError(HeadpruneError, ValueError):
+    """A pruning plan that does not fit the model (unknown site, index out of range, other model)."""
+
+
+class DataError(HeadpruneError, ValueError):
+    """Input data that cannot be read or does not fit the task (file, column, label, encoding)."""
+
+
+class ConfigError(HeadpruneError, ValueError):
+    """A setting outside its allowed range."""
