@@ -1,0 +1,87 @@
+"""Save and load pruned models: safetensors weights + the config, which carries the plan.
+
+A pruned model is saved like any Hugging Face model (``config.json`` with ``headprune_plan`` and
+``headprune_heads``, ``model.safetensors``). Loading builds the model from its config, replays the
+plan on it (so the smaller shapes exist) and then loads the weights. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import load_file
+from torch import nn
+
+from . import __version__
+from .errors import PlanError
+from .surgery import HEADS_KEY, PLAN_KEY, apply_plan
+
+WEIGHTS = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+
+
+def save_pruned(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
+    """Write ``model`` (pruned or not) and optionally its tokenizer to directory ``path``."""
+    path = Path(path)
+    model.config.headprune_version = __version__
+    model.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return path
+
+
+def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | None = None) -> nn.Module:
+    """Load a model written by :func:`save_pruned` (or any HF directory): shapes rebuilt, weights loaded.
+
+    ``model_class`` defaults to the config's first architecture (e.g. ``BertForSequenceClassification``).
+    """
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise PlanError(f"path {str(path)!r} has no config.json; expected a directory written by save_pruned")
+    config = transformers.AutoConfig.from_pretrained(path)
+    cls = model_class or _architecture(config, path)
+    plan = getattr(config, PLAN_KEY, None)
+    heads = getattr(config, HEADS_KEY, None)
+    if not plan:
+        return cls.from_pretrained(path, dtype=dtype) if dtype else cls.from_pretrained(path)
+    for key in (PLAN_KEY, HEADS_KEY):
+        delattr(config, key)
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights():
+        model = cls._from_config(config)
+    apply_plan(model, plan, heads)
+    state = _read_weights(path)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
+    missing = [k for k in missing if k not in tied]
+    if missing or unexpected:
+        raise PlanError(f"weights in {str(path)!r} do not fit the plan: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    model.tie_weights()
+    model.to(dtype or next(iter(state.values())).dtype)
+    model.eval()
+    return model
+
+
+def _architecture(config, path: Path) -> type:
+    names = getattr(config, "architectures", None) or []
+    for name in names:
+        cls = getattr(transformers, name, None)
+        if cls is not None:
+            return cls
+    raise PlanError(f"config in {str(path)!r} names no known architecture ({names}); pass model_class=")
+
+
+def _read_weights(path: Path) -> dict[str, torch.Tensor]:
+    if (path / WEIGHTS).is_file():
+        return load_file(path / WEIGHTS)
+    if (path / INDEX).is_file():
+        files = sorted(set(json.loads((path / INDEX).read_text())["weight_map"].values()))
+        state: dict[str, torch.Tensor] = {}
+        for name in files:
+            state.update(load_file(path / name))
+        return state
+    raise PlanError(f"no {WEIGHTS} or {INDEX} in {str(path)!r}")
