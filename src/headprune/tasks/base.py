@@ -1,0 +1,61 @@
+"""What every evaluator returns, and the loop helpers they share."""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Mapping
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+from .. import __version__
+from ..masking import masked
+
+
+@dataclass
+class EvalResult:
+    """A corpus score and the per-example results behind it (for significance tests)."""
+
+    metric: str  # e.g. "accuracy", "bleu", "perplexity"
+    score: float
+    n: int  # examples scored
+    per_example: dict[str, np.ndarray]  # name -> [n] (e.g. "correct", "loss", "nll_sum", "tokens")
+    higher_is_better: bool = True
+    extra: dict = field(default_factory=dict)  # other corpus metrics (f1, matthews, sacrebleu signature)
+    seconds: float = 0.0
+    tokens: int = 0
+
+    @property
+    def examples_per_s(self) -> float:
+        return self.n / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("nan")
+
+    def to_dict(self, per_example: bool = False) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "per_example"}
+        d.update(examples_per_s=self.examples_per_s, tokens_per_s=self.tokens_per_s)
+        if per_example:
+            d["per_example"] = {k: v.tolist() for k, v in self.per_example.items()}
+        return d
+
+
+def mask_context(model, mask: Mapping[str, torch.Tensor] | None):
+    return nullcontext() if mask is None else masked(model, mask)
+
+
+def versions() -> dict:
+    import sacrebleu
+    import transformers
+
+    return {"headprune": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
+            "sacrebleu": sacrebleu.__version__, "python": platform.python_version()}
+
+
+def length_buckets(lengths: list[int], batch_size: int) -> list[list[int]]:
+    """Indices grouped into batches of similar length (sorted by length, longest first), to cut padding."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]

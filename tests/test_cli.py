@@ -1,0 +1,94 @@
+"""The CLI is a thin layer: it lists sites, prunes, runs the quick demo, and refuses bad input cleanly."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import headprune as hp
+from headprune.cli import app
+from tiny import build, inputs
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def bert_dir(tmp_path):
+    model = build("bert")
+    hp.save_pruned(model, tmp_path / "bert")
+    return tmp_path / "bert"
+
+
+def test_sites_table_and_json(bert_dir):
+    result = runner.invoke(app, ["sites", str(bert_dir)])
+    assert result.exit_code == 0, result.output
+    assert "encoder.0.self" in result.output and "encoder.1.self" in result.output
+    assert "2 sites, 8 heads" in result.output
+    result = runner.invoke(app, ["sites", str(bert_dir), "--json"])
+    data = json.loads(result.stdout)
+    assert [s["name"] for s in data["sites"]] == ["encoder.0.self", "encoder.1.self"]
+    assert data["sites"][0] == {"name": "encoder.0.self", "kind": "encoder", "layer": 0, "heads": 4, "kv_heads": 4,
+                                "head_dim": 8, "params": 4 * (32 * 32 + 32),
+                                "module": "bert.encoder.layer.0.attention.self"}
+
+
+def test_prune_writes_a_loadable_smaller_model(bert_dir, tmp_path):
+    out = tmp_path / "pruned"
+    result = runner.invoke(app, ["prune", str(bert_dir), "--heads", '{"encoder.1.self": [0, 2]}', "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    pruned = hp.load_pruned(out)
+    reference = hp.load_pruned(bert_dir)
+    x = inputs("bert")
+    with torch.no_grad(), hp.masked(reference, hp.mask_from_heads(reference, {"encoder.1.self": [0, 2]})):
+        want = reference(**x).logits
+    with torch.no_grad():
+        assert (pruned(**x).logits - want).abs().max().item() <= 1e-5
+    assert hp.kept_heads(pruned)["encoder.1.self"] == [1, 3]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--heads", '{"encoder.5.self": [0]}'], "unknown site 'encoder.5.self'"),
+        (["--heads", '{"encoder.0.self": [9]}'], "head index 9 out of range"),
+        (["--heads", "{not json"], "--heads: not valid JSON"),
+        (["--heads", "[1, 2]"], "expected a JSON object"),
+    ],
+)
+def test_prune_bad_input_one_line_nonzero_nothing_written(bert_dir, tmp_path, args, message):
+    out = tmp_path / "never"
+    result = runner.invoke(app, ["prune", str(bert_dir), *args, "-o", str(out)])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert not out.exists()
+
+
+def test_missing_model_dir_and_existing_output(bert_dir, tmp_path):
+    result = runner.invoke(app, ["sites", str(tmp_path / "nope")])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    result = runner.invoke(app, ["prune", str(bert_dir), "--heads", "{}", "-o", str(bert_dir)])
+    assert result.exit_code == 2 and "already exists" in result.output
+
+
+def test_quick_demo_writes_results_and_a_pruned_model(tmp_path):
+    result = runner.invoke(app, ["demo", "--quick", "-o", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    results = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert results["perplexity"]["masked"] == pytest.approx(results["perplexity"]["pruned"], rel=1e-5)
+    assert results["parameters"]["after"] < results["parameters"]["before"]
+    assert set(results["signature"]) >= {"model", "data", "split", "n", "method", "seed", "versions"}
+    model = hp.load_pruned(tmp_path / "run" / "pruned_model")
+    n_dropped = sum(len(v) for v in results["pruned_heads"].values())
+    assert sum(s.num_heads for s in hp.find_sites(model)) == 18 - n_dropped
+
+
+def test_python_dash_m_is_the_same_app(bert_dir):
+    out = subprocess.run([sys.executable, "-m", "headprune", "sites", str(bert_dir), "--json"],
+                         capture_output=True, text=True, check=True)
+    assert json.loads(out.stdout)["class"] == "BertForSequenceClassification"
