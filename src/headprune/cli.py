@@ -20,7 +20,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Find, score and physically remove the attention heads a transformer does not need.")
 
 
-def _friendly(fn):
+def friendly(fn):
     """Library errors become a one-line message and exit code 2 (no traceback)."""
 
     @functools.wraps(fn)
@@ -50,7 +50,7 @@ def main_callback(version: bool = typer.Option(False, "--version", callback=_ver
 
 
 @app.command()
-@_friendly
+@friendly
 def sites(
     model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
@@ -75,7 +75,7 @@ def sites(
 
 
 @app.command()
-@_friendly
+@friendly
 def prune(
     model_dir: Path = typer.Argument(..., help="Model directory to prune."),
     heads: str = typer.Option(..., "--heads", help='JSON {"site": [head indices to remove]} or a path to such a file.'),
@@ -98,7 +98,7 @@ def prune(
 
 
 @app.command()
-@_friendly
+@friendly
 def demo(
     output: Path = typer.Option(Path("runs/demo"), "-o", "--output", help="Run directory."),
     quick: bool = typer.Option(False, "--quick", help="A tiny random model instead of the real one (seconds)."),
@@ -124,6 +124,12 @@ def _json_arg(value: str, name: str) -> dict:
 
 def main() -> None:
     app(prog_name="headprune")
+
+
+# Commands of other areas live in headprune/commands/<area>.py and register themselves on ``app``.
+from .commands import register_all  # noqa: E402
+
+register_all()
 
 
 if __name__ == "__main__":  # pragma: no cover
