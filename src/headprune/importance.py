@@ -34,6 +34,7 @@ def head_importance(
     loss_fn: LossFn | None = None,
     normalize: str | None = "l2",
     absolute: str = "example",
+    mask: Mapping[str, torch.Tensor] | None = None,
     progress: bool = False,
 ) -> dict[str, torch.Tensor]:
     """I_h per site: {site name: tensor [num_heads]}.
@@ -41,7 +42,8 @@ def head_importance(
     ``batches`` yields model inputs (with ``labels`` unless ``loss_fn`` is given, or a causal LM,
     which is scored on its own inputs). ``loss_fn(outputs, batch) -> [batch]`` per-example losses.
     ``normalize``: ``"l2"`` (per site, paper 4.1) or None. ``absolute``: ``"example"`` (exact
-    I_h) or ``"batch"`` (|sum over a batch|, the bertology variant).
+    I_h) or ``"batch"`` (|sum over a batch|, the bertology variant). ``mask``: score the model as
+    masked by this [num_heads] mask (for iterative pruning); masked heads still get a gradient.
     """
     if normalize not in (None, "l2"):
         raise ConfigError(f"normalize={normalize!r}; allowed: 'l2' or None")
@@ -51,7 +53,7 @@ def head_importance(
     total = {s.name: torch.zeros(s.num_heads, dtype=torch.float64) for s in sites}
     count = 0
     for batch in tqdm(batches, desc="importance", unit="batch", disable=not progress):
-        grads, valid = mask_gradients(model, batch, loss_fn=loss_fn)
+        grads, valid = mask_gradients(model, batch, loss_fn=loss_fn, mask=mask)
         count += int(valid.sum())
         for name, g in grads.items():  # g [B, H]
             g = g[valid].double()
@@ -68,14 +70,19 @@ def normalize_per_site(scores: Mapping[str, torch.Tensor], eps: float = 1e-20) -
 
 
 def mask_gradients(
-    model: nn.Module, batch: Mapping[str, torch.Tensor], *, loss_fn: LossFn | None = None
+    model: nn.Module, batch: Mapping[str, torch.Tensor], *, loss_fn: LossFn | None = None,
+    mask: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Per-example mask gradients of one batch: ({site: dL_b/dxi [B, H]}, valid [B] bool).
 
     One forward and one backward; parameters are frozen meanwhile; the model runs in eval mode.
     """
     batch_size = _batch_size(batch)
-    xi = ones_mask(model, batch_size, requires_grad=True)
+    xi = ones_mask(model, batch_size)
+    for name, value in (mask or {}).items():  # start from the given [H] mask, one row per example
+        xi[name] = torch.as_tensor(value, dtype=torch.float32).expand(batch_size, -1).clone()
+    for t in xi.values():
+        t.requires_grad_(True)
     with _scoring(model), masked(model, xi), torch.enable_grad():
         outputs = model(**_model_inputs(model, batch, loss_fn))
         if loss_fn is not None:

@@ -1,0 +1,171 @@
+"""Figures a person can read at a glance: titles, units on axes, the baseline marked, legends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder (cross) attention"}
+ORDER_STYLE = {
+    "importance": ("#1f77b4", "I_h (importance, computed once)"),
+    "importance-iterative": ("#17becf", "I_h, recomputed each step"),
+    "oracle": ("#d62728", "oracle (one-head ablation)"),
+    "random": ("#7f7f7f", "random (mean ± std)"),
+}
+
+
+def _metric_label(metric: str) -> str:
+    return {"accuracy": "accuracy (%)", "bleu": "BLEU", "perplexity": "perplexity (lower is better)",
+            "f1": "F1 (%)", "matthews": "Matthews corr. (×100)"}.get(metric, metric)
+
+
+def _scale(metric: str) -> float:
+    return 100.0 if metric in ("accuracy", "f1", "matthews") else 1.0
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def ablation_heatmap(rows: list[dict], base: float, metric: str, path: Path, alpha: float) -> Path:
+    """Layer x head grid of the score change when each head alone is masked; significant cells marked."""
+    kinds = [k for k in ("encoder", "decoder", "cross") if any(r["kind"] == k for r in rows)]
+    scale = _scale(metric)
+    span = max((abs(r["delta"]) for r in rows), default=1.0) * scale or 1.0
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds) + 1.2, 3.8), squeeze=False)
+    image = None
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        sub = [r for r in rows if r["kind"] == kind]
+        layers = sorted({r["layer"] for r in sub})
+        heads = max(r["head"] for r in sub) + 1
+        grid = np.full((len(layers), heads), np.nan)
+        for r in sub:
+            grid[layers.index(r["layer"]), r["head"]] = r["delta"] * scale
+        image = ax.imshow(grid, cmap="RdBu_r" if metric == "perplexity" else "RdBu", vmin=-span, vmax=span,
+                          aspect="auto")
+        for r in sub:
+            if r["significant"]:
+                ax.text(r["head"], layers.index(r["layer"]), "*", ha="center", va="center", fontsize=12,
+                        color="black", fontweight="bold")
+        ax.set_title(KIND_TITLES[kind], fontsize=10)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_yticks(range(len(layers)), [str(x) for x in layers])
+        ax.set_xticks(range(heads), [str(h) for h in range(heads)], fontsize=7)
+    cbar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9)
+    cbar.set_label(f"Δ {_metric_label(metric)} when masked")
+    fig.suptitle(f"One head masked at a time (full model: {base * scale:.2f}); * = significant at p < {alpha}",
+                 fontsize=11)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def ablation_histogram(rows: list[dict], base: float, metric: str, path: Path) -> Path:
+    scale = _scale(metric)
+    scores = np.array([r["score"] for r in rows]) * scale
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    ax.hist(scores, bins=min(30, max(5, len(scores) // 3)), color="#1f77b4", alpha=0.8, label="one head masked")
+    ax.axvline(base * scale, color="#d62728", linestyle="--", linewidth=2, label=f"full model ({base * scale:.2f})")
+    ax.set_xlabel(_metric_label(metric))
+    ax.set_ylabel("number of heads")
+    ax.set_title(f"Score with one head masked ({len(rows)} heads)")
+    ax.legend()
+    return _save(fig, path)
+
+
+def all_but_one_bars(rows: list[dict], base: float, metric: str, path: Path, alpha: float) -> Path:
+    scale = _scale(metric)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(rows) + 2), 3.8))
+    deltas = [r["delta"] * scale for r in rows]
+    colors = ["#d62728" if r["significant"] else "#1f77b4" for r in rows]
+    ax.bar(range(len(rows)), deltas, color=colors)
+    ax.axhline(0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(rows)), [r["site"] for r in rows], rotation=60, ha="right", fontsize=8)
+    ax.set_ylabel(f"Δ {_metric_label(metric)}")
+    chosen = "chosen on a held-out split" if rows and rows[0].get("chosen_on") == "held-out" else "best head"
+    ax.set_title(f"Keep one head per site ({chosen}); full model {base * scale:.2f}; red: p < {alpha}")
+    return _save(fig, path)
+
+
+def cross_domain_scatter(a: list[dict], b: list[dict], r: float, p: float, names: tuple[str, str], metric: str,
+                         path: Path) -> Path:
+    scale = _scale(metric)
+    x = np.array([row["delta"] for row in a]) * scale
+    y = np.array([row["delta"] for row in b]) * scale
+    fig, ax = plt.subplots(figsize=(5.0, 4.6))
+    ax.scatter(x, y, s=18, alpha=0.7, color="#1f77b4")
+    lim = [min(x.min(), y.min()), max(x.max(), y.max())]
+    ax.plot(lim, lim, color="#7f7f7f", linestyle=":", linewidth=1, label="y = x")
+    ax.axhline(0, color="black", linewidth=0.5)
+    ax.axvline(0, color="black", linewidth=0.5)
+    ax.set_xlabel(f"Δ {_metric_label(metric)} on {names[0]}")
+    ax.set_ylabel(f"Δ {_metric_label(metric)} on {names[1]}")
+    ax.set_title(f"One-head ablation on two datasets: Pearson r = {r:.2f} (p = {p:.1e})")
+    ax.legend(loc="lower right")
+    return _save(fig, path)
+
+
+def pruning_curves(summary: list[dict], metric: str, path: Path, title: str = "") -> Path:
+    scale = _scale(metric)
+    fig, ax = plt.subplots(figsize=(6.6, 4.2))
+    base = None
+    for order in dict.fromkeys(r["order"] for r in summary):
+        rows = [r for r in summary if r["order"] == order]
+        x = np.array([100 * r["pruned"] / r["of"] for r in rows])
+        y = np.array([r["score"] for r in rows]) * scale
+        color, label = ORDER_STYLE.get(order, ("black", order))
+        ax.plot(x, y, marker="o", markersize=3, color=color, label=label)
+        if order == "random":
+            std = np.array([r["std"] for r in rows]) * scale
+            ax.fill_between(x, y - std, y + std, color=color, alpha=0.2)
+        base = next((r["score"] for r in rows if r["pruned"] == 0), base)
+    if base is not None:
+        ax.axhline(base * scale, color="black", linestyle="--", linewidth=1, label=f"unpruned ({base * scale:.2f})")
+    ax.set_xlabel("heads pruned (%)")
+    ax.set_ylabel(_metric_label(metric))
+    ax.set_xlim(0, 100)
+    ax.set_title(title or "Pruning curve")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def dynamics(rows: list[dict], metric: str, path: Path) -> Path:
+    """Left: relative score per pruning level across epochs. Right: early vs late curves."""
+    epochs = sorted({r["epoch"] for r in rows})
+    levels = sorted({r["fraction"] for r in rows if r["fraction"] > 0})
+    if len(levels) > 5:  # a readable number of lines: every other level, the paper's 10%..90% grid thinned
+        levels = levels[1::2]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    cmap = plt.get_cmap("viridis")
+    for i, f in enumerate(levels):
+        ys = [next((r["relative"] for r in rows if r["epoch"] == e and r["fraction"] == f), np.nan) for e in epochs]
+        left.plot(epochs, np.array(ys) * 100, marker="o", markersize=3, color=cmap(i / max(1, len(levels) - 1)),
+                  label=f"{f:.0%} pruned")
+    left.axhline(100, color="black", linestyle="--", linewidth=1, label="unpruned model of that epoch")
+    left.set_xlabel("epoch")
+    left.set_xticks(epochs)
+    left.set_ylabel(f"{metric} quality relative to unpruned (%)")
+    left.set_title("Pruning during training (I_h order; 100% = that epoch's unpruned model)", fontsize=10)
+    left.legend(fontsize=7, ncol=2)
+    left.grid(alpha=0.3)
+    chosen = [epochs[0], epochs[len(epochs) // 2], epochs[-1]] if len(epochs) > 2 else epochs
+    for e, style in zip(dict.fromkeys(chosen), ("-", "--", ":"), strict=False):
+        sub = sorted((r for r in rows if r["epoch"] == e), key=lambda r: r["fraction"])
+        right.plot([100 * r["fraction"] for r in sub], [100 * r["relative"] for r in sub], linestyle=style, marker="o",
+                   markersize=3, label=f"epoch {e}")
+    right.set_xlabel("heads pruned (%)")
+    right.set_ylabel(f"{metric} quality relative to unpruned (%)")
+    right.set_title("Early vs late epochs")
+    right.legend()
+    right.grid(alpha=0.3)
+    return _save(fig, path)

@@ -1,0 +1,95 @@
+"""One self-contained ``report.html`` per run directory: images embedded, opens offline.
+
+Reads ``results.json``: ``title``, ``signature``, ``headline`` ([label, value] pairs), ``figures``
+([{file, caption}]), ``tables`` ([{title, file (CSV), columns?, max_rows?}]), ``notes`` (strings).
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+from pathlib import Path
+
+from ..errors import ConfigError
+
+CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.6em;margin-bottom:.2em} h2{font-size:1.2em;margin-top:1.8em;border-bottom:1px solid #ddd}
+.headline{display:flex;flex-wrap:wrap;gap:.8em;margin:1em 0}
+.card{background:#f5f7fa;border:1px solid #dde3ea;border-radius:6px;padding:.6em .9em;min-width:10em}
+.card .v{font-size:1.35em;font-weight:600} .card .l{font-size:.8em;color:#555}
+figure{margin:1.2em 0} figure img{max-width:100%;border:1px solid #eee} figcaption{font-size:.9em;color:#444}
+table{border-collapse:collapse;font-size:.85em;margin:.6em 0} td,th{border:1px solid #ddd;padding:.25em .5em;text-align:right}
+th{background:#f0f0f0} td:first-child,th:first-child{text-align:left}
+details{margin:.5em 0} .sig td{text-align:left} .note{color:#444;font-size:.92em}
+"""
+
+
+def build_report(run_dir: str | Path) -> Path:
+    run_dir = Path(run_dir)
+    results_path = run_dir / "results.json"
+    if not results_path.is_file():
+        raise ConfigError(f"run directory {str(run_dir)!r} has no results.json; expected a headprune run directory")
+    results = json.loads(results_path.read_text())
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(results.get('title', 'headprune'))}</title>",
+             f"<style>{CSS}</style></head><body>",
+             f"<h1>{_e(results.get('title', 'headprune run'))}</h1>"]
+    if results.get("subtitle"):
+        parts.append(f"<p class='note'>{_e(results['subtitle'])}</p>")
+    if results.get("headline"):
+        parts.append("<div class='headline'>")
+        for label, value in results["headline"]:
+            parts.append(f"<div class='card'><div class='v'>{_e(value)}</div><div class='l'>{_e(label)}</div></div>")
+        parts.append("</div>")
+    for note in results.get("notes", []):
+        parts.append(f"<p class='note'>{_e(note)}</p>")
+    for fig in results.get("figures", []):
+        png = run_dir / fig["file"]
+        if png.is_file():
+            data = base64.b64encode(png.read_bytes()).decode()
+            parts.append(f"<figure><img alt='{_e(fig.get('caption', ''))}' src='data:image/png;base64,{data}'>"
+                         f"<figcaption>{_e(fig.get('caption', ''))}</figcaption></figure>")
+    for table in results.get("tables", []):
+        parts.append(_table(run_dir, table))
+    parts.append("<h2>Signature (to reproduce this run)</h2><table class='sig'>")
+    for key, value in results.get("signature", {}).items():
+        shown = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+        parts.append(f"<tr><th>{_e(key)}</th><td>{_e(shown)}</td></tr>")
+    parts.append("</table></body></html>")
+    out = run_dir / "report.html"
+    tmp = out.with_suffix(".html.tmp")
+    tmp.write_text("\n".join(parts))
+    tmp.replace(out)
+    return out
+
+
+def _table(run_dir: Path, spec: dict) -> str:
+    path = run_dir / spec["file"]
+    if not path.is_file():
+        return ""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    columns = spec.get("columns") or (list(rows[0]) if rows else [])
+    limit = spec.get("max_rows", 40)
+    head = "".join(f"<th>{_e(c)}</th>" for c in columns)
+    body = "".join("<tr>" + "".join(f"<td>{_e(_fmt(r.get(c, '')))}</td>" for c in columns) + "</tr>"
+                   for r in rows[:limit])
+    more = f"<p class='note'>{len(rows) - limit} more rows in {_e(spec['file'])}</p>" if len(rows) > limit else ""
+    title = _e(spec.get("title", spec["file"]))
+    return f"<h2>{title}</h2><table><tr>{head}</tr>{body}</table>{more}"
+
+
+def _fmt(value: str) -> str:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return value
+    if number.is_integer() and "." not in value and "e" not in value.lower():
+        return value
+    return f"{number:.4g}"
+
+
+def _e(value) -> str:
+    return html.escape(str(value))
