@@ -113,3 +113,25 @@ def labels(family: str, batch: dict, seed: int = 2) -> torch.Tensor:
     if family in CAUSAL:
         return batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
     return torch.randint(0, 2, (b,), generator=g)
+
+
+def word_tokenizer(texts: list[str], *, bos_eos: bool = False):
+    """A word-level fast tokenizer over ``texts`` (ids < VOCAB: rare words map to <unk>)."""
+    from collections import Counter
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Counter(w for t in texts for w in t.lower().split())
+    special = ["<pad>", "<s>", "</s>", "<unk>"]
+    vocab = {w: i for i, w in enumerate(special + [w for w, _ in words.most_common(VOCAB - len(special))])}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    from tokenizers import normalizers
+    from tokenizers.processors import TemplateProcessing
+
+    core.normalizer = normalizers.Lowercase()
+    if bos_eos:
+        core.post_processor = TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")

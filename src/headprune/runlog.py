@@ -67,7 +67,7 @@ class RunDir:
         return record
 
     def write_json(self, name: str, data) -> Path:
-        return self.write_text(name, json.dumps(data, indent=2, default=_plain))
+        return self.write_text(name, json.dumps(_finite(data), indent=2, default=_plain))
 
     def write_csv(self, name: str, rows: list[dict]) -> Path:
         buf = io.StringIO()
@@ -87,6 +87,17 @@ class RunDir:
 
 def _comparable(signature: dict) -> dict:
     return {k: v for k, v in signature.items() if k not in IGNORED_IN_SIGNATURE}
+
+
+def _finite(value):
+    """Strict JSON: NaN and infinities become null."""
+    if isinstance(value, float) and (value != value or value in (float("inf"), float("-inf"))):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _plain(value):
