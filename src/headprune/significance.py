@@ -31,26 +31,21 @@ def compare(base: EvalResult, other: EvalResult, *, n_resamples: int = 1000, see
         boot = stats.paired_bootstrap_classification(a["pred"], b["pred"], a["label"], metric=base.metric,
                                                      n_resamples=n_resamples, seed=seed)
         return _boot("paired bootstrap", boot)
-    if base.metric == "bleu":
-        key = next(k for k in ("bleu_stats", "stats") if k in a)
-        score = stats._bleu_from_sums(base.extra.get("bleu_object") or _bleu())
-        boot = stats.paired_bootstrap(a[key], b[key], score, n_resamples=n_resamples, seed=seed, reduce="sum")
+    if base.metric == "bleu" and "bleu_stats" in a:
+        from .tasks.translation import bleu_from_stats
+
+        boot = stats.paired_bootstrap(a["bleu_stats"], b["bleu_stats"], bleu_from_stats, n_resamples=n_resamples,
+                                      seed=seed, reduce="sum")
         return _boot("paired bootstrap (corpus BLEU)", boot)
-    if base.metric == "perplexity":
+    if base.metric in ("perplexity", "nll") and "nll_sum" in a:
         sa = np.stack([a["nll_sum"], a["tokens"]], axis=1)
         sb = np.stack([b["nll_sum"], b["tokens"]], axis=1)
-        boot = stats.paired_bootstrap(sa, sb, lambda s: math.exp(s[0] / s[1]), n_resamples=n_resamples,
-                                      seed=seed, reduce="sum")
-        return _boot("paired bootstrap (corpus perplexity)", boot)
+        corpus = (lambda s: math.exp(s[0] / s[1])) if base.metric == "perplexity" else (lambda s: s[0] / s[1])
+        boot = stats.paired_bootstrap(sa, sb, corpus, n_resamples=n_resamples, seed=seed, reduce="sum")
+        return _boot(f"paired bootstrap (corpus {base.metric})", boot)
     raise ConfigError(f"no significance test for metric {base.metric!r}; "
-                      "allowed: accuracy, f1, matthews, bleu, perplexity")
+                      "allowed: accuracy, f1, matthews, bleu, perplexity, nll")
 
 
 def _boot(name: str, boot) -> dict:
     return {"test": name, "p_value": boot.p_value, "ci_low": boot.ci_low, "ci_high": boot.ci_high}
-
-
-def _bleu():
-    from sacrebleu.metrics import BLEU
-
-    return BLEU()
