@@ -131,14 +131,17 @@ def importance_scorer(model: nn.Module, batches: Callable[[], Iterable]) -> Call
 
 def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveSettings,
                importance_batches: Callable[[], Iterable] | None = None, signature: dict | None = None,
-               sweep_settings: ablation.SweepSettings | None = None, fresh: bool = False,
-               progress: bool = True, title: str = "") -> Path:
-    """Paper 4.2 / 5 / App. B (Figs. 3, 4, 6): pruning curves by I_h, oracle and random order."""
+               sweep_settings: ablation.SweepSettings | None = None, oracle: dict | None = None,
+               fresh: bool = False, progress: bool = True, title: str = "") -> Path:
+    """Paper 4.2 / 5 / App. B (Figs. 3, 4, 6): pruning curves by I_h, oracle and random order.
+
+    ``oracle``: {site: damage [H]} from an earlier one-head ablation (see :func:`oracle_from_run`);
+    computed here (and resumable) when not given.
+    """
     run = RunDir(out, _signature(signature, "pruning curves", {
         "fractions": list(settings.fractions), "orders": list(settings.orders), "seeds": list(settings.seeds),
         "kinds": settings.kinds, "min_per_site": settings.min_per_site}), fresh=fresh)
-    oracle = None
-    if "oracle" in settings.orders:
+    if "oracle" in settings.orders and oracle is None:
         sweep = ablation.one_head_ablation(model, evaluator, sites=settings.kinds, settings=sweep_settings, run=run,
                                            unit_prefix="oracle:", progress=progress)
         oracle = {}
@@ -165,6 +168,22 @@ def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveS
         "figures": [{"file": "curves.png", "caption": "Score as more heads are masked, per order; dashed: unpruned."}],
         "tables": [{"title": "Curve points (mean over seeds for random)", "file": "curves_summary.csv", "max_rows": 60}],
     })
+
+
+def oracle_from_run(run_dir: str | Path) -> dict[str, torch.Tensor]:
+    """{site: damage [H]} from a one-head ablation run directory (its ablation.csv)."""
+    import csv
+
+    from .errors import ConfigError
+
+    path = Path(run_dir) / "ablation.csv"
+    if not path.is_file():
+        raise ConfigError(f"oracle run {str(run_dir)!r} has no ablation.csv; expected a `headprune ablate` run directory")
+    damages: dict[str, dict[int, float]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            damages.setdefault(row["site"], {})[int(row["head"])] = float(row["damage"])
+    return {site: torch.tensor([d[h] for h in sorted(d)]) for site, d in damages.items()}
 
 
 def _within(summary: list[dict], order: str, level: float) -> float:

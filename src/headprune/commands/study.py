@@ -177,22 +177,26 @@ MINSITE = typer.Option(0, "--min-per-site", help="Keep at least this many heads 
 def curve(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = DATA, data2: Path = DATA2,
           calib_data: str = typer.Option(None, "--calib-data", help="Data for I_h (default: --data)."),
           calib_data2: Path = typer.Option(None, "--calib-data2", help="Translation: target of --calib-data."),
+          oracle_from: Path = typer.Option(None, "--oracle-from", help="Take the oracle order from this "
+                                           "`headprune ablate` run directory instead of recomputing it."),
           orders: str = ORDERS, step: float = STEP, seeds: int = SEEDS, kind: str = KINDS, min_per_site: int = MINSITE,
           text_column: str = TEXT, text_pair_column: str = PAIR, label_column: str = LABEL,
           source_column: str = SRC, target_column: str = TGT, limit: int = LIMIT, batch_size: int = BATCH,
           metric: str = METRIC, beams: int = BEAMS, output: Path = OUT, fresh: bool = FRESH):
     """Pruning curves in I_h, oracle and random order (paper 4.2, 5, App. B; Figs. 3, 4, 6)."""
-    from ..study import run_curves
+    from ..study import oracle_from_run, run_curves
 
     settings = _curve_settings(orders, step, seeds, kind, min_per_site)
+    oracle = oracle_from_run(oracle_from) if oracle_from and "oracle" in settings.orders else None
     model, tok = _load(model_dir)
     cols = _columns(text_column, text_pair_column, label_column, source_column, target_column)
     ev = _evaluator(model, tok, task, data, data2, cols, limit, batch_size, metric, beams)
     calib = _evaluator(model, tok, task, calib_data, calib_data2, cols, limit, batch_size, metric, beams) \
         if calib_data else ev
-    sig = {**_signature(model_dir, task, data, data2, ev, 0), "importance_data": calib_data or data}
+    sig = {**_signature(model_dir, task, data, data2, ev, 0), "importance_data": calib_data or data,
+           "oracle_from": str(oracle_from) if oracle else None}
     report = run_curves(model, ev, output, settings=settings, importance_batches=calib.batches, signature=sig,
-                        fresh=fresh)
+                        oracle=oracle, fresh=fresh)
     typer.echo(f"report: {report}")
 
 
