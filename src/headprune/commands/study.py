@@ -62,6 +62,20 @@ def _load(model_dir: Path):
     return model, tokenizer
 
 
+class _Task:
+    """A loaded model and the task flags shared by every study command; ``on(data)`` builds an evaluator."""
+
+    def __init__(self, model_dir: Path, task: str, text_column, text_pair_column, label_column, source_column,
+                 target_column, limit, batch_size, metric, beams):
+        self.model, self.tokenizer = _load(model_dir)
+        self.task, self.limit, self.batch_size, self.metric, self.beams = task, limit, batch_size, metric, beams
+        self.columns = _columns(text_column, text_pair_column, label_column, source_column, target_column)
+
+    def on(self, data: str, data2=None):
+        return _evaluator(self.model, self.tokenizer, self.task, data, data2, self.columns, self.limit,
+                          self.batch_size, self.metric, self.beams)
+
+
 def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int) -> dict:
     return {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
             "split": Path(data).name, "n": len(evaluator), "seed": seed, "command": " ".join(sys.argv[1:])}
@@ -88,9 +102,10 @@ def ablate(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = 
     from ..study import run_ablation
 
     settings = _settings(alpha, resamples, seed)
-    model, tok = _load(model_dir)
-    cols = _columns(text_column, text_pair_column, label_column, source_column, target_column)
-    ev = _evaluator(model, tok, task, data, data2, cols, limit, batch_size, metric, beams)
+    t = _Task(model_dir, task, text_column, text_pair_column, label_column, source_column, target_column, limit,
+              batch_size, metric, beams)
+    model = t.model
+    ev = t.on(data, data2)
     report = run_ablation(model, ev, output, signature=_signature(model_dir, task, data, data2, ev, seed),
                           sites=_sites(sites), settings=settings, fresh=fresh)
     typer.echo(f"report: {report}")
@@ -110,10 +125,11 @@ def all_but_one(model_dir: Path = typer.Argument(...), task: str = TASK, data: s
     from ..study import run_all_but_one
 
     settings = _settings(alpha, resamples, seed)
-    model, tok = _load(model_dir)
-    cols = _columns(text_column, text_pair_column, label_column, source_column, target_column)
-    ev = _evaluator(model, tok, task, data, data2, cols, limit, batch_size, metric, beams)
-    choose = _evaluator(model, tok, task, choose_data, choose_data2, cols, limit, batch_size, metric, beams) \
+    t = _Task(model_dir, task, text_column, text_pair_column, label_column, source_column, target_column, limit,
+              batch_size, metric, beams)
+    model = t.model
+    ev = t.on(data, data2)
+    choose = t.on(choose_data, choose_data2) \
         if choose_data else None
     sig = _signature(model_dir, task, data, data2, ev, seed)
     if choose_data:
@@ -140,10 +156,11 @@ def cross_domain(model_dir: Path = typer.Argument(...), task: str = TASK, data: 
     if len(pair) != 2 or not all(pair):
         raise ConfigError(f"--names {names!r}; allowed: two comma-separated names")
     settings = _settings(alpha, resamples, seed)
-    model, tok = _load(model_dir)
-    cols = _columns(text_column, text_pair_column, label_column, source_column, target_column)
-    ev_a = _evaluator(model, tok, task, data, data2, cols, limit, batch_size, metric, beams)
-    ev_b = _evaluator(model, tok, task, data_b, data2_b, cols, limit, batch_size, metric, beams)
+    t = _Task(model_dir, task, text_column, text_pair_column, label_column, source_column, target_column, limit,
+              batch_size, metric, beams)
+    model = t.model
+    ev_a = t.on(data, data2)
+    ev_b = t.on(data_b, data2_b)
     sig = {**_signature(model_dir, task, data, data2, ev_a, seed), "data_b": data_b, "n_b": len(ev_b)}
     report = run_cross_domain(model, ev_a, ev_b, output, names=pair, signature=sig, sites=_sites(sites),
                               settings=settings, fresh=fresh)
@@ -188,10 +205,11 @@ def curve(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = D
 
     settings = _curve_settings(orders, step, seeds, kind, min_per_site)
     oracle = oracle_from_run(oracle_from) if oracle_from and "oracle" in settings.orders else None
-    model, tok = _load(model_dir)
-    cols = _columns(text_column, text_pair_column, label_column, source_column, target_column)
-    ev = _evaluator(model, tok, task, data, data2, cols, limit, batch_size, metric, beams)
-    calib = _evaluator(model, tok, task, calib_data, calib_data2, cols, limit, batch_size, metric, beams) \
+    t = _Task(model_dir, task, text_column, text_pair_column, label_column, source_column, target_column, limit,
+              batch_size, metric, beams)
+    model = t.model
+    ev = t.on(data, data2)
+    calib = t.on(calib_data, calib_data2) \
         if calib_data else ev
     sig = {**_signature(model_dir, task, data, data2, ev, 0), "importance_data": calib_data or data,
            "oracle_from": str(oracle_from) if oracle else None}
@@ -214,13 +232,13 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
     for path in checkpoints:
         if not (path / "config.json").is_file():
             raise ConfigError(f"checkpoint {str(path)!r} is not a model directory (no config.json)")
-    cols = _columns(text_column, text_pair_column, label_column, source_column, target_column)
     epochs = [_epoch(p, i) for i, p in enumerate(checkpoints, start=1)]
 
     def loader(path):
         def load():
-            model, tok = _load(path)
-            return model, _evaluator(model, tok, task, data, data2, cols, limit, batch_size, metric, beams)
+            t = _Task(path, task, text_column, text_pair_column, label_column, source_column, target_column, limit,
+                      batch_size, metric, beams)
+            return t.model, t.on(data, data2)
         return load
 
     sig = {"model": [str(p) for p in checkpoints], "task": task, "data": data, "split": Path(data).name,
