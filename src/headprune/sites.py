@@ -39,6 +39,15 @@ _QKVO_NAMES = (
     ("q", "k", "v", "o"),  # T5, mT5, LongT5
 )
 _HEAD_DIM_ATTRS = ("head_dim", "attention_head_size", "key_value_proj_dim", "head_size")
+_BERT_QKV = (("query", "key", "value"), ("query_proj", "key_proj", "value_proj"))  # BERT, ViT / DeBERTa
+_PER_HEAD_EXTRAS = ("pos_key_proj", "pos_query_proj")  # DeBERTa's relative-position projections
+# Families whose heads meet biases built outside the attention module (ALiBi) or whose fused layout
+# differs from the names: refused rather than silently pruned wrong.
+_REFUSED = {"bloom": "ALiBi biases are built for all heads outside the attention modules",
+            "falcon": "its fused query_key_value layout depends on the config (multi-query)",
+            "mpt": "ALiBi biases are built for all heads outside the attention modules",
+            "albert": "one attention module is shared by every layer",
+            "phi3": "its fused qkv_proj is split by config-wide head counts"}
 _CROSS_NAMES = ("encoder_attn", "EncDecAttention", "crossattention", "cross_attn", "crossattn")
 
 
@@ -96,6 +105,10 @@ def find_sites(model: nn.Module) -> list[Site]:
 
     Raises :class:`UnsupportedModelError` naming the model class when none is found.
     """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in _REFUSED:
+        raise UnsupportedModelError(f"model of class {type(model).__name__} ({model_type}) is not supported: "
+                                    f"{_REFUSED[model_type]}; supported families: {', '.join(SUPPORTED_FAMILIES)}")
     sites: list[Site] = []
     seen: set[int] = set()
     for path, module in model.named_modules():
@@ -146,11 +159,13 @@ def _match(model: nn.Module, path: str, module: nn.Module) -> Site | None:
     # BERT family: attention.self holds q/k/v, attention.output.dense is the output projection.
     if "self" in children and "output" in children and hasattr(children["output"], "dense"):
         core = children["self"]
-        qkv = [getattr(core, n, None) for n in ("query", "key", "value")]
         hd = _head_dim(core, model)
-        if all(isinstance(m, nn.Linear) for m in qkv) and hd:
-            return _make_site(model, path, core, path + ".self", hd, *[_proj(m) for m in qkv],
-                              children["output"].dense, meta={"bert_style": True})
+        for names in _BERT_QKV:
+            qkv = [getattr(core, n, None) for n in names]
+            if all(isinstance(m, nn.Linear) for m in qkv) and hd:
+                extras = [getattr(core, n) for n in _PER_HEAD_EXTRAS if isinstance(getattr(core, n, None), nn.Linear)]
+                return _make_site(model, path, core, path + ".self", hd, *[_proj(m) for m in qkv],
+                                  children["output"].dense, meta={"bert_style": True, "extras": extras})
     for names in _QKVO_NAMES:
         mods = [children.get(n) for n in names]
         if all(isinstance(m, (nn.Linear, RepeatHeads)) for m in mods):
@@ -168,7 +183,15 @@ def _match(model: nn.Module, path: str, module: nn.Module) -> Site | None:
             else:
                 w = out_features(c_attn) // 3
                 q, k, v = Projection(c_attn, 0, w), Projection(c_attn, w, w), Projection(c_attn, 2 * w, w)
-            return _make_site(model, path, module, path, hd, q, k, v, children["c_proj"], meta={"fused": True})
+            return _make_site(model, path, module, path, hd, q, k, v, children["c_proj"], meta={"fused": "blocks"})
+    # GPT-NeoX: query_key_value packs [q_h | k_h | v_h] per head (interleaved), dense reads the heads.
+    if isinstance(children.get("query_key_value"), nn.Linear) and isinstance(children.get("dense"), nn.Linear):
+        hd = _head_dim(module, model)
+        qkv = children["query_key_value"]
+        if hd and qkv.out_features % (3 * hd) == 0:
+            w = qkv.out_features // 3
+            return _make_site(model, path, module, path, hd, Projection(qkv, 0, w), Projection(qkv, 0, w),
+                              Projection(qkv, 0, w), children["dense"], meta={"fused": "interleaved"})
     return None
 
 

@@ -166,12 +166,16 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
     counts = [sum(1 for h in keep if kv_of[h] == j) for j in kept_kv]
     group = math.gcd(*counts)
     kv_rows = _rows(kept_kv, hd)
-    if site.meta.get("fused"):
+    if site.meta.get("fused") == "interleaved":  # [q_h | k_h | v_h] per head
+        _select_out(site.q.module, _rows(keep, 3 * hd))
+    elif site.meta.get("fused") == "blocks":
         _slice_fused(site, q_rows, kv_rows)
     else:
         _select_out(site.q.module, q_rows)
         for proj in (site.k, site.v):
             _slice_kv(attn, proj, kv_rows, kept_kv, counts, group, hd)
+    for extra in site.meta.get("extras", []):
+        _select_out(extra, q_rows)
     _select_in(site.o, q_rows)
     n = len(keep)
     for attr in ("num_heads", "num_attention_heads", "n_heads"):
@@ -182,7 +186,7 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
             setattr(attn, attr, n * hd)
     if isinstance(getattr(attn, "num_key_value_groups", None), int):
         attn.num_key_value_groups = group
-    if site.meta.get("fused"):
+    if site.meta.get("fused") == "blocks":
         attn.split_size = n * hd
     if _is_t5(attn):
         _t5_take_heads(model, attn, kept_original)
@@ -232,7 +236,7 @@ def _remove_site(model: nn.Module, site: Site) -> None:
     else:
         attn.headprune_out = BiasOnly(bias, out)
         style = "t5" if _is_t5(attn) else "standard"
-    for proj in {id(p.module): p.module for p in (site.q, site.k, site.v)}.values():
+    for proj in {id(m): m for m in (site.q.module, site.k.module, site.v.module, *site.meta.get("extras", []))}.values():
         _delete_child(attn, proj)
     if not site.meta.get("bert_style"):
         _delete_child(attn, site.o)
