@@ -50,7 +50,10 @@ class BiasOnly(nn.Module):
         shape = (*x.shape[:-1], self.out_features)
         if self.bias is None:
             return x.new_zeros(shape)
-        return self.bias.to(x.dtype).expand(shape)
+        bias = self.bias.to(x.dtype)
+        # under no_grad a view of a parameter still reports requires_grad (without a grad_fn), which trips
+        # autograd-graph tools (FlopCounterMode, ModuleTracker): detach unless gradients are wanted
+        return (bias if torch.is_grad_enabled() else bias.detach()).expand(shape)
 
     def extra_repr(self) -> str:
         return f"out_features={self.out_features}, bias={self.bias is not None}"

@@ -21,7 +21,6 @@ On a model pruned before, :func:`kept_heads` maps them to the original head numb
 
 from __future__ import annotations
 
-import functools
 import inspect
 import math
 from collections.abc import Iterable, Mapping
@@ -258,7 +257,8 @@ def _swap_class(module: nn.Module, mixin: type) -> None:
     base = getattr(type(module), "_hp_base", type(module))  # the model's own class, never a swapped one
     key = (mixin, base)
     if key not in _SWAPPED:
-        _SWAPPED[key] = type(f"{mixin.__name__.strip('_')}{base.__name__}", (mixin, base), {"_hp_base": base})
+        _SWAPPED[key] = type(f"{mixin.__name__.strip('_')}{base.__name__}", (mixin, base),
+                             {"_hp_base": base, "_hp_signature": inspect.signature(base.forward)})
     module.__class__ = _SWAPPED[key]
 
 
@@ -267,17 +267,12 @@ _SWAPPED: dict[tuple[type, type], type] = {}
 
 def _arguments(module: nn.Module, args: tuple, kwargs: dict) -> dict:
     """The base class's forward arguments by name (extra **kwargs flattened in)."""
-    signature = _signature(module._hp_base)
+    signature = type(module)._hp_signature  # once per swapped class (an lru_cache makes dynamo warn)
     arguments = dict(signature.bind(module, *args, **kwargs).arguments)
     for name, param in signature.parameters.items():
         if param.kind is inspect.Parameter.VAR_KEYWORD:
             arguments.update(arguments.pop(name, {}))
     return arguments
-
-
-@functools.cache
-def _signature(cls: type) -> inspect.Signature:
-    return inspect.signature(cls.forward)
 
 
 class _RemovedAttention(nn.Module):
