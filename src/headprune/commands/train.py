@@ -95,6 +95,7 @@ def translation(
     d_model: int = typer.Option(None, "--d-model", help="Model width."),
     ffn_dim: int = typer.Option(None, "--ffn-dim", help="Feed-forward width."),
     vocab_size: int = typer.Option(None, "--vocab-size", help="Joint BPE vocabulary size."),
+    warmup_steps: int = typer.Option(None, "--warmup-steps", help="Linear warm-up steps before inverse-sqrt decay."),
     epochs: int = EPOCHS, batch_size: int = BATCH, lr: float = LR, max_length: int = MAXLEN, seed: int = SEED,
     threads: int = THREADS, output: Path = OUT,
 ):
@@ -106,7 +107,7 @@ def translation(
     if preset not in ("small", "iwslt"):
         raise ConfigError(f"--preset {preset!r}; allowed: small, iwslt")
     overrides = _options(epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length, attention_heads=heads,
-                         d_model=d_model, ffn_dim=ffn_dim, vocab_size=vocab_size)
+                         d_model=d_model, ffn_dim=ffn_dim, vocab_size=vocab_size, warmup_steps=warmup_steps)
     if layers is not None:
         overrides.update(encoder_layers=layers, decoder_layers=layers)
     settings = (TranslationTrainSettings.iwslt(**overrides, seed=seed) if preset == "iwslt"
