@@ -2,8 +2,11 @@
 
 Orders: ``importance`` (I_h computed once), ``importance-iterative`` (I_h recomputed under the
 current mask after every step), ``oracle`` (the one-head ablation damage), ``random`` (one curve
-per seed; report mean +- std). The pool can be restricted to one attention kind (paper Fig. 4: the
-share is then of that kind's heads), and ``min_per_site`` keeps heads in every site.
+per seed; report mean +- std), and beyond the paper (Kwon et al. 2022, :mod:`headprune.compress`)
+``fisher``, ``fisher+rearrange`` and ``fisher+tune`` (the Fisher computed once on the calibration
+batches; tuned scales are applied as mask values, which is what the folded, pruned model computes).
+The pool can be restricted to one attention kind (paper Fig. 4: the share is then of that kind's
+heads), and ``min_per_site`` keeps heads in every site.
 """
 
 from __future__ import annotations
@@ -22,7 +25,8 @@ from .masking import mask_from_heads
 from .runlog import RunDir
 from .selection import lowest_heads
 
-ORDERS = ("importance", "importance-iterative", "oracle", "random")
+PLANNED = ("fisher", "fisher+rearrange", "fisher+tune")  # headprune.compress methods: need calibration batches
+ORDERS = ("importance", "importance-iterative", "oracle", "random", *PLANNED)
 
 
 @dataclass
@@ -60,11 +64,13 @@ def pruning_curves(
     run: RunDir | None = None,
     unit_prefix: str = "",
     progress: bool = True,
+    calibration: Callable[[], Iterable] | None = None,
 ) -> list[dict]:
     """One row per (order, seed, step): fraction, heads pruned, score, score relative to unpruned.
 
     ``importance(mask) -> {site: I_h}`` scores heads (under ``mask`` for the iterative order);
-    ``oracle``: {site: damage [H]} from a one-head ablation. Masks only: nothing is removed.
+    ``oracle``: {site: damage [H]} from a one-head ablation; ``calibration() -> batches`` for the
+    Fisher orders (disjoint from the evaluator's data). Masks only: nothing is removed.
     """
     from .sites import find_sites
 
@@ -81,11 +87,14 @@ def pruning_curves(
     jobs = [(o, seed) for o in settings.orders for seed in (settings.seeds if o == "random" else (0,))]
     bar = tqdm(total=len(jobs) * len(counts), desc="pruning curve", unit="step", disable=not progress)
     fixed_scores: dict[str, torch.Tensor] | None = None
+    planned: dict = {}  # the Fisher and the calibration batches, computed once for all Fisher orders
     for order, seed in jobs:
         if order == "oracle" and oracle is None:
             raise ConfigError("order 'oracle' needs one-head ablation damages (oracle=)")
         if order.startswith("importance") and importance is None:
             raise ConfigError(f"order {order!r} needs an importance scorer (importance=)")
+        if order in PLANNED and calibration is None:
+            raise ConfigError(f"order {order!r} needs calibration batches (calibration=)")
         dropped: dict[str, list[int]] = {}
         for step, (fraction, n) in enumerate(zip(settings.fractions, counts, strict=True)):
             key = f"{unit_prefix}{order}:{seed}:{step}"
@@ -95,6 +104,7 @@ def pruning_curves(
                 rows.append({k: v for k, v in record.items() if k != "unit"})
                 bar.update()
                 continue
+            mask = None  # a float mask (tuned scales) instead of heads off
             if order == "importance":
                 if fixed_scores is None:
                     fixed_scores = importance(None)
@@ -104,11 +114,17 @@ def pruning_curves(
                                 pool, settings.min_per_site)
             elif order == "oracle":
                 dropped = lowest_heads(_pool(oracle, pool), n_heads=n, min_per_site=settings.min_per_site)
+            elif order in PLANNED:
+                dropped, mask = _planned(model, order, n, pool, shape, settings.min_per_site, calibration, planned)
             else:
                 dropped = _random_drop(shape, pool, n, seed, settings.min_per_site)
             plan_key = tuple(sorted((k, tuple(v)) for k, v in dropped.items()))
+            if mask is not None:
+                plan_key += (tuple(round(float(x), 7) for v in mask.values() for x in v),)
+            else:
+                mask = mask_from_heads(sites, dropped) if dropped else None
             if plan_key not in seen:  # the same mask (step 0, all heads off) is scored once
-                result = evaluator.evaluate(model, mask_from_heads(sites, dropped) if dropped else None)
+                result = evaluator.evaluate(model, mask)
                 seen[plan_key], higher_is_better = result.score, result.higher_is_better
             row = {"order": order, "seed": seed, "step": step, "fraction": fraction,
                    "pruned": sum(len(v) for v in dropped.values()), "of": total, "score": seen[plan_key],
@@ -149,6 +165,20 @@ def _grow(dropped, n, scores, pool, min_per_site) -> dict[str, list[int]]:
     for k, heads in dropped.items():
         forced[k][heads] = float("-inf")
     return lowest_heads(forced, n_heads=max(n, sum(len(v) for v in dropped.values())), min_per_site=min_per_site)
+
+
+def _planned(model, order, n, pool, shape, min_per_site, calibration, cache) -> tuple[dict, dict | None]:
+    """Heads dropped by a Fisher order at ``n`` pruned (and its tuned mask, or None)."""
+    from .compress import CompressSettings, plan_heads, score_heads
+
+    if "fisher" not in cache:
+        cache["batches"] = list(calibration())
+        cache["fisher"] = score_heads(model, cache["batches"], "fisher")
+    floor = sum(min(min_per_site, shape[k]) for k in pool)  # as lowest_heads: keep min_per_site when asked for more
+    n_keep = max(sum(shape[k] for k in pool) - n, floor)
+    plan = plan_heads(model, cache["batches"], CompressSettings(n_keep=n_keep, method=order, min_per_site=min_per_site),
+                      scored=cache["fisher"], sites=pool if len(pool) < len(shape) else None)
+    return plan.drop, (plan.mask(model) if plan.scales is not None else None)
 
 
 def _random_drop(shape: dict[str, int], pool: list[str], n: int, seed: int, min_per_site: int) -> dict[str, list[int]]:

@@ -57,9 +57,12 @@ def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
     state = _read_weights(path)
     missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "all_tied_weights_keys", None) or {})
-    missing = [k for k in missing if k not in tied]
+    unsaved = [k for k in missing if k in set(getattr(model, "_keys_to_ignore_on_save", None) or ())]
+    missing = [k for k in missing if k not in tied and k not in unsaved]
     if missing or unexpected:
         raise PlanError(f"weights in {str(path)!r} do not fit the plan: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    for key in unsaved:  # never saved by design (e.g. Marian's sinusoidal positions): rebuilt as at construction
+        model._init_weights(model.get_submodule(key.rsplit(".", 1)[0]))
     model.tie_weights()
     model.to(dtype or next(iter(state.values())).dtype)
     model.eval()

@@ -150,7 +150,7 @@ def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveS
         oracle = {k: torch.tensor([v[h] for h in sorted(v)]) for k, v in oracle.items()}
     scorer = importance_scorer(model, importance_batches or evaluator.batches)
     rows = pruning_curves(model, evaluator, settings=settings, importance=scorer, oracle=oracle, run=run,
-                          progress=progress)
+                          progress=progress, calibration=importance_batches or evaluator.batches)
     summary = summarize(rows)
     metric = getattr(evaluator, "metric", "score")
     run.write_csv("curves.csv", [{k: r[k] for k in ("order", "seed", "fraction", "pruned", "of", "score", "relative")}

@@ -182,7 +182,8 @@ def _curve_settings(orders: str, step: float, seeds: int, kinds: str | None, min
 
 
 ORDERS = typer.Option("importance,oracle,random", "--orders", help="Comma-separated: importance, "
-                      "importance-iterative, oracle, random.")
+                      "importance-iterative, oracle, random, fisher, fisher+rearrange, fisher+tune (Fisher orders "
+                      "score and tune on --calib-data).")
 STEP = typer.Option(0.1, "--step", help="Share of heads pruned per step.")
 SEEDS = typer.Option(3, "--seeds", help="Random order: number of seeds.")
 KINDS = typer.Option(None, "--kind", help="Prune only this attention kind: encoder, decoder, cross (paper Fig. 4).")

@@ -16,6 +16,9 @@ ORDER_STYLE = {
     "importance-iterative": ("#17becf", "I_h, recomputed each step"),
     "oracle": ("#d62728", "oracle (one-head ablation)"),
     "random": ("#7f7f7f", "random (mean ± std)"),
+    "fisher": ("#ff7f0e", "Fisher (Kwon et al. 2022)"),
+    "fisher+rearrange": ("#2ca02c", "Fisher + rearrangement"),
+    "fisher+tune": ("#9467bd", "Fisher + rearrangement + tuned scales"),
 }
 
 

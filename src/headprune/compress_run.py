@@ -1,0 +1,153 @@
+"""A compression run as a directory: the pruned model itself, ``compress.json`` and ``report.html``.
+
+The output directory is a loadable model (``headprune.load_pruned`` / ``headprune evaluate``) with
+its tokenizer, beside ``compress.json`` (settings, chosen heads, scales, sizes, scores before and
+after, speed), ``results.json`` + ``report.html`` (the human summary), ``heads.csv`` and
+``kept_heads.png``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .compress import CompressSettings, compress
+from .errors import ConfigError
+from .io import save_pruned
+from .report import build_report
+from .runlog import RunDir
+from .sites import find_sites
+from .tasks.base import versions
+
+
+def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable[Mapping[str, torch.Tensor]],
+                 out: str | Path, *, settings: CompressSettings, signature: dict | None = None,
+                 bench_batch: int | None = 16, bench_repeats: int = 5, progress: bool = False) -> Path:
+    """Score ``model`` on ``evaluator``, compress it on ``calib_batches``, score it again, time both,
+    and write the directory ``out`` (which must not exist). Returns the report's path."""
+    from .bench import benchmark, flops_per_example
+
+    out = Path(out)
+    if out.exists():
+        raise ConfigError(f"output {str(out)!r} already exists; choose a new directory")
+    if bench_batch is not None and (isinstance(bench_batch, bool) or not isinstance(bench_batch, int) or bench_batch < 1):
+        raise ConfigError(f"bench_batch={bench_batch!r}; allowed: an integer >= 1, or None for no timing")
+    sites = {s.name: s for s in find_sites(model)}
+    flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now
+    before = evaluator.evaluate(model, progress=progress)
+    result = compress(model, calib_batches, **asdict(settings), progress=progress)
+    after = evaluator.evaluate(result.model, progress=progress)
+    speed = None
+    if bench_batch is not None:
+        speed = benchmark({"original": model, "compressed": result.model}, batch_sizes=(bench_batch,),
+                          seq_len=settings.seq_len, tgt_len=settings.tgt_len, repeats=bench_repeats, memory=False)
+    save_pruned(result.model, out, tokenizer=tokenizer)
+    sig = {"model": None, "data": None, "split": None, "n": before.n, **(signature or {}),
+           "method": settings.method, "settings": asdict(settings), "seed": settings.seed, "versions": versions()}
+    run = RunDir(out, sig)
+    evaluation = {"before": _eval(before), "after": _eval(after)}
+    record = {"signature": sig, **result.to_dict(), "evaluation": evaluation,
+              "speed": None if speed is None else {"runs": speed.runs, "speedups": speed.speedups,
+                                                   "machine": speed.machine, "settings": speed.settings}}
+    run.write_json("compress.json", record)
+    rows = _site_rows(sites, result)
+    run.write_csv("heads.csv", rows)
+    _plot(sites, result, out / "kept_heads.png")
+    metric = before.metric
+    size = result.sizes
+    headline = [
+        [f"{metric} before", _fmt(metric, before.score)], [f"{metric} after", _fmt(metric, after.score)],
+        ["heads kept", f"{size['after']['heads']} / {size['before']['heads']}"],
+        ["model FLOPs kept", f"{size['after']['flops'] / size['before']['flops']:.1%}"],
+        ["attention FLOPs kept", f"{size['after']['attention_flops'] / max(size['before']['attention_flops'], 1):.1%}"],
+        ["parameters kept", f"{size['after']['params'] / size['before']['params']:.1%}"],
+        ["compression time", f"{result.seconds['total']:.1f} s"]]
+    if speed is not None:
+        up = speed.speedups[0]
+        headline.append([f"speed-up at batch {bench_batch} (FLOP limit {up['flop_limit']:.2f}x)",
+                         f"{up['measured']:.2f}x"])
+    run.write_json("results.json", {
+        "title": f"Compressed with {settings.method} ({_budget(settings)})", "experiment": "compress",
+        "metric": metric, "headline": headline, "signature": sig,
+        "notes": [f"Calibration and evaluation data: {sig.get('calib_data')} / {sig.get('data')}.",
+                  f"FLOPs per example at {settings.seq_len} tokens"
+                  + (f" ({settings.tgt_len or settings.seq_len} decoder tokens)." if _enc_dec(model) else ".")],
+        "figures": [{"file": "kept_heads.png", "caption": "Kept heads per site (colour: tuned scale folded into "
+                     "the output projection; blank: removed)."}],
+        "tables": [{"title": "Per site", "file": "heads.csv", "max_rows": 80}],
+    })
+    return build_report(out)
+
+
+def _eval(result) -> dict:
+    d = result.to_dict()
+    d["extra"] = {k: v for k, v in d.get("extra", {}).items() if k != "hypotheses"}
+    return d
+
+
+def _enc_dec(model: nn.Module) -> bool:
+    return bool(getattr(model.config, "is_encoder_decoder", False))
+
+
+def _budget(s: CompressSettings) -> str:
+    if s.keep is not None:
+        return f"keep {s.keep:.0%} of heads"
+    if s.n_keep is not None:
+        return f"keep {s.n_keep} heads"
+    return f"keep {s.flops:.0%} of head FLOPs"
+
+
+def _fmt(metric: str, value: float) -> str:
+    return f"{value * 100:.2f}" if metric in ("accuracy", "f1", "matthews") else f"{value:.3f}"
+
+
+def _site_rows(sites: dict, result) -> list[dict]:
+    tuning = {t["site"]: t for t in result.tuning}
+    rows = []
+    for name, site in sites.items():
+        dropped = result.dropped.get(name, [])
+        kept = [h for h in range(site.num_heads) if h not in dropped]
+        scales = (result.scales or {}).get(name)
+        t = tuning.get(name, {})
+        rows.append({"site": name, "kind": site.kind, "heads": site.num_heads, "kept": len(kept),
+                     "kept_heads": " ".join(map(str, kept)),
+                     "scales": " ".join(f"{x:.3f}" for x in scales) if scales else "",
+                     "error_unit": t.get("error_unit", ""), "error_tuned": t.get("error_tuned", ""),
+                     "fallback": t.get("fallback", "")})
+    return rows
+
+
+def _plot(sites: dict, result, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    kinds = [k for k in ("encoder", "decoder", "cross") if any(s.kind == k for s in sites.values())]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds) + 1.2, 3.6), squeeze=False)
+    image = None
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        sub = [s for s in sites.values() if s.kind == kind]
+        grid = np.full((len(sub), max(s.num_heads for s in sub)), np.nan)
+        for i, s in enumerate(sub):
+            dropped = set(result.dropped.get(s.name, []))
+            scales = iter((result.scales or {}).get(s.name, [1.0] * (s.num_heads - len(dropped))))
+            for h in range(s.num_heads):
+                if h not in dropped:
+                    grid[i, h] = next(scales)
+        low, high = (float(np.nanmin(grid)), float(np.nanmax(grid))) if np.isfinite(grid).any() else (1.0, 1.0)
+        if high - low < 1e-6:  # untuned: every kept head at 1
+            low, high = low - 0.5, high + 0.5
+        image = ax.imshow(grid, cmap="viridis", aspect="auto", vmin=low, vmax=high)
+        ax.set(title=f"{kind} attention", xlabel="head", ylabel="layer")
+        ax.set_xticks(range(grid.shape[1]))
+        ax.set_yticks(range(len(sub)), [str(s.layer) for s in sub])
+    if image is not None:
+        fig.colorbar(image, ax=axes[0].tolist(), label="scale (1 = untuned)")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
