@@ -20,7 +20,7 @@ if has snli; then  # BERT-on-MNLI stand-in: Table 1 / Fig. 1, Table 3, Table 6, 
   $HP curve $SNLI --calib-data $D/snli/train_20k.jsonl.gz --oracle-from $R/snli_ablation -o $R/snli_curve
 fi
 
-MT="runs/multi30k-en-fr-small/final --task translation --limit 200"
+MT="runs/multi30k-en-fr-small/final --task translation --limit 120"
 T16="--data $D/multi30k/test_2016_flickr.en.gz --data2 $D/multi30k/test_2016_flickr.fr.gz"
 T17="--data-b $D/multi30k/test_2017_mscoco.en.gz --data2-b $D/multi30k/test_2017_mscoco.fr.gz"
 VAL="$D/multi30k/val.en.gz"; VAL2="$D/multi30k/val.fr.gz"
@@ -42,9 +42,9 @@ if has cola; then  # the MNLI-m vs -mm analogue of Fig. 2: CoLA in-domain vs out
 fi
 
 if has glue; then  # App. B, Fig. 6: SST-2 (accuracy), CoLA (Matthews), MRPC (F1)
-  $HP curve runs/sst2-minilm/final --task classification --data $D/sst2/dev.tsv --calib-data $D/sst2/train.tsv --limit 872 -o $R/sst2_curve
-  $HP curve runs/cola-minilm/final --task classification --metric matthews --data $D/cola/dev.tsv --calib-data $D/cola/train.tsv --limit 1043 -o $R/cola_curve
-  $HP curve runs/mrpc-minilm/final --task classification --metric f1 --data $D/mrpc/dev.tsv --calib-data $D/mrpc/train.tsv --limit 408 -o $R/mrpc_curve
+  $HP curve runs/sst2-minilm/final --task classification --data $D/sst2/dev.tsv --calib-data $D/sst2/train.tsv --limit 872 --orders importance,random --seeds 2 -o $R/sst2_curve
+  $HP curve runs/cola-minilm/final --task classification --metric matthews --data $D/cola/dev.tsv --calib-data $D/cola/train.tsv --limit 1043 --orders importance,random --seeds 2 -o $R/cola_curve
+  $HP curve runs/mrpc-minilm/final --task classification --metric f1 --data $D/mrpc/dev.tsv --calib-data $D/mrpc/train.tsv --limit 408 --orders importance,random --seeds 2 -o $R/mrpc_curve
 fi
 
 if has deen; then  # IWSLT stand-in, paper 6 / Fig. 5: the I_h curve at every epoch
