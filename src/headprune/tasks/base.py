@@ -1,16 +1,18 @@
-"""What every evaluator returns, and the loop helpers they share."""
+"""What every evaluator returns, and the loop and argument helpers they share."""
 
 from __future__ import annotations
 
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
 
 from .. import __version__
+from ..errors import ConfigError, DataError
 from ..masking import masked
 
 
@@ -59,3 +61,34 @@ def length_buckets(lengths: list[int], batch_size: int) -> list[list[int]]:
     """Indices grouped into batches of similar length (sorted by length, longest first), to cut padding."""
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
     return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
+
+
+def _strings(name: str, values: Any) -> list[str]:
+    if isinstance(values, str) or not isinstance(values, Sequence):
+        raise DataError(f"{name}: {type(values).__name__}; allowed: a list of str")
+    for i, v in enumerate(values):
+        if not isinstance(v, str):
+            raise DataError(f"{name}[{i}] = {v!r:.40} ({type(v).__name__}); allowed: str")
+    return list(values)
+
+
+def _positive(name: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{name}={value!r}; allowed: int >= {low}")
+
+
+def pad_rows(rows: list[list[int]], value: int, side: str = "right") -> torch.Tensor:
+    """Lists of ids -> [len(rows), longest], padded with ``value`` on ``side``."""
+    longest = max(len(r) for r in rows)
+    if side == "left":
+        return torch.tensor([[value] * (longest - len(r)) + r for r in rows])
+    return torch.tensor([r + [value] * (longest - len(r)) for r in rows])
+
+
+def check_unbatched(mask: Mapping[str, Any] | None, where: str) -> None:
+    """Length-bucketed batches (and beam search) reorder and resize the batch: only [heads] masks fit."""
+    for name, value in (mask or {}).items():
+        shape = tuple(getattr(value, "shape", np.shape(value)))
+        if len(shape) == 2:
+            raise ConfigError(f"{where}: mask[{name!r}] has shape {shape}, a batched [batch, heads] mask; "
+                              f"allowed: one [heads] tensor per site (examples are reordered into length buckets)")

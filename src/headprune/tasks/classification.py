@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from ..data import ClassificationData, check_limit, encode_labels
 from ..errors import ConfigError, DataError
 from ..stats import accuracy_from_confusion, confusion_matrix, f1_from_confusion, matthews_from_confusion
-from .base import EvalResult, length_buckets, mask_context
+from .base import EvalResult, _positive, _strings, check_unbatched, length_buckets, mask_context, pad_rows
 
 METRICS = ("accuracy", "f1", "matthews")
 GENERATIVE = ("ForConditionalGeneration", "ForCausalLM", "LMHeadModel", "ForMaskedLM", "MTModel")  # class suffixes
@@ -136,40 +136,9 @@ def _unpack(data: Any) -> tuple[list[str], list, list[str] | None, str]:
     return texts, [str(x) for x in labels], None if pairs is None else list(pairs), "in-memory"
 
 
-def _strings(name: str, values: Any) -> list[str]:
-    if isinstance(values, str) or not isinstance(values, Sequence):
-        raise DataError(f"{name}: {type(values).__name__}; allowed: a list of str")
-    for i, v in enumerate(values):
-        if not isinstance(v, str):
-            raise DataError(f"{name}[{i}] = {v!r:.40} ({type(v).__name__}); allowed: str")
-    return list(values)
-
-
-def _positive(name: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{name}={value!r}; allowed: int >= {low}")
-
-
 def _pad_id(tokenizer) -> int:
     pad = getattr(tokenizer, "pad_token_id", None)
     if pad is None:
         raise ConfigError("tokenizer has no pad token (pad_token_id=None); allowed: a tokenizer with one, e.g. "
                           "tokenizer.pad_token = tokenizer.eos_token")
     return int(pad)
-
-
-def pad_rows(rows: list[list[int]], value: int, side: str = "right") -> torch.Tensor:
-    """Lists of ids -> [len(rows), longest], padded with ``value`` on ``side``."""
-    longest = max(len(r) for r in rows)
-    if side == "left":
-        return torch.tensor([[value] * (longest - len(r)) + r for r in rows])
-    return torch.tensor([r + [value] * (longest - len(r)) for r in rows])
-
-
-def check_unbatched(mask: Mapping[str, Any] | None, where: str) -> None:
-    """Length-bucketed batches (and beam search) reorder and resize the batch: only [heads] masks fit."""
-    for name, value in (mask or {}).items():
-        shape = tuple(getattr(value, "shape", np.shape(value)))
-        if len(shape) == 2:
-            raise ConfigError(f"{where}: mask[{name!r}] has shape {shape}, a batched [batch, heads] mask; "
-                              f"allowed: one [heads] tensor per site (examples are reordered into length buckets)")

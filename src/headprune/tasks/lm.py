@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..errors import ConfigError, DataError
-from .base import EvalResult, mask_context
+from .base import EvalResult, check_unbatched, mask_context
 
 
 class LanguageModelling:
@@ -61,6 +61,7 @@ class LanguageModelling:
     @torch.no_grad()
     def evaluate(self, model, mask: Mapping[str, torch.Tensor] | None = None, *, progress: bool = False,
                  limit: int | None = None) -> EvalResult:
+        check_unbatched(mask, "LanguageModelling.evaluate")
         model.eval()
         nll, tokens = [], []
         start = time.perf_counter()

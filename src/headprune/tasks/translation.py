@@ -21,8 +21,7 @@ from tqdm.auto import tqdm
 from ..data import ParallelData, check_limit
 from ..errors import ConfigError, DataError
 from ..stats import _bleu_from_sums, bleu_statistics
-from .base import EvalResult, length_buckets, mask_context
-from .classification import _positive, _strings, check_unbatched, pad_rows
+from .base import EvalResult, _positive, _strings, check_unbatched, length_buckets, mask_context, pad_rows
 
 MAX_NEW_TOKENS = 256  # cap of the default bound 1.5 * source length + 10
 BLEU_STATS = ("sys_len", "ref_len", "correct_1", "correct_2", "correct_3", "correct_4",

@@ -1,0 +1,192 @@
+"""Fine-tuning a pretrained encoder for (pair) classification; see the `headprune.train` doc."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from ..errors import ConfigError, DataError
+from .batching import _epoch_seed, _pad, length_bucketed_batches
+from .checkpoint import _find_resume, _fingerprint, _prepare_dir, _settings_json, _versions
+from .checks import _check_common, _check_stop, _check_texts, _fractions, _ints, _is_int
+from .loop import TrainResult, _fit, _Job
+
+
+@dataclass
+class ClassifierTrainSettings:
+    """Fine-tuning a pretrained encoder: AdamW, linear warm-up then linear decay to zero."""
+
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 2e-5
+    warmup_ratio: float = 0.1  # fraction of all steps spent warming up linearly from 0
+    weight_decay: float = 0.01  # not applied to biases and LayerNorm weights (1-D parameters)
+    max_grad_norm: float | None = 1.0  # clip the global gradient norm; None: no clipping
+    max_length: int = 128  # tokens per example (pair) after truncation, specials included
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    adam_eps: float = 1e-8
+    seed: int = 0
+    sort_chunk: int = 1024  # sort by length within random chunks of this many examples (1: no sorting)
+    eval_batch_size: int = 64
+    progress: bool = True  # tqdm bars on stderr
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        _ints(self, ("batch_size",), 1)
+        _fractions(self, ("warmup_ratio",), one_ok=True)
+
+
+def finetune_classifier(
+    model_dir_or_model: str | Path | Any,
+    tokenizer: Any | None,
+    texts: list[str],
+    labels: list[int],
+    *,
+    settings: ClassifierTrainSettings,
+    output_dir: str | Path,
+    text_pairs: list[str] | None = None,
+    eval_texts: list[str] | None = None,
+    eval_labels: list[int] | None = None,
+    eval_text_pairs: list[str] | None = None,
+    label_names: list[str] | None = None,
+    num_labels: int | None = None,
+    stop_after_epoch: int | None = None,
+) -> TrainResult:
+    """Fine-tune an encoder for (pair) classification with cross-entropy; see the module doc.
+
+    A directory is loaded with `AutoModelForSequenceClassification.from_pretrained(dir, num_labels=N)`
+    (a fresh head drawn after `torch.manual_seed(seed)`), and its tokenizer when `tokenizer` is None.
+    A model object is trained in place unless a checkpoint is resumed (then it is reloaded from there
+    with `type(model).from_pretrained`). N is `len(label_names)`, else `num_labels`, else
+    `max(labels) + 1`; `label_names` also set the config's `id2label`/`label2id`.
+    `stop_after_epoch` ends this call early with a resumable checkpoint (no `final`).
+    """
+    s = settings
+    if not isinstance(s, ClassifierTrainSettings):
+        raise ConfigError(f"settings must be a ClassifierTrainSettings, got {type(s).__name__}")
+    _check_stop(stop_after_epoch)
+    texts = _check_texts("texts", texts)
+    if not texts:
+        raise DataError("texts must hold at least one example, got 0")
+    pairs = None if text_pairs is None else _check_texts("text_pairs", text_pairs, len(texts))
+    if label_names is not None:
+        label_names = [str(x) for x in label_names]
+        if num_labels is not None and num_labels != len(label_names):
+            raise ConfigError(f"num_labels must equal len(label_names) ({len(label_names)}), "
+                              f"got {num_labels}")
+        num_labels = len(label_names)
+    labels = _check_labels("labels", labels, len(texts), num_labels)
+    n_labels = num_labels if num_labels is not None else max(labels) + 1
+    if not _is_int(n_labels) or n_labels < 2:
+        raise ConfigError(f"num_labels must be an int >= 2, got {n_labels!r}")
+    has_eval = eval_texts is not None or eval_labels is not None
+    if has_eval:
+        if eval_texts is None or eval_labels is None:
+            raise DataError("eval_texts and eval_labels must be given together")
+        eval_texts = _check_texts("eval_texts", eval_texts)
+        eval_labels = _check_labels("eval_labels", eval_labels, len(eval_texts), n_labels)
+        if (eval_text_pairs is None) != (pairs is None):
+            raise DataError("eval_text_pairs must be given exactly when text_pairs is")
+        if eval_text_pairs is not None:
+            eval_text_pairs = _check_texts("eval_text_pairs", eval_text_pairs, len(eval_texts))
+
+    from_dir = isinstance(model_dir_or_model, (str, Path))
+    if tokenizer is None:
+        if not from_dir:
+            raise ConfigError("tokenizer must be given when model_dir_or_model is a model object, got None")
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir_or_model))
+    if tokenizer.pad_token_id is None:
+        raise ConfigError("tokenizer must have a pad token (tokenizer.pad_token_id is None)")
+
+    out = _prepare_dir(output_dir)
+    fingerprint = _fingerprint(texts, pairs, labels, label_names, n_labels)
+    resume = _find_resume(out, "classifier", s, fingerprint)
+    torch.manual_seed(s.seed)
+    label_kw: dict[str, Any] = {}
+    if label_names is not None:
+        label_kw = {"id2label": dict(enumerate(label_names)),
+                    "label2id": {n: i for i, n in enumerate(label_names)}}
+    if resume is not None:
+        cls = AutoModelForSequenceClassification if from_dir else type(model_dir_or_model)
+        model = cls.from_pretrained(str(out / f"epoch-{resume[0]}"))
+    elif from_dir:
+        model = AutoModelForSequenceClassification.from_pretrained(str(model_dir_or_model),
+                                                                   num_labels=n_labels, **label_kw)
+    else:
+        model = model_dir_or_model
+        if model.config.num_labels != n_labels:
+            raise ConfigError(f"the model's config.num_labels must equal the number of labels ({n_labels}), "
+                              f"got {model.config.num_labels}")
+        for k, v in label_kw.items():
+            setattr(model.config, k, v)
+    model.config.problem_type = "single_label_classification"
+
+    def encode(a: list[str], b: list[str] | None) -> list[dict[str, list[int]]]:
+        enc = tokenizer(a, b, truncation=True, max_length=s.max_length)
+        keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc]
+        return [{k: enc[k][i] for k in keys} for i in range(len(a))]
+
+    def collate(feats: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        pad_id = tokenizer.pad_token_id
+        return {k: _pad([f[k] for f in feats], pad_id if k == "input_ids" else 0) for k in feats[0]}
+
+    train = encode(texts, pairs)
+    lengths = [len(f["input_ids"]) for f in train]
+    y = torch.tensor(labels)
+
+    def batches(epoch: int) -> list[list[int]]:
+        return length_bucketed_batches(lengths, rng=random.Random(_epoch_seed(s.seed, epoch)),
+                                       sort_chunk=s.sort_chunk, batch_size=s.batch_size)
+
+    total = sum(len(batches(e)) for e in range(1, s.epochs + 1))
+    warm = math.ceil(s.warmup_ratio * total)
+
+    def lr_factor(n: int) -> float:  # linear up over `warm` steps, then down to 1/(total - warm + 1)
+        return n / warm if n <= warm else (total - n + 1) / (total - warm + 1)
+
+    def loss(m: Any, idx: list[int]) -> tuple[torch.Tensor, int, int]:
+        logits = m(**collate([train[i] for i in idx])).logits  # [B, num_labels]
+        return F.cross_entropy(logits, y[idx]), len(idx), len(idx)
+
+    evaluate = None
+    if has_eval:
+        ev = encode(eval_texts, eval_text_pairs)
+        ev_order = sorted(range(len(ev)), key=lambda i: len(ev[i]["input_ids"]))
+        ev_y = torch.tensor(eval_labels)
+
+        @torch.no_grad()
+        def evaluate(m: Any) -> dict:
+            m.eval()
+            nll, correct = 0.0, 0
+            for start in range(0, len(ev_order), s.eval_batch_size):
+                idx = ev_order[start:start + s.eval_batch_size]
+                logits = m(**collate([ev[i] for i in idx])).logits
+                nll += F.cross_entropy(logits, ev_y[idx], reduction="sum").item()
+                correct += (logits.argmax(-1) == ev_y[idx]).sum().item()
+            return {"eval_loss": nll / len(ev), "eval_accuracy": correct / len(ev), "eval_n": len(ev)}
+
+    info = {"task": "classifier", "n_train": len(texts), "n_eval": len(eval_texts) if has_eval else 0,
+            "num_labels": n_labels, "label_names": label_names, "pairs": pairs is not None,
+            "model": str(model_dir_or_model) if from_dir else type(model).__name__,
+            "n_parameters": sum(p.numel() for p in model.parameters()), "total_steps": total,
+            "settings": _settings_json(s), "data_sha256": fingerprint, "versions": _versions()}
+    return _fit(_Job("classifier", model, tokenizer, s, out, info, resume, batches, loss, lr_factor, evaluate,
+                     stop_after_epoch))
+
+
+def _check_labels(name: str, labels: Any, n: int, num_labels: int | None) -> list[int]:
+    if not isinstance(labels, (list, tuple)) or len(labels) != n:
+        got = len(labels) if isinstance(labels, (list, tuple)) else type(labels).__name__
+        raise DataError(f"{name} must be a list of {n} ints (one per text), got {got}")
+    for i, v in enumerate(labels):
+        if not _is_int(v) or v < 0 or (num_labels is not None and v >= num_labels):
+            top = f"{num_labels - 1}" if num_labels is not None else "inf"
+            raise DataError(f"{name}[{i}] must be an int in [0, {top}], got {v!r}")
+    return [int(v) for v in labels]

@@ -1,0 +1,266 @@
+"""Training a small Marian encoder-decoder from scratch, and greedy translation; see the `headprune.train` doc."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoTokenizer, MarianConfig, MarianMTModel
+
+from ..errors import ConfigError, DataError
+from ..tokenizer import train_tokenizer
+from .batching import _epoch_seed, _pad, length_bucketed_batches
+from .checkpoint import _find_resume, _fingerprint, _prepare_dir, _settings_json, _versions
+from .checks import _check, _check_common, _check_stop, _check_texts, _fractions, _ints
+from .loop import TrainResult, _fit, _Job
+
+IGNORE = -100  # label id that cross_entropy skips (padding)
+ACTIVATIONS = ("relu", "gelu", "swish", "silu")
+
+
+@dataclass
+class TranslationTrainSettings:
+    """A Marian-shaped (post-LN Transformer) encoder-decoder trained from scratch.
+
+    Defaults are a small model for CPUs (3+3 layers, d_model 256, 4 heads); `iwslt()` gives the
+    paper's IWSLT shape. AdamW with linear warm-up then inverse-square-root decay.
+    """
+
+    epochs: int = 10
+    batch_size: int | None = 64  # examples per batch; exactly one of batch_size and max_tokens is set
+    max_tokens: int | None = None  # padded tokens per batch: n * max(source, target length) <= max_tokens
+    lr: float = 7e-4  # peak learning rate, reached at the end of the warm-up
+    warmup_steps: int = 1000
+    weight_decay: float = 1e-4
+    max_grad_norm: float | None = 1.0
+    label_smoothing: float = 0.1
+    max_length: int = 128  # tokens incl. </s>; longer training pairs are skipped, eval sources truncated,
+    # and it bounds max_new_tokens of the greedy decoding used for BLEU
+    adam_betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-8
+    vocab_size: int = 8000  # joint source+target vocabulary when the tokenizer is trained here
+    tokenizer_kind: Literal["bpe", "unigram"] = "bpe"
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    d_model: int = 256
+    attention_heads: int = 4  # per attention site (encoder self, decoder self, cross)
+    ffn_dim: int = 1024
+    activation: str = "relu"
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    seed: int = 0
+    sort_chunk: int = 4096
+    eval_batch_size: int = 64
+    progress: bool = True
+
+    @classmethod
+    def iwslt(cls, **overrides: Any) -> TranslationTrainSettings:
+        """Section 6's IWSLT model: 6+6 layers, 8 heads, d_model 512, FFN 1024 (fairseq's
+        `transformer_iwslt_de_en` sizes), dropout 0.3, 4096 tokens per batch, 4000 warm-up steps."""
+        shape = dict(encoder_layers=6, decoder_layers=6, d_model=512, attention_heads=8, ffn_dim=1024,
+                     dropout=0.3, batch_size=None, max_tokens=4096, lr=5e-4, warmup_steps=4000,
+                     vocab_size=10000)
+        return cls(**{**shape, **overrides})
+
+    def __post_init__(self) -> None:
+        _check_common(self)
+        _ints(self, ("batch_size", "max_tokens"), 1, none_ok=True)
+        if (self.batch_size is None) == (self.max_tokens is None):
+            raise ConfigError("TranslationTrainSettings: set exactly one of batch_size and max_tokens, "
+                              f"got batch_size={self.batch_size!r}, max_tokens={self.max_tokens!r}")
+        if self.max_tokens is not None:
+            _check(self, "max_tokens", self.max_tokens >= self.max_length,
+                   f"an int >= max_length ({self.max_length})")
+        _ints(self, ("warmup_steps", "encoder_layers", "decoder_layers", "d_model", "attention_heads"), 1)
+        _ints(self, ("ffn_dim",), 1)
+        _check(self, "d_model", self.d_model % self.attention_heads == 0,
+               f"a multiple of attention_heads ({self.attention_heads})")
+        _ints(self, ("vocab_size",), 8)
+        _check(self, "tokenizer_kind", self.tokenizer_kind in ("bpe", "unigram"), "'bpe' or 'unigram'")
+        _check(self, "activation", self.activation in ACTIVATIONS, f"one of {ACTIVATIONS}")
+        _fractions(self, ("label_smoothing", "dropout", "attention_dropout", "activation_dropout"))
+
+
+def build_translation_model(settings: TranslationTrainSettings, tokenizer: Any) -> MarianMTModel:
+    """A randomly initialised Marian model sized by `settings`, with the tokenizer's special ids.
+
+    Embeddings are shared by encoder, decoder and output layer (joint vocabulary); decoding starts
+    from `<s>` (the pad token when the tokenizer has no bos). Draw it after `torch.manual_seed`.
+    """
+    s, t = settings, tokenizer
+    if t.pad_token_id is None or t.eos_token_id is None:
+        raise ConfigError("tokenizer must have pad and eos tokens, got "
+                          f"pad_token_id={t.pad_token_id!r}, eos_token_id={t.eos_token_id!r}")
+    start = t.bos_token_id if t.bos_token_id is not None else t.pad_token_id
+    cfg = MarianConfig(
+        vocab_size=len(t), decoder_vocab_size=len(t), d_model=s.d_model,
+        encoder_layers=s.encoder_layers, decoder_layers=s.decoder_layers,
+        encoder_attention_heads=s.attention_heads, decoder_attention_heads=s.attention_heads,
+        encoder_ffn_dim=s.ffn_dim, decoder_ffn_dim=s.ffn_dim, activation_function=s.activation,
+        dropout=s.dropout, attention_dropout=s.attention_dropout, activation_dropout=s.activation_dropout,
+        max_position_embeddings=max(512, 2 * s.max_length), scale_embedding=True,
+        pad_token_id=t.pad_token_id, eos_token_id=t.eos_token_id, bos_token_id=start,
+        decoder_start_token_id=start, forced_eos_token_id=t.eos_token_id,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+    )
+    model = MarianMTModel(cfg)
+    _freeze_positions(model)
+    gc = model.generation_config  # what a plain generate() on a saved checkpoint does: greedy, bounded
+    gc.num_beams, gc.do_sample, gc.max_new_tokens = 1, False, s.max_length
+    return model
+
+
+def _freeze_positions(model: Any) -> None:
+    """Keep Marian's sinusoidal position tables fixed. `from_pretrained` (5.23) hands them back with
+    requires_grad=True, and `save_pretrained` does not save them: trained, they would be lost."""
+    for name, p in model.named_parameters():
+        if name.endswith("embed_positions.weight"):
+            p.requires_grad_(False)
+
+
+def _encode_eos(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids + `</s>`, whatever the tokenizer's own post-processing does."""
+    eos = tokenizer.eos_token_id
+    return [ids + [eos] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def translate(model: Any, tokenizer: Any, sources: list[str], *, max_length: int = 128,
+              batch_size: int = 64) -> list[str]:
+    """Greedy translations of `sources` (truncated to `max_length` tokens), in the input order."""
+    model.eval()
+    ids = [x[:max_length - 1] + [tokenizer.eos_token_id] if len(x) > max_length else x
+           for x in _encode_eos(tokenizer, sources)]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    hyps: list[str] = [""] * len(ids)
+    with torch.no_grad():
+        for start in range(0, len(order), batch_size):
+            idx = order[start:start + batch_size]
+            x = _pad([ids[i] for i in idx], tokenizer.pad_token_id)  # [B, S]
+            gen = model.generate(input_ids=x, attention_mask=(x != tokenizer.pad_token_id).long(),
+                                 max_new_tokens=max_length, num_beams=1, do_sample=False)
+            for i, text in zip(idx, tokenizer.batch_decode(gen, skip_special_tokens=True), strict=True):
+                hyps[i] = text.strip()
+    return hyps
+
+
+def train_translation(
+    sources: list[str],
+    targets: list[str],
+    *,
+    settings: TranslationTrainSettings,
+    output_dir: str | Path,
+    tokenizer: Any | None = None,
+    eval_sources: list[str] | None = None,
+    eval_targets: list[str] | None = None,
+    stop_after_epoch: int | None = None,
+) -> TrainResult:
+    """Train a Marian encoder-decoder from scratch on (source, target) pairs; see the module doc.
+
+    Without `tokenizer`, a joint tokenizer of `settings.vocab_size` is trained on sources + targets
+    and saved to `output_dir/tokenizer` (a rerun that resumes uses the checkpoint's). Loss: label-smoothed cross-entropy per
+    target token. With eval data, each epoch logs `eval_nll` (per token, no smoothing) and
+    detokenised sacreBLEU of greedy translations (`eval_bleu`, `bleu_signature`).
+    """
+    s = settings
+    if not isinstance(s, TranslationTrainSettings):
+        raise ConfigError(f"settings must be a TranslationTrainSettings, got {type(s).__name__}")
+    _check_stop(stop_after_epoch)
+    sources = _check_texts("sources", sources)
+    targets = _check_texts("targets", targets, len(sources))
+    if not sources:
+        raise DataError("sources must hold at least one pair, got 0")
+    has_eval = eval_sources is not None or eval_targets is not None
+    if has_eval:
+        if eval_sources is None or eval_targets is None:
+            raise DataError("eval_sources and eval_targets must be given together")
+        eval_sources = _check_texts("eval_sources", eval_sources)
+        eval_targets = _check_texts("eval_targets", eval_targets, len(eval_sources))
+        if not eval_sources:
+            raise DataError("eval_sources must hold at least one pair, got 0")
+
+    out = _prepare_dir(output_dir)
+    fingerprint = _fingerprint(sources, targets)
+    resume = _find_resume(out, "translation", s, fingerprint)
+    if tokenizer is None and resume is not None:  # the one the checkpoint was trained with
+        tokenizer = AutoTokenizer.from_pretrained(str(out / f"epoch-{resume[0]}"))
+    elif tokenizer is None:
+        tokenizer = train_tokenizer(sources + targets, s.vocab_size, out / "tokenizer", kind=s.tokenizer_kind)
+    src_ids, tgt_ids = _encode_eos(tokenizer, sources), _encode_eos(tokenizer, targets)
+    keep = [i for i in range(len(sources)) if max(len(src_ids[i]), len(tgt_ids[i])) <= s.max_length]
+    if not keep:
+        raise DataError(f"every training pair is longer than settings.max_length={s.max_length} tokens")
+    src_ids, tgt_ids = [src_ids[i] for i in keep], [tgt_ids[i] for i in keep]
+    pad = tokenizer.pad_token_id
+
+    torch.manual_seed(s.seed)
+    if resume is not None:
+        model = MarianMTModel.from_pretrained(str(out / f"epoch-{resume[0]}"))
+        _freeze_positions(model)
+    else:
+        model = build_translation_model(s, tokenizer)
+    start = model.config.decoder_start_token_id
+
+    def collate(src: list[list[int]], tgt: list[list[int]]) -> dict[str, torch.Tensor]:
+        x = _pad(src, pad)  # [B, S]
+        return {"input_ids": x, "attention_mask": (x != pad).long(),
+                "decoder_input_ids": _pad([[start] + t[:-1] for t in tgt], pad),  # [B, T], teacher forcing
+                "labels": _pad(tgt, IGNORE)}  # [B, T]
+
+    def forward_loss(m: Any, batch: dict[str, torch.Tensor], smoothing: float) -> tuple[torch.Tensor, int]:
+        labels = batch.pop("labels")
+        logits = m(**batch).logits  # [B, T, V]
+        total = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE,
+                                label_smoothing=smoothing, reduction="sum")
+        n_tokens = int((labels != IGNORE).sum())
+        return total / n_tokens, n_tokens
+
+    lengths = [max(len(a), len(b)) for a, b in zip(src_ids, tgt_ids, strict=True)]
+
+    def batches(epoch: int) -> list[list[int]]:
+        return length_bucketed_batches(lengths, rng=random.Random(_epoch_seed(s.seed, epoch)),
+                                       sort_chunk=s.sort_chunk, batch_size=s.batch_size, max_tokens=s.max_tokens)
+
+    def lr_factor(n: int) -> float:  # linear warm-up, then inverse square root
+        return n / s.warmup_steps if n <= s.warmup_steps else math.sqrt(s.warmup_steps / n)
+
+    def loss(m: Any, idx: list[int]) -> tuple[torch.Tensor, int, int]:
+        mean, n_tokens = forward_loss(m, collate([src_ids[i] for i in idx], [tgt_ids[i] for i in idx]),
+                                      s.label_smoothing)
+        return mean, n_tokens, len(idx)
+
+    evaluate = None
+    if has_eval:
+        import sacrebleu
+
+        ev_src = [x[:s.max_length - 1] + [tokenizer.eos_token_id] if len(x) > s.max_length else x
+                  for x in _encode_eos(tokenizer, eval_sources)]
+        ev_tgt = [x[:s.max_length] for x in _encode_eos(tokenizer, eval_targets)]
+
+        @torch.no_grad()
+        def evaluate(m: Any) -> dict:
+            m.eval()
+            nll, n_tok = 0.0, 0
+            for st in range(0, len(ev_src), s.eval_batch_size):
+                sl = slice(st, st + s.eval_batch_size)
+                mean, n = forward_loss(m, collate(ev_src[sl], ev_tgt[sl]), 0.0)
+                nll, n_tok = nll + mean.item() * n, n_tok + n
+            hyps = translate(m, tokenizer, eval_sources, max_length=s.max_length,
+                             batch_size=s.eval_batch_size)
+            bleu = sacrebleu.metrics.BLEU()
+            score = bleu.corpus_score(hyps, [eval_targets])
+            return {"eval_nll": nll / n_tok, "eval_bleu": round(score.score, 2),
+                    "bleu_signature": str(bleu.get_signature()), "eval_n": len(eval_sources)}
+
+    info = {"task": "translation", "architecture": "MarianMTModel", "n_pairs": len(sources),
+            "n_train": len(keep), "n_skipped_too_long": len(sources) - len(keep),
+            "n_eval": len(eval_sources) if has_eval else 0, "vocab_size": len(tokenizer),
+            "n_parameters": sum(p.numel() for p in model.parameters()), "settings": _settings_json(s),
+            "data_sha256": fingerprint, "versions": _versions()}
+    return _fit(_Job("translation", model, tokenizer, s, out, info, resume, batches, loss, lr_factor,
+                     evaluate, stop_after_epoch))
