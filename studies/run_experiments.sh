@@ -12,12 +12,13 @@ targets=("$@")
 has() { [ ${#targets[@]} -eq 0 ] || [[ " ${targets[*]} " == *" $1 "* ]]; }
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 
-SNLI="runs/snli-minilm/final --task classification --data $D/snli/test.jsonl.gz --limit 1000"
+SNLI="runs/snli-minilm/final --task classification --data $D/snli/test.jsonl.gz"
 if has snli; then  # BERT-on-MNLI stand-in: Table 1 / Fig. 1, Table 3, Table 6, Fig. 3
-  $HP ablate $SNLI -o $R/snli_ablation
-  $HP all-but-one $SNLI -o $R/snli_all_but_one
-  $HP all-but-one $SNLI --choose-data $D/snli/train_20k.jsonl.gz -o $R/snli_all_but_one_heldout
-  $HP curve $SNLI --calib-data $D/snli/train_20k.jsonl.gz --oracle-from $R/snli_ablation -o $R/snli_curve
+  $HP ablate $SNLI --limit 1000 -o $R/snli_ablation
+  $HP all-but-one $SNLI --limit 500 -o $R/snli_all_but_one
+  $HP all-but-one $SNLI --limit 500 --choose-data $D/snli/train_20k.jsonl.gz -o $R/snli_all_but_one_heldout
+  $HP curve $SNLI --limit 500 --calib-data $D/snli/train_20k.jsonl.gz --oracle-from $R/snli_ablation --seeds 2 \
+    -o $R/snli_curve
 fi
 
 MT="runs/multi30k-en-fr-small/final --task translation --limit 120"
