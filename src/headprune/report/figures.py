@@ -168,6 +168,11 @@ def dynamics(rows: list[dict], metric: str, path: Path) -> Path:
                    markersize=3, label=f"epoch {e}")
     right.set_xlabel("heads pruned (%)")
     right.set_ylabel(f"{metric} quality relative to unpruned (%)")
+    if max(r["relative"] for r in rows) > 1.5:  # a nearly untrained epoch (score ~ 0) makes ratios explode
+        for ax in (left, right):
+            ax.set_ylim(0, 150)
+        left.text(0.02, 0.02, "values above 150% clipped (an epoch whose unpruned score is near 0)",
+                  transform=left.transAxes, fontsize=7, color="#555")
     right.set_title("Early vs late epochs")
     right.legend()
     right.grid(alpha=0.3)
