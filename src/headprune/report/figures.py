@@ -135,6 +135,8 @@ def pruning_curves(summary: list[dict], metric: str, path: Path, title: str = ""
         ax.axhline(base * scale, color="black", linestyle="--", linewidth=1, label=f"unpruned ({base * scale:.2f})")
     ax.set_xlabel("heads pruned (%)")
     ax.set_ylabel(_metric_label(metric))
+    if metric == "perplexity":  # it explodes by orders of magnitude as heads go: a log axis keeps the start readable
+        ax.set_yscale("log")
     ax.set_xlim(0, 100)
     ax.set_title(title or "Pruning curve")
     ax.legend(fontsize=8)
