@@ -52,9 +52,7 @@ def removed_params(model, plan) -> int:
         per_q = hd * d_in + (hd if has_bias else 0)
         per_o = hd * hp.sites.out_features(o_mod)
         gone_kv = sum(1 for j in range(s.num_kv_heads) if all(h in drop for h in range(j * g, (j + 1) * g)))
-        total += len(drop) * (per_q + per_o) + 2 * gone_kv * per_q
-        if len(drop) == s.num_heads:
-            total += 0  # the output bias stays (BiasOnly keeps it)
+        total += len(drop) * (per_q + per_o) + 2 * gone_kv * per_q  # the output bias stays
     return total
 
 

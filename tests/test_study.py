@@ -155,13 +155,11 @@ def test_curve_invariants(tiny_dir):
     first_oracle = next(r for r in rows if r["order"] == "oracle" and r["step"] == 1)
     assert first_oracle["dropped"] == {"encoder.0.self": [1], "encoder.1.self": [2]}  # the two smallest damages
     randoms = [r for r in rows if r["order"] == "random" and r["step"] == 1]
-    assert randoms[0]["dropped"] != randoms[1]["dropped"] or len(randoms) == 2
+    assert randoms[0]["dropped"] != randoms[1]["dropped"]  # each seed its own order
 
 
 def test_curve_restricted_to_one_kind_counts_that_kind_only():
     model = build("bart")
-    tok = word_tokenizer(["a b c"], bos_eos=True)
-    del tok
 
     class Loss:  # a teacher-forced evaluator: mean loss of fixed batches (lower is better)
         metric, higher_is_better = "loss", False
@@ -219,6 +217,8 @@ def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
     zero = {r["order"]: float(r["score"]) for r in summary if r["pruned"] == "0"}
     assert len(set(zero.values())) == 1  # the 0% point of every curve is the unmasked score
 
+    from headprune.loading import load_tokenizer
+
     ckpts = []
     for epoch in (1, 2):
         model = hp.load_pruned(tiny_dir)
@@ -226,7 +226,7 @@ def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
             for p in model.parameters():
                 p.add_(0.01 * epoch)
         ckpts.append(hp.save_pruned(model, tmp_path / f"epoch-{epoch}",
-                                    tokenizer=__import__("headprune").loading.load_tokenizer(tiny_dir)))
+                                    tokenizer=load_tokenizer(tiny_dir)))
     out = tmp_path / "dyn"
     result = runner.invoke(app, ["dynamics", *map(str, ckpts), "--task", "classification", "--data", str(SST2),
                                  "--limit", "12", "--step", "0.5", "-o", str(out)])

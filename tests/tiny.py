@@ -9,10 +9,6 @@ VOCAB = 64
 COMMON = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
 
-def _enc(cls, cfg):
-    return cls(cfg)
-
-
 def bert():
     return T.BertForSequenceClassification(T.BertConfig(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37, num_labels=3,

@@ -11,7 +11,6 @@ are left alone, so an all-ones mask and no mask give bit-identical outputs.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -130,9 +129,3 @@ def _site(by_name: dict[str, Site], name: str, argument: str) -> Site:
         raise SiteError(f"{argument}: unknown site {name!r}; allowed: {', '.join(by_name) or '(none)'}")
     return by_name[name]
 
-
-def count_heads(mask: Mapping[str, torch.Tensor]) -> tuple[int, int]:
-    """(heads kept, heads in total) of a [num_heads] mask; a head is kept when xi != 0."""
-    kept = sum(int((m != 0).sum()) for m in mask.values())
-    total = sum(math.prod(m.shape) for m in mask.values())
-    return kept, total

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from .errors import SiteError, UnsupportedModelError
+from .errors import UnsupportedModelError
 from .modules import RepeatHeads
 
 KINDS = ("encoder", "decoder", "cross")
@@ -128,17 +128,6 @@ def find_sites(model: nn.Module) -> list[Site]:
         raise UnsupportedModelError(
             f"model of class {type(model).__name__}: attention sites do not have unique names ({names})")
     return sites
-
-
-def site_map(model: nn.Module) -> dict[str, Site]:
-    return {s.name: s for s in find_sites(model)}
-
-
-def get_site(model: nn.Module, name: str) -> Site:
-    sites = site_map(model)
-    if name not in sites:
-        raise SiteError(f"site {name!r} not found; allowed: {', '.join(sites) or '(none)'}")
-    return sites[name]
 
 
 def _has_removed_sites(model: nn.Module) -> bool:
