@@ -30,11 +30,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 import headprune as hp
 from headprune.compress import CompressSettings, plan_heads, score_heads
 from headprune.errors import ConfigError
+from headprune.significance import compare
 from headprune.tasks.base import versions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -194,7 +196,8 @@ def curves(model, evaluator, calib, args) -> tuple[float, list[dict], dict]:
     unpruned = evaluator.evaluate(model)
     higher = unpruned.higher_is_better
     rows, timing = [], {}
-    seen: dict[tuple, float] = {}
+    seen: dict[tuple, object] = {}  # plan -> its EvalResult (the same plan is scored once)
+    results: dict[tuple, object] = {}  # (method, fraction) -> EvalResult of seed 0, for the paired tests
     for method in args.methods:
         family = "fisher" if method.startswith("fisher") else method
         for seed in range(args.seeds) if method == "random" else (0,):
@@ -212,20 +215,41 @@ def curves(model, evaluator, calib, args) -> tuple[float, list[dict], dict]:
                        None if plan.scales is None else tuple(round(float(x), 7) for v in plan.scales.values()
                                                               for x in v))
                 if not plan.drop:
-                    score = unpruned.score
+                    result = unpruned
                 elif key in seen:
-                    score = seen[key]
+                    result = seen[key]
                 else:
-                    score = evaluator.evaluate(model, plan.mask(model)).score
-                seen[key] = score
+                    result = evaluator.evaluate(model, plan.mask(model))
+                seen[key] = result
+                score = result.score
+                if seed == 0:
+                    results[(method, fraction)] = result
                 rows.append({"method": method, "seed": seed, "fraction": fraction, "pruned": total - n_keep,
                              "of": total, "score": score, "relative": _relative(score, unpruned.score, higher),
                              "loss_estimate": plan.loss_estimate, "dropped": plan.drop,
-                             "fallback_sites": [t["site"] for t in plan.tuning if t["fallback"]]})
+                             "fallback_sites": [t["site"] for t in plan.tuning if t["fallback"]],
+                             "calib_loss": plan.calib_loss, "rejected": plan.rejected})
             timing[method].setdefault("total_s", 0.0)
             timing[method]["total_s"] += time.perf_counter() - start
             print(f"{method} seed {seed}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
-    return unpruned, rows, timing
+    return unpruned, rows, timing, results
+
+
+def paired_tests(results: dict, methods: list[str], against: str = "ih") -> list[dict]:
+    """Per step, each method against ``against`` on the same examples: score difference, p-value
+    and 95% interval of the difference (the paper's tests: paired t-test on correctness for accuracy,
+    paired bootstrap of corpus BLEU)."""
+    out = []
+    for (method, fraction), other in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        base = results.get((against, fraction))
+        if method == against or method not in methods or base is None or other is base:
+            continue
+        same = base.per_example.keys() == other.per_example.keys() and all(
+            np.array_equal(base.per_example[k], other.per_example[k]) for k in base.per_example)
+        test = None if same else compare(base, other, n_resamples=1000, seed=0)
+        out.append({"method": method, "against": against, "fraction": fraction, "diff": other.score - base.score,
+                    **({"test": None, "p_value": 1.0, "ci_low": 0.0, "ci_high": 0.0} if test is None else test)})
+    return out
 
 
 def _relative(score: float, base: float, higher: bool) -> float:
@@ -262,7 +286,11 @@ def main(argv=None) -> int:
     args = parse(argv)
     start = time.perf_counter()
     model, evaluator, calib, signature = quick_setup(args) if args.quick else real_setup(args)
-    unpruned, rows, timing = curves(model, evaluator, calib, args)
+    unpruned, rows, timing, results = curves(model, evaluator, calib, args)
+    tests = paired_tests(results, args.methods) if "ih" in args.methods else []
+    for t in tests:
+        if t["method"] == "fisher+tune":
+            print(f"fisher+tune - ih at {t['fraction']:.0%}: {t['diff']:+.4f} (p = {t['p_value']:.3f})")
     summary = summarize(rows)
     text = table(summary, unpruned.metric)
     print(text)
@@ -275,7 +303,7 @@ def main(argv=None) -> int:
                       "command": "python benchmarks/method_comparison.py " + shlex.join(sys.argv[1:] if argv is None
                                                                                         else argv)},
         "unpruned": unpruned.score, "metric": unpruned.metric, "higher_is_better": unpruned.higher_is_better,
-        "relative_at_50_percent_pruned": at_half, "summary": summary, "table": text, "timing": timing,
+        "relative_at_50_percent_pruned": at_half, "summary": summary, "table": text, "paired_tests": tests, "timing": timing,
         "rows": rows, "seconds": time.perf_counter() - start,
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)

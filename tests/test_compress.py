@@ -21,7 +21,7 @@ from headprune.errors import ConfigError
 from headprune.fisher import fisher_information, quadratic
 from headprune.importance import per_example_loss
 from headprune.rearrange import rearrange, rearrange_site
-from headprune.tuning import fold_scales, scale_mask, tune_scales
+from headprune.tuning import fold_scales, residual_norms, scale_mask, tune_scales
 from tiny import build, inputs, labels, word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -198,6 +198,71 @@ def test_tuning_reduces_the_layer_reconstruction_error():
     assert err["tuned"] == pytest.approx(tuned.sites[0]["error_tuned"], rel=1e-3)
 
 
+def _norm_input(model, batch, norm, after, mask):
+    """The input of ``norm`` the first time it runs after module ``after`` (the residual stream there)."""
+    store, armed = {}, []
+    hooks = [after.register_forward_hook(lambda *_: armed.append(True)),
+             norm.register_forward_pre_hook(lambda m, a: store.setdefault("u", a[0].detach()) if armed else None)]
+    with torch.no_grad(), (hp.masked(model, mask) if mask else torch.no_grad()):
+        model(**{k: v for k, v in batch.items() if k != "labels" or model.config.is_encoder_decoder})
+    for h in hooks:
+        h.remove()
+    return store["u"]
+
+
+@pytest.mark.parametrize("family", ["bert", "llama", "gpt2", "bart"])
+def test_residual_target_is_the_stream_after_each_site_and_its_error_is_what_the_model_shows(family):
+    model = build(family)
+    calib = _batches(family, seeds=(1, 2, 3), batch=6)
+    sites = hp.find_sites(model)
+    norms = residual_norms(model, calib[0], sites)
+    assert set(norms) == {s.name for s in sites}  # every site of these families adds into a residual stream
+    if family == "bert":  # post-LN: the sublayer's own LayerNorm
+        assert all(norms[s.name] is model.bert.encoder.layer[int(s.name.split(".")[1])].attention.output.LayerNorm
+                   for s in sites)
+    if family == "llama":  # pre-LN: the next sublayer's norm
+        assert all(norms[s.name] is model.model.layers[int(s.name.split(".")[1])].post_attention_layernorm
+                   for s in sites)
+    drop = {s.name: [i % s.num_heads] for i, s in enumerate(sites)}
+    tuned = tune_scales(model, calib, drop, damping=1e-3, target="residual")
+    mask = scale_mask(model, drop, tuned.scales)
+    for row, site in zip(tuned.sites, sites, strict=True):  # later sites do not change an earlier one's stream
+        assert row["target"] == "residual" and not row["fallback"]
+        assert row["error_tuned"] < row["error_unit"]
+        seen = 0.0
+        for batch in calib:
+            got = _norm_input(model, batch, norms[site.name], site.o, mask)
+            want = _norm_input(model, batch, norms[site.name], site.o, None)
+            decoder_tokens = model.config.is_encoder_decoder and site.kind != "encoder"
+            rows = batch["labels"] != -100 if decoder_tokens else batch["attention_mask"].bool()
+            seen += float(((got - want)[rows] ** 2).sum())
+        assert seen == pytest.approx(row["error_tuned"], rel=1e-3, abs=1e-6)
+
+
+def test_guard_turns_down_a_stage_that_raises_the_calibration_loss(monkeypatch):
+    from headprune.tuning import TuneResult
+
+    compress_module = sys.modules["headprune.compress"]  # the package exports a function of that name
+    model = build("bert")
+    calib = _batches("bert", seeds=(1, 2, 3))
+    settings = CompressSettings(keep=0.5, method="fisher+tune", seq_len=8)
+    plan = plan_heads(model, calib, settings)
+    assert list(plan.calib_loss)[0] == "selected"
+    kept_stages = [k for k in plan.calib_loss if k not in plan.rejected]
+    assert all(plan.calib_loss[b] <= plan.calib_loss[a] for a, b in zip(kept_stages, kept_stages[1:], strict=False))
+
+    def harmful(model, batches, drop, **_):  # every kept head blown up
+        return TuneResult(scales=scale_mask(model, drop, {s.name: 1e3 * torch.ones(s.num_heads)
+                                                           for s in hp.find_sites(model)}))
+
+    monkeypatch.setattr(compress_module, "tune_scales", harmful)
+    bad = plan_heads(model, calib, settings)
+    assert "tuned" in bad.rejected and bad.scales is None
+    assert bad.calib_loss["tuned"] > min(v for k, v in bad.calib_loss.items() if k != "tuned")
+    unguarded = plan_heads(model, calib, CompressSettings(keep=0.5, method="fisher+tune", seq_len=8, guard=False))
+    assert unguarded.scales is not None and not unguarded.rejected and not unguarded.calib_loss
+
+
 @pytest.mark.parametrize("family", ["bert", "llama", "bart", "gpt2"])
 def test_folding_equals_the_scales_as_a_mask(family):
     model = build(family)
@@ -290,7 +355,10 @@ def test_cli_compress_end_to_end(saved, tmp_path):
     assert record["sizes"]["after"]["heads"] == 4 and record["settings"]["method"] == "fisher+tune"
     assert set(record["signature"]) >= {"model", "data", "split", "n", "method", "seed", "versions", "calib_data"}
     assert record["speed"]["speedups"][0]["batch"] == 2
-    assert "data:image/png;base64," in (out / "report.html").read_text()
+    assert record["settings"]["target"] == "residual" and record["settings"]["guard"] is True
+    assert list(record["calib_loss"])[0] == "selected" and isinstance(record["rejected"], list)
+    html = (out / "report.html").read_text()
+    assert "data:image/png;base64," in html and "Mean calibration loss after each stage" in html
     model = hp.load_pruned(out)
     assert sum(s.num_heads for s in hp.find_sites(model)) == 4
     ev = runner.invoke(app, ["evaluate", str(out), "--task", "classification", "--data", str(saved / "dev.tsv"),
@@ -302,6 +370,7 @@ def test_cli_compress_end_to_end(saved, tmp_path):
     (["--keep", "0.5", "--flops", "0.5"], "exactly one budget"),
     (["--keep", "1.5"], "keep=1.5; allowed"),
     (["--keep", "0.5", "--method", "magic"], "method='magic'; allowed"),
+    (["--keep", "0.5", "--tune-target", "logits"], "target='logits'; allowed: residual, output"),
     (["--keep", "0.5", "--calib-data", "DEV"], "is the evaluation data"),
     (["--keep", "0.5"], "is the evaluation data"),
     (["--keep", "0.5", "--calib-data", "missing.tsv"], "does not exist"),

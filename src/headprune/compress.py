@@ -7,6 +7,11 @@ Methods (Kwon et al. 2022, "A Fast Post-Training Pruning Framework for Transform
 - ``fisher+rearrange``: then, per site, swaps that lower the Fisher block's loss estimate.
 - ``fisher+tune``: then the kept heads' scales tuned per site by damped least squares and folded
   into the output projections (tuning implies rearrangement).
+
+Guard (``guard=True``): rearrangement and tuning optimise proxies (a second-order loss estimate, a
+per-site reconstruction), which can disagree with the model's loss when many heads go. Each stage
+is kept only if the measured mean calibration loss after it is no higher than before (one forward
+pass over the calibration batches per stage); ``HeadPlan.calib_loss`` / ``rejected`` say what happened.
 - ``random``: seeded random scores (a baseline).
 
 Budgets are global across sites and kinds (:mod:`headprune.budget`): ``keep`` (share of heads),
@@ -28,12 +33,12 @@ from torch import nn
 from .budget import HeadCosts, head_costs, select_heads
 from .errors import ConfigError
 from .fisher import Fisher, fisher_information
-from .importance import LossFn, head_importance
+from .importance import LossFn, head_importance, mean_loss
 from .masking import HeadMask
 from .rearrange import rearrange
 from .sites import find_sites
 from .surgery import kept_heads, prune_heads
-from .tuning import fold_scales, scale_mask, tune_scales
+from .tuning import TARGETS, fold_scales, scale_mask, tune_scales
 
 METHODS = ("ih", "fisher", "fisher+rearrange", "fisher+tune", "random")
 
@@ -51,6 +56,8 @@ class CompressSettings:
     tgt_len: int | None = None  # decoder tokens of encoder-decoders (None: seq_len)
     damping: float = 1e-2  # ridge towards unit scales, relative to the mean squared head contribution
     max_scale: float = 10.0  # tuned scales outside [-max_scale, max_scale] are refused (unit scales kept)
+    target: str = "residual"  # what tuning reproduces: the residual stream after each site, or its "output"
+    guard: bool = True  # keep rearrangement / tuning only where they lower the calibration loss
     seed: int = 0  # of the random method
 
     def __post_init__(self):
@@ -78,6 +85,10 @@ class CompressSettings:
             raise ConfigError(f"damping={self.damping!r}; allowed: a finite number >= 0")
         if isinstance(self.max_scale, bool) or not isinstance(self.max_scale, (int, float)) or not self.max_scale > 0:
             raise ConfigError(f"max_scale={self.max_scale!r}; allowed: a number > 0")
+        if self.target not in TARGETS:
+            raise ConfigError(f"target={self.target!r}; allowed: {', '.join(TARGETS)}")
+        if not isinstance(self.guard, bool):
+            raise ConfigError(f"guard={self.guard!r}; allowed: True or False")
 
     @property
     def rearranges(self) -> bool:
@@ -101,12 +112,15 @@ class Scores:
 @dataclass
 class HeadPlan:
     """What to do to the model: ``drop`` ({site: heads removed}), ``scales`` ({site: [H]} tuned mask
-    values, or None), the Fisher loss estimate before / after rearrangement, tuning per site."""
+    values, or None), the Fisher loss estimate before / after rearrangement, tuning per site, the
+    measured mean calibration loss after each stage and the stages the guard turned down."""
 
     drop: dict[str, list[int]]
     scales: dict[str, torch.Tensor] | None = None
     loss_estimate: dict[str, float] = field(default_factory=dict)
     tuning: list[dict] = field(default_factory=list)
+    calib_loss: dict[str, float] = field(default_factory=dict)
+    rejected: list[str] = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
     def mask(self, model: nn.Module) -> HeadMask:
@@ -157,19 +171,44 @@ def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], 
     if scored.fisher is not None:
         plan.loss_estimate["selected"] = scored.fisher.loss_increase(drop) / scored.fisher.n
     seconds["select"] = time.perf_counter() - start
+    guarded = settings.guard and (settings.rearranges or settings.tunes) and bool(drop)
+    if guarded:
+        start = time.perf_counter()
+        plan.calib_loss["selected"] = mean_loss(model, batches, mask=plan.mask(model), loss_fn=loss_fn)
+        seconds["guard"] = time.perf_counter() - start
     if settings.rearranges:
         start = time.perf_counter()
         groups = costs.group if settings.flops is not None else None  # a FLOP budget: no key/value head more
-        plan.drop = rearrange(drop, scored.fisher, groups=groups)
-        plan.loss_estimate["rearranged"] = scored.fisher.loss_increase(plan.drop) / scored.fisher.n
+        moved = rearrange(drop, scored.fisher, groups=groups)
+        plan.loss_estimate["rearranged"] = scored.fisher.loss_increase(moved) / scored.fisher.n
         seconds["rearrange"] = time.perf_counter() - start
+        plan.drop = _guarded(plan, "rearranged", HeadPlan(drop=moved), model, batches, loss_fn, guarded, seconds).drop
     if settings.tunes and plan.drop:  # nothing dropped: the unit scales are the exact answer
         start = time.perf_counter()
         tuned = tune_scales(model, batches, plan.drop, damping=settings.damping, max_scale=settings.max_scale,
-                            progress=progress)
-        plan.scales, plan.tuning = tuned.scales, tuned.sites
+                            target=settings.target, progress=progress)
+        plan.tuning = tuned.sites
         seconds["tune"] = time.perf_counter() - start
+        plan.scales = _guarded(plan, "tuned", HeadPlan(drop=plan.drop, scales=tuned.scales), model, batches, loss_fn,
+                               guarded, seconds).scales
     return plan
+
+
+def _guarded(plan: HeadPlan, stage: str, candidate: HeadPlan, model, batches, loss_fn, guarded: bool,
+             seconds: dict) -> HeadPlan:
+    """``candidate`` (the plan after ``stage``) unless the guard measures a higher calibration loss
+    than the plan so far; then the plan so far, with the stage noted in ``plan.rejected``."""
+    if not guarded or (candidate.drop == plan.drop and candidate.scales is None):
+        return candidate
+    start = time.perf_counter()
+    loss = mean_loss(model, batches, mask=candidate.mask(model), loss_fn=loss_fn)
+    seconds["guard"] += time.perf_counter() - start
+    current = min(plan.calib_loss.values())  # the stages kept so far only ever lowered it
+    plan.calib_loss[stage] = loss
+    if loss > current:
+        plan.rejected.append(stage)
+        return plan
+    return candidate
 
 
 @dataclass
@@ -184,6 +223,8 @@ class CompressResult:
     sizes: dict[str, dict]  # before / after: heads, params, flops, attention_flops
     loss_estimate: dict[str, float]
     tuning: list[dict]
+    calib_loss: dict[str, float]  # measured mean calibration loss after each stage (the guard's)
+    rejected: list[str]  # stages the guard turned down
     seconds: dict[str, float]
 
     def to_dict(self) -> dict:
@@ -204,6 +245,8 @@ def compress(
     tgt_len: int | None = None,
     damping: float = 1e-2,
     max_scale: float = 10.0,
+    target: str = "residual",
+    guard: bool = True,
     seed: int = 0,
     sites: list[str] | None = None,
     loss_fn: LossFn | None = None,
@@ -218,28 +261,30 @@ def compress(
     the plan's mask computes) with sizes before and after.
     """
     settings = CompressSettings(keep=keep, n_keep=n_keep, flops=flops, method=method, min_per_site=min_per_site,
-                                seq_len=seq_len, tgt_len=tgt_len, damping=damping, max_scale=max_scale, seed=seed)
+                                seq_len=seq_len, tgt_len=tgt_len, damping=damping, max_scale=max_scale,
+                                target=target, guard=guard, seed=seed)
     batches = list(calib_batches)
     if not batches:
         raise ConfigError("calib_batches: empty; compression needs calibration examples")
     start = time.perf_counter()
     before = _sizes(model, settings)
     plan = plan_heads(model, batches, settings, sites=sites, loss_fn=loss_fn, progress=progress)
-    target = model if inplace else copy.deepcopy(model)
+    pruned = model if inplace else copy.deepcopy(model)
     apply_start = time.perf_counter()
     scales = None
     if plan.scales is not None:
-        fold_scales(target, plan.scales)
+        fold_scales(pruned, plan.scales)
         scales = {name: [float(s[h]) for h in range(s.numel()) if h not in set(plan.drop.get(name, []))]
                   for name, s in plan.scales.items()}
-    prune_heads(target, plan.drop)
-    target.eval()
+    prune_heads(pruned, plan.drop)
+    pruned.eval()
     seconds = {**plan.seconds, "apply": time.perf_counter() - apply_start}
-    after = _sizes(target, settings)
+    after = _sizes(pruned, settings)
     seconds["total"] = time.perf_counter() - start
-    return CompressResult(model=target, settings=asdict(settings), dropped=plan.drop, kept=kept_heads(target),
+    return CompressResult(model=pruned, settings=asdict(settings), dropped=plan.drop, kept=kept_heads(pruned),
                           scales=scales, sizes={"before": before, "after": after},
-                          loss_estimate=plan.loss_estimate, tuning=plan.tuning, seconds=seconds)
+                          loss_estimate=plan.loss_estimate, tuning=plan.tuning, calib_loss=plan.calib_loss,
+                          rejected=plan.rejected, seconds=seconds)
 
 
 def _sizes(model: nn.Module, settings: CompressSettings) -> dict:

@@ -74,6 +74,7 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
         "title": f"Compressed with {settings.method} ({_budget(settings)})", "experiment": "compress",
         "metric": metric, "headline": headline, "signature": sig,
         "notes": [f"Calibration and evaluation data: {sig.get('calib_data')} / {sig.get('data')}.",
+                  *_guard_notes(result),
                   f"FLOPs per example at {settings.seq_len} tokens"
                   + (f" ({settings.tgt_len or settings.seq_len} decoder tokens)." if _enc_dec(model) else ".")],
         "figures": [{"file": "kept_heads.png", "caption": "Kept heads per site (colour: tuned scale folded into "
@@ -81,6 +82,15 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
         "tables": [{"title": "Per site", "file": "heads.csv", "max_rows": 80}],
     })
     return build_report(out)
+
+
+def _guard_notes(result) -> list[str]:
+    if not result.calib_loss:
+        return []
+    losses = ", ".join(f"{stage} {loss:.4f}" for stage, loss in result.calib_loss.items())
+    turned = (f" Turned down (they raised it): {', '.join(result.rejected)}." if result.rejected else
+              " Every stage lowered it or kept it equal.")
+    return [f"Mean calibration loss after each stage: {losses}.{turned}"]
 
 
 def _eval(result) -> dict:

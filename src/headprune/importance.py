@@ -13,7 +13,7 @@ value of the gradient summed over a batch), for comparison.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from .errors import ConfigError
-from .masking import masked, ones_mask
+from .masking import HeadMask, masked, ones_mask
 from .sites import find_sites
 
 LossFn = Callable[[object, Mapping[str, torch.Tensor]], torch.Tensor]  # (outputs, batch) -> [B]
@@ -97,6 +97,25 @@ def mask_gradients(
         grads = torch.autograd.grad((losses * valid).sum(), [xi[n] for n in names], allow_unused=True)
     out = {n: (g if g is not None else torch.zeros_like(xi[n])).detach() for n, g in zip(names, grads, strict=True)}
     return out, valid
+
+
+def mean_loss(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *, mask: HeadMask | None = None,
+              loss_fn: LossFn | None = None) -> float:
+    """Mean per-example loss over ``batches`` (the same loss the scores use), under ``mask``; no gradients."""
+    total, n = 0.0, 0
+    with _scoring(model), torch.no_grad(), (masked(model, mask) if mask else nullcontext()):
+        for batch in batches:
+            outputs = model(**_model_inputs(model, batch, loss_fn))
+            if loss_fn is not None:
+                losses, valid = loss_fn(outputs, batch), torch.ones(_batch_size(batch), dtype=torch.bool)
+            else:
+                losses, valid = per_example_loss(model, batch, outputs)
+            valid = valid & _rows_with_tokens(batch)
+            total += float(losses[valid].sum())
+            n += int(valid.sum())
+    if n == 0:
+        raise ConfigError("batches: no example had a loss (empty input or all padding)")
+    return total / n
 
 
 def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs) -> tuple[torch.Tensor, torch.Tensor]:

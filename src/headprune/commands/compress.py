@@ -45,6 +45,10 @@ def compress_command(
                                 f"{DEFAULT_SEQ_LEN}, at most the model's positions)."),
     tgt_len: int = typer.Option(None, "--tgt-len", help="Encoder-decoders: decoder tokens (default --seq-len)."),
     damping: float = typer.Option(1e-2, "--damping", help="fisher+tune: ridge towards unit scales (relative)."),
+    tune_target: str = typer.Option("residual", "--tune-target", help="fisher+tune: what each site reproduces: "
+                                    "residual (the stream after it, Kwon et al.) or output (its projection's)."),
+    no_guard: bool = typer.Option(False, "--no-guard", help="Keep rearrangement and tuning even where they raise "
+                                  "the calibration loss."),
     bench_batch: int = typer.Option(16, "--bench-batch", help="Batch size of the speed measurement."),
     bench_repeats: int = typer.Option(5, "--bench-repeats", help="Timed rounds of the speed measurement."),
     no_bench: bool = typer.Option(False, "--no-bench", help="Skip the speed measurement."),
@@ -65,7 +69,8 @@ def compress_command(
         raise ConfigError(f"give exactly one budget of --keep (share of heads), --keep-heads (number of heads) or "
                           f"--flops (share of head FLOPs); got {', '.join(budgets) or 'none'}")
     settings = CompressSettings(keep=keep, n_keep=keep_heads, flops=flops, method=method, min_per_site=min_per_site,
-                                seq_len=seq_len or 8, tgt_len=tgt_len, damping=damping, seed=seed)  # checks all
+                                seq_len=seq_len or 8, tgt_len=tgt_len, damping=damping, target=tune_target,
+                                guard=not no_guard, seed=seed)  # checks all
     if output.exists():
         raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
     calib = calib_data or data
