@@ -13,7 +13,8 @@ Scores and tuning use only ``--calib-data``, which must differ from ``--data`` (
 Every point is the evaluator's score with the plan applied as a head mask (folding and removal give
 the same outputs, tested); budgets count heads (``keep = 1 - fraction``), global across sites.
 Writes benchmarks/results/method_comparison.json: signature, unpruned score, one row per
-(method, seed, step), a summary (mean over seeds), and the time each method's scoring and planning took.
+(method, seed, step), a summary (mean over seeds), paired tests of each method against I_h per step,
+and the time each method's scoring and planning took; and the curves as a PNG beside it.
 
 ``--quick``: a tiny random BERT (or Marian with ``--task translation``) with a word tokenizer over
 made-up sentences; the labels (references) are the unpruned model's own predictions (translations),
@@ -242,7 +243,7 @@ def paired_tests(results: dict, methods: list[str], against: str = "ih") -> list
     out = []
     for (method, fraction), other in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         base = results.get((against, fraction))
-        if method == against or method not in methods or base is None or other is base:
+        if method == against or method not in methods or base is None:
             continue
         same = base.per_example.keys() == other.per_example.keys() and all(
             np.array_equal(base.per_example[k], other.per_example[k]) for k in base.per_example)
@@ -282,6 +283,15 @@ def table(summary: list[dict], metric: str) -> str:
     return "\n".join(lines)
 
 
+def plot(summary: list[dict], metric: str, path: Path, signature: dict) -> Path:
+    """The curves of every method in one figure (I_h as the paper's "importance" order)."""
+    from headprune.report.figures import pruning_curves
+
+    rows = [{**r, "order": "importance" if r["method"] == "ih" else r["method"]} for r in summary]
+    return pruning_curves(rows, metric, path, title=f"{Path(str(signature['model'])).parent.name or signature['model']}"
+                          f": {signature['n']} evaluation / {signature['calib_n']} calibration examples")
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     start = time.perf_counter()
@@ -308,7 +318,8 @@ def main(argv=None) -> int:
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2, default=lambda v: v.tolist()))
-    print(f"wrote {args.output}", file=sys.stderr)
+    figure = plot(summary, unpruned.metric, args.output.with_suffix(".png"), signature)
+    print(f"wrote {args.output} and {figure}", file=sys.stderr)
     return 0
 
 

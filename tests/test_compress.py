@@ -401,3 +401,9 @@ def test_method_comparison_quick_writes_valid_json(tmp_path):
         assert all(0.0 <= r["relative"] <= 1.5 for r in rows)
     assert data["summary"] and data["timing"]["fisher+tune"]["plan_s"]
     assert set(data["signature"]) >= {"model", "data", "calib_data", "n", "seed", "versions"}
+    tests = data["paired_tests"]  # every method but I_h, at every step, against I_h on the same examples
+    assert {(t["method"], round(t["fraction"], 1)) for t in tests} == {
+        (m, i / 10) for m in methods - {"ih"} for i in range(11)}
+    for t in tests:
+        assert 0.0 <= t["p_value"] <= 1.0 and t["ci_low"] <= t["diff"] + 1e-12 and t["diff"] <= t["ci_high"] + 1e-12
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
