@@ -18,7 +18,7 @@ ORDER_STYLE = {
     "random": ("#7f7f7f", "random (mean ± std)"),
     "fisher": ("#ff7f0e", "Fisher (Kwon et al. 2022)"),
     "fisher+rearrange": ("#2ca02c", "Fisher + rearrangement"),
-    "fisher+tune": ("#9467bd", "Fisher + rearrangement + tuned scales"),
+    "fisher+tune": ("#9467bd", "Fisher + rearrangement + tuned scales (guarded)"),
 }
 
 
