@@ -7,12 +7,12 @@ Methods (Kwon et al. 2022, "A Fast Post-Training Pruning Framework for Transform
 - ``fisher+rearrange``: then, per site, swaps that lower the Fisher block's loss estimate.
 - ``fisher+tune``: then the kept heads' scales tuned per site by damped least squares and folded
   into the output projections (tuning implies rearrangement).
+- ``random``: seeded random scores (a baseline).
 
 Guard (``guard=True``): rearrangement and tuning optimise proxies (a second-order loss estimate, a
 per-site reconstruction), which can disagree with the model's loss when many heads go. Each stage
 is kept only if the measured mean calibration loss after it is no higher than before (one forward
 pass over the calibration batches per stage); ``HeadPlan.calib_loss`` / ``rejected`` say what happened.
-- ``random``: seeded random scores (a baseline).
 
 Budgets are global across sites and kinds (:mod:`headprune.budget`): ``keep`` (share of heads),
 ``n_keep`` (number of heads) or ``flops`` (share of the attention heads' FLOPs at ``seq_len``).

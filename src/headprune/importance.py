@@ -85,14 +85,7 @@ def mask_gradients(
         t.requires_grad_(True)
     with _scoring(model), masked(model, xi), torch.enable_grad():
         outputs = model(**_model_inputs(model, batch, loss_fn))
-        if loss_fn is not None:
-            losses, valid = loss_fn(outputs, batch), torch.ones(batch_size, dtype=torch.bool)
-        else:
-            losses, valid = per_example_loss(model, batch, outputs)
-        valid = valid & _rows_with_tokens(batch)
-        if losses.shape != (batch_size,):
-            raise ConfigError(f"loss_fn must return one loss per example, shape ({batch_size},); "
-                              f"got {tuple(losses.shape)}")
+        losses, valid = _example_losses(model, batch, outputs, loss_fn)
         names = list(xi)
         grads = torch.autograd.grad((losses * valid).sum(), [xi[n] for n in names], allow_unused=True)
     out = {n: (g if g is not None else torch.zeros_like(xi[n])).detach() for n, g in zip(names, grads, strict=True)}
@@ -105,17 +98,26 @@ def mean_loss(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *
     total, n = 0.0, 0
     with _scoring(model), torch.no_grad(), (masked(model, mask) if mask else nullcontext()):
         for batch in batches:
-            outputs = model(**_model_inputs(model, batch, loss_fn))
-            if loss_fn is not None:
-                losses, valid = loss_fn(outputs, batch), torch.ones(_batch_size(batch), dtype=torch.bool)
-            else:
-                losses, valid = per_example_loss(model, batch, outputs)
-            valid = valid & _rows_with_tokens(batch)
+            losses, valid = _example_losses(model, batch, model(**_model_inputs(model, batch, loss_fn)), loss_fn)
             total += float(losses[valid].sum())
             n += int(valid.sum())
     if n == 0:
         raise ConfigError("batches: no example had a loss (empty input or all padding)")
     return total / n
+
+
+def _example_losses(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs,
+                    loss_fn: LossFn | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B] losses, [B] valid) of one batch: ``loss_fn``'s, else the model's own; rows without tokens invalid."""
+    batch_size = _batch_size(batch)
+    if loss_fn is not None:
+        losses, valid = loss_fn(outputs, batch), torch.ones(batch_size, dtype=torch.bool)
+    else:
+        losses, valid = per_example_loss(model, batch, outputs)
+    if losses.shape != (batch_size,):
+        raise ConfigError(f"loss_fn must return one loss per example, shape ({batch_size},); "
+                          f"got {tuple(losses.shape)}")
+    return losses, valid & _rows_with_tokens(batch)
 
 
 def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs) -> tuple[torch.Tensor, torch.Tensor]:

@@ -109,8 +109,8 @@ def tune_scales(
             if not kept:
                 continue
             cached = None if targets is None else [t[site.name] for t in targets]
-            eq = _normal_equations(model, batches, site, kept, mask, norms.get(site.name), cached)
-            scales, row = _solve(eq, damping, max_scale)
+            gram, rhs, norm = _normal_equations(model, batches, site, kept, mask, norms.get(site.name), cached)
+            scales, row = _solve(gram, rhs, norm, damping, max_scale)
             mask[site.name][kept] = scales.float()
             report.append({"site": site.name, "kept": len(kept),
                            "target": "residual" if site.name in norms else "output", **row})
@@ -119,26 +119,14 @@ def tune_scales(
     return TuneResult(scales=mask, sites=report)
 
 
-@dataclass
-class Normal:
-    """One site's least-squares problem, summed over calibration tokens: ``gram`` [k, k] and ``rhs`` [k]
-    of the kept heads' contributions ``c`` (each [d] per token) against the target ``t``; ``norm`` =
-    sum ||t||^2."""
-
-    gram: torch.Tensor
-    rhs: torch.Tensor
-    norm: float
-
-
-def _solve(eq: Normal, damping: float, max_scale: float):
-    """Scales [k] and the report row."""
-    k = eq.gram.shape[0]
+def _solve(gram: torch.Tensor, rhs: torch.Tensor, norm: float, damping: float, max_scale: float):
+    """Scales [k] and the report row of one site's damped least squares."""
+    k = gram.shape[0]
     ones = torch.ones(k, dtype=torch.float64)
-    gram, rhs, norm = eq.gram, eq.rhs, eq.norm
-    lam = damping * float(gram.diagonal().mean()) if k else 0.0
+    lam = damping * float(gram.diagonal().mean())
     try:
-        s = torch.linalg.solve(gram + lam * torch.eye(k, dtype=torch.float64), rhs + lam * ones) if k else ones
-        ok = bool(torch.isfinite(s).all()) and (not k or float(s.abs().max()) <= max_scale)
+        s = torch.linalg.solve(gram + lam * torch.eye(k, dtype=torch.float64), rhs + lam * ones)
+        ok = bool(torch.isfinite(s).all()) and float(s.abs().max()) <= max_scale
     except RuntimeError:  # singular without damping
         s, ok = ones, False
     if not ok:
@@ -148,7 +136,7 @@ def _solve(eq: Normal, damping: float, max_scale: float):
         return float(x @ gram @ x - 2 * x @ rhs + norm)
 
     return s, {"error_unit": error(ones), "error_tuned": error(s), "target_norm": norm, "fallback": not ok,
-               "min_scale": float(s.min()) if k else None, "max_scale": float(s.max()) if k else None}
+               "min_scale": float(s.min()), "max_scale": float(s.max())}
 
 
 def _is_norm(module: nn.Module) -> bool:
@@ -284,7 +272,7 @@ def _normal_equations(model, batches, site: Site, kept: list[int], mask: HeadMas
             gram += torch.einsum("njd,nid->ji", c, c)
             rhs += torch.einsum("njd,nd->j", c, y[piece])
         norm += float((y * y).sum())
-    return Normal(gram, rhs, norm)
+    return gram, rhs, norm
 
 
 def _head_weights(site: Site, kept: list[int]) -> torch.Tensor:
