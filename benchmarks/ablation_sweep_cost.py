@@ -3,7 +3,7 @@
     python benchmarks/ablation_sweep_cost.py            # 6 x 12 BERT, hidden 384, 128 examples x 64 tokens
     python benchmarks/ablation_sweep_cost.py --quick --output /tmp/ablation_sweep_cost.json
 
-Numerator: ``headprune.ablation.one_head_ablation`` with the prefix cache (blocks below the masked
+Numerator: ``headprune.experiments.ablation.one_head_ablation`` with the prefix cache (blocks below the masked
 site replayed from one recording pass, which is also the baseline). Denominator: the same sweep
 with the cache off (every head a full evaluation pass: L x H passes + the baseline). Both include
 the same significance tests. The two sweeps alternate over rounds; the ratio is the median of the
@@ -24,9 +24,10 @@ from pathlib import Path
 import torch
 import transformers as T
 
-from headprune.ablation import SweepSettings, one_head_ablation
 from headprune.bench import machine_info
-from headprune.tasks.base import EvalResult, versions
+from headprune.evaluation.base import EvalResult
+from headprune.experiments.ablation import SweepSettings, one_head_ablation
+from headprune.provenance import versions
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.65
@@ -50,7 +51,7 @@ class TokenAccuracy:
 
     @torch.no_grad()
     def evaluate(self, model, mask=None, **_) -> EvalResult:
-        from headprune.tasks.base import mask_context
+        from headprune.evaluation.base import mask_context
 
         with mask_context(model, mask):
             pred = torch.cat([model(input_ids=x).logits.argmax(-1) for x in self.batches_])

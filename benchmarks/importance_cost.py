@@ -27,7 +27,7 @@ import transformers as T
 
 import headprune as hp
 from headprune.bench import machine_info
-from headprune.tasks.base import versions
+from headprune.provenance import versions
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 2.2

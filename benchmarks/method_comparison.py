@@ -35,10 +35,11 @@ import numpy as np
 import torch
 
 import headprune as hp
-from headprune.compress import CompressSettings, plan_heads, score_heads
+from headprune.compression import CompressSettings, plan_heads, score_heads
 from headprune.errors import ConfigError
-from headprune.significance import compare
-from headprune.tasks.base import versions
+from headprune.evaluation.data import same_data
+from headprune.evaluation.significance import compare
+from headprune.provenance import versions
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ih", "fisher", "fisher+rearrange", "fisher+tune", "random")
@@ -80,21 +81,17 @@ def parse(argv=None):
         missing = [f for f in ("model", "data", "calib_data") if getattr(args, f) is None]
         if missing:
             p.error("needs " + ", ".join("--" + f.replace("_", "-") for f in missing) + " (or --quick)")
-        if _same(args.data, args.calib_data) and not args.allow_same_data:
+        if same_data(args.data, args.calib_data) and not args.allow_same_data:
             p.error(f"--calib-data {args.calib_data!r} is the evaluation data; give a disjoint set "
                     "(or --allow-same-data)")
     return args
 
 
-def _same(a: str, b: str) -> bool:
-    return a == b or (Path(a).exists() and Path(b).exists() and Path(a).resolve() == Path(b).resolve())
-
-
 # ---------------------------------------------------------------- the real model, or a tiny one
 
 def real_setup(args):
-    from headprune.commands.evaluate import build_task
-    from headprune.loading import load_model, load_tokenizer
+    from headprune.core.io import load_model, load_tokenizer
+    from headprune.evaluation.build import build_task
 
     model, tok = load_model(args.model), load_tokenizer(args.model)
     if tok is None:
@@ -135,7 +132,7 @@ def _tokenizer(texts: list[str], vocab: int):
 
 def _train(model, tok, rng: random.Random, steps: int = 80) -> None:
     """A few seconds of training on "more positive than negative words?", a task that needs attention."""
-    from headprune.tasks import Classification
+    from headprune.evaluation import Classification
 
     positive, negative = {"good", "great", "fine", "funny", "charming"}, {"bad", "dull", "sad", "bleak", "long"}
     texts = _sentences(rng, 512)
@@ -156,7 +153,7 @@ def quick_setup(args):
     outputs are the gold labels / references."""
     import transformers as T
 
-    from headprune.tasks import Classification, Translation
+    from headprune.evaluation import Classification, Translation
 
     rng = random.Random(0)
     evaluation, calibration = _sentences(rng, 48), _sentences(rng, 48)

@@ -19,9 +19,11 @@ from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
 import headprune as hp
-from headprune.bench import benchmark, example_inputs, flop_breakdown, flops_per_example, fraction_plan
+from headprune.bench import benchmark, fraction_plan
 from headprune.cli import app
-from headprune.modules import RepeatHeads
+from headprune.core.cost import flop_breakdown, flops_per_example
+from headprune.core.inputs import example_inputs
+from headprune.core.runtime import RepeatHeads
 from tiny import build, inputs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +76,7 @@ def test_flops_agree_with_torch_flop_counter(family, plan):
 
 def test_flops_refuse_bad_arguments():
     model = build("bert")
-    with pytest.raises(hp.ConfigError, match="kind='gflops'; allowed: 'flops', 'macs'"):
+    with pytest.raises(hp.ConfigError, match="kind='gflops'; allowed: flops, macs"):
         flops_per_example(model, 8, kind="gflops")
     with pytest.raises(hp.ConfigError, match="seq_len=100.*max_position_embeddings=64"):
         flops_per_example(model, 100)
@@ -152,7 +154,7 @@ def test_cli_bench_writes_json_and_png(tmp_path):
     assert data["models"]["bert-masked0.5"]["masked"] and data["models"]["bert-pruned0.5"]["heads"] == 4
     ups = {(s["model"], s["batch"]): s for s in data["speedups"]}
     assert ups[("bert-pruned0.5", 2)]["flop_limit"] > 1 and ups[("bert-masked0.5", 2)]["efficiency"] is None
-    assert data["extra"]["plans"]["bert"] == {"encoder.0.self": [0, 1], "encoder.1.self": [0, 1]}
+    assert data["extra"]["dropped"]["bert"] == {"encoder.0.self": [0, 1], "encoder.1.self": [0, 1]}
     assert (out / "bench.png").read_bytes()[:8] == PNG
 
 

@@ -39,7 +39,7 @@ def test_sites_table_and_json(bert_dir):
 
 def test_prune_writes_a_loadable_smaller_model(bert_dir, tmp_path):
     out = tmp_path / "pruned"
-    result = runner.invoke(app, ["prune", str(bert_dir), "--heads", '{"encoder.1.self": [0, 2]}', "-o", str(out)])
+    result = runner.invoke(app, ["prune", str(bert_dir), "--drop", '{"encoder.1.self": [0, 2]}', "-o", str(out)])
     assert result.exit_code == 0, result.output
     pruned = hp.load_pruned(out)
     reference = hp.load_pruned(bert_dir)
@@ -54,10 +54,12 @@ def test_prune_writes_a_loadable_smaller_model(bert_dir, tmp_path):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--heads", '{"encoder.5.self": [0]}'], "unknown site 'encoder.5.self'"),
-        (["--heads", '{"encoder.0.self": [9]}'], "head index 9 out of range"),
-        (["--heads", "{not json"], "--heads: not valid JSON"),
-        (["--heads", "[1, 2]"], "expected a JSON object"),
+        (["--drop", '{"encoder.5.self": [0]}'], "unknown site 'encoder.5.self'"),
+        (["--drop", '{"encoder.0.self": [9]}'], "head index 9 out of range"),
+        (["--drop", "{not json"], "--drop: not valid JSON"),
+        (["--drop", "[1, 2]"], "expected a JSON object"),
+        (["--heads", "{not json"], "--heads: not valid JSON"),  # the old name still works
+        ([], "give the heads to remove with --drop"),
     ],
 )
 def test_prune_bad_input_one_line_nonzero_nothing_written(bert_dir, tmp_path, args, message):
@@ -72,7 +74,7 @@ def test_prune_bad_input_one_line_nonzero_nothing_written(bert_dir, tmp_path, ar
 def test_missing_model_dir_and_existing_output(bert_dir, tmp_path):
     result = runner.invoke(app, ["sites", str(tmp_path / "nope")])
     assert result.exit_code == 2 and "does not exist" in result.output
-    result = runner.invoke(app, ["prune", str(bert_dir), "--heads", "{}", "-o", str(bert_dir)])
+    result = runner.invoke(app, ["prune", str(bert_dir), "--drop", "{}", "-o", str(bert_dir)])
     assert result.exit_code == 2 and "already exists" in result.output
 
 

@@ -13,15 +13,16 @@ import torch
 from typer.testing import CliRunner
 
 import headprune as hp
-from headprune.bench import flop_breakdown
-from headprune.budget import head_costs, select_heads
 from headprune.cli import app
-from headprune.compress import CompressSettings, compress, plan_heads
+from headprune.compression import CompressSettings, compress, plan_heads
+from headprune.compression.tuning import residual_norms, scale_mask, tune_scales
+from headprune.core.cost import flop_breakdown, head_costs
+from headprune.core.folding import fold_scales
 from headprune.errors import ConfigError
-from headprune.fisher import fisher_information, quadratic
-from headprune.importance import per_example_loss
-from headprune.rearrange import rearrange, rearrange_site
-from headprune.tuning import fold_scales, residual_norms, scale_mask, tune_scales
+from headprune.scoring.fisher import fisher_information, quadratic
+from headprune.scoring.gradients import per_example_loss
+from headprune.selection import select_heads
+from headprune.selection.rearrange import rearrange, rearrange_site
 from tiny import build, inputs, labels, word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -240,9 +241,9 @@ def test_residual_target_is_the_stream_after_each_site_and_its_error_is_what_the
 
 
 def test_guard_turns_down_a_stage_that_raises_the_calibration_loss(monkeypatch):
-    from headprune.tuning import TuneResult
+    from headprune.compression.tuning import TuneResult
 
-    compress_module = sys.modules["headprune.compress"]  # the package exports a function of that name
+    compress_module = sys.modules["headprune.compression.plan"]  # where plan_heads looks tune_scales up
     model = build("bert")
     calib = _batches("bert", seeds=(1, 2, 3))
     settings = CompressSettings(keep=0.5, method="fisher+tune", seq_len=8)

@@ -11,7 +11,8 @@ from types import ModuleType, SimpleNamespace
 
 import pytest
 
-from headprune.data import (
+from headprune.errors import DataError
+from headprune.evaluation.data import (
     ClassificationData,
     encode_labels,
     load_classification,
@@ -19,7 +20,6 @@ from headprune.data import (
     load_text,
     python_docs_text,
 )
-from headprune.errors import DataError
 
 SHARED = Path(os.environ.get("HEADPRUNE_SHARED_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 

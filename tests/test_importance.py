@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import headprune as hp
-from headprune.importance import per_example_loss
+from headprune.scoring.gradients import per_example_loss
 from tiny import build, inputs, labels
 
 

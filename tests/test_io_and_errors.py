@@ -28,7 +28,7 @@ def test_save_load_same_logits_and_prunable_again(family, tmp_path):
         want = model(**x).logits
     hp.save_pruned(model, tmp_path / "m")
     config = json.loads((tmp_path / "m" / "config.json").read_text())
-    assert config["headprune_plan"] == {k: v for k, v in hp.kept_heads(model).items() if k in config["headprune_plan"]}
+    assert config["headprune_kept_heads"] == {k: v for k, v in hp.kept_heads(model).items() if k in config["headprune_kept_heads"]}
     assert not list((tmp_path / "m").glob("*.bin")) and not list((tmp_path / "m").glob("*.pt"))  # no pickle
     loaded = hp.load_pruned(tmp_path / "m")
     loaded.set_attn_implementation("eager")
@@ -57,12 +57,12 @@ def test_plan_for_a_different_model_is_refused(tmp_path):
     hp.prune_heads(model, {"encoder.1.self": [0]})
     hp.save_pruned(model, tmp_path / "m")
     config = json.loads((tmp_path / "m" / "config.json").read_text())
-    config["headprune_heads"]["encoder.1.self"] = 12
+    config["headprune_original_heads"]["encoder.1.self"] = 12
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
     with pytest.raises(hp.PlanError, match="different model"):
         hp.load_pruned(tmp_path / "m")
     with pytest.raises(hp.PlanError, match="unknown site 'decoder.0.self'"):
-        hp.apply_plan(build("bert"), {"decoder.0.self": [0]})
+        hp.keep_heads(build("bert"), {"decoder.0.self": [0]})
 
 
 @pytest.mark.parametrize(

@@ -11,16 +11,18 @@ from sacrebleu.metrics import BLEU
 from sacrebleu.significance import PairedTest, estimate_ci
 
 from headprune.errors import ConfigError, DataError
-from headprune.stats import (
-    SACREBLEU_SEED,
-    BootstrapResult,
-    _bleu_from_sums,
+from headprune.evaluation.metrics import (
     accuracy,
+    bleu_scorer,
     bleu_statistics,
-    bootstrap_indices,
     confusion_matrix,
     f1_binary,
     matthews_corrcoef,
+)
+from headprune.evaluation.significance import (
+    SACREBLEU_SEED,
+    BootstrapResult,
+    bootstrap_indices,
     paired_bootstrap,
     paired_bootstrap_accuracy,
     paired_bootstrap_bleu,
@@ -245,7 +247,7 @@ def test_bleu_bootstrap_matches_sacrebleu_paired_bs(mt_systems, monkeypatch):
     stats_b, _ = bleu_statistics(hyps_b, refs)
     idx = bootstrap_indices(len(refs), 1000, SACREBLEU_SEED)
     for stats, res in [(stats_a, base), (stats_b, system)]:
-        mean, half = estimate_ci(resample_scores(stats, _bleu_from_sums(bleu), idx))
+        mean, half = estimate_ci(resample_scores(stats, bleu_scorer(bleu), idx))
         assert (mean, half) == pytest.approx((res.mean, res.ci), abs=1e-6)
 
 

@@ -16,10 +16,10 @@ import torch
 from typer.testing import CliRunner
 
 import headprune as hp
-from headprune.ablation import SweepSettings, all_but_one, one_head_ablation
 from headprune.cli import app
-from headprune.curves import CurveSettings, pruning_curves
-from headprune.tasks import Classification
+from headprune.evaluation import Classification
+from headprune.experiments.ablation import SweepSettings, all_but_one, one_head_ablation
+from headprune.experiments.curves import CurveSettings, pruning_curves
 from tiny import build, word_tokenizer
 
 DATA = Path(os.environ.get("HEADPRUNE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -51,7 +51,7 @@ def minilm_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     """A tiny BERT classifier with a word tokenizer over SST-2 (fast enough for kill-and-resume)."""
-    from headprune.data import load_classification
+    from headprune.evaluation.data import load_classification
 
     texts = load_classification(SST2, limit=200).texts if SST2.is_file() else ["a b c d e f"]
     model = build("bert")
@@ -61,7 +61,7 @@ def tiny_dir(tmp_path_factory):
 
 
 def _sst2(model, tokenizer, limit=24):
-    from headprune.data import load_classification
+    from headprune.evaluation.data import load_classification
 
     return Classification(tokenizer, load_classification(SST2, limit=limit), config=model.config, batch_size=8)
 
@@ -87,7 +87,7 @@ def test_ablate_on_real_model_and_data_writes_schema(minilm_dir, tmp_path):
 
 @needs_data
 def test_prefix_cache_gives_the_same_sweep(minilm_dir):
-    from headprune.loading import load_model, load_tokenizer
+    from headprune.core.io import load_model, load_tokenizer
 
     model, tok = load_model(minilm_dir), load_tokenizer(minilm_dir)
     ev = _sst2(model, tok, limit=16)
@@ -100,7 +100,7 @@ def test_prefix_cache_gives_the_same_sweep(minilm_dir):
 
 def test_prefix_cache_on_encoder_decoder_and_decoder_only():
     """Replayed blocks: the masked output is the same as a full run, for a decoder site of BART and T5."""
-    from headprune.prefix_cache import recording, replaying
+    from headprune.experiments.prefix_cache import recording, replaying
     from tiny import inputs
 
     for family in ("bart", "t5", "llama"):
@@ -120,7 +120,7 @@ def test_prefix_cache_on_encoder_decoder_and_decoder_only():
 
 
 def test_all_but_one_of_a_one_head_site_equals_unmasked_and_held_out(tiny_dir):
-    from headprune.loading import load_model, load_tokenizer
+    from headprune.core.io import load_model, load_tokenizer
 
     model, tok = load_model(tiny_dir), load_tokenizer(tiny_dir)
     hp.prune_heads(model, {"encoder.0.self": [0, 1, 2]})  # a site with one head left
@@ -137,7 +137,7 @@ def test_all_but_one_of_a_one_head_site_equals_unmasked_and_held_out(tiny_dir):
 
 
 def test_curve_invariants(tiny_dir):
-    from headprune.loading import load_model, load_tokenizer
+    from headprune.core.io import load_model, load_tokenizer
 
     model, tok = load_model(tiny_dir), load_tokenizer(tiny_dir)
     texts = ["the film is good", "a bad movie", "great acting and a fine story", "dull", "it works", "no"] * 4
@@ -177,7 +177,7 @@ def test_curve_restricted_to_one_kind_counts_that_kind_only():
             return iter(self.data)
 
         def evaluate(self, model, mask=None, **_):
-            from headprune.tasks.base import EvalResult, mask_context
+            from headprune.evaluation.base import EvalResult, mask_context
 
             with torch.no_grad(), mask_context(model, mask):
                 loss = sum(float(model(**b).loss) for b in self.data)
@@ -193,8 +193,8 @@ def test_curve_restricted_to_one_kind_counts_that_kind_only():
 
 @needs_data
 def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
-    from headprune.data import load_classification
-    from headprune.demo import tiny_llama
+    from headprune.evaluation.data import load_classification
+    from headprune.experiments.demo import tiny_llama
 
     lm, lm_tok = tiny_llama()
     hp.save_pruned(lm, tmp_path / "lm", tokenizer=lm_tok)
@@ -217,7 +217,7 @@ def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
     zero = {r["order"]: float(r["score"]) for r in summary if r["pruned"] == "0"}
     assert len(set(zero.values())) == 1  # the 0% point of every curve is the unmasked score
 
-    from headprune.loading import load_tokenizer
+    from headprune.core.io import load_tokenizer
 
     ckpts = []
     for epoch in (1, 2):
@@ -280,7 +280,7 @@ def test_bad_input_exits_2_and_writes_nothing(tiny_dir, tmp_path):
 
 
 def test_resume_refuses_a_different_run(tmp_path):
-    from headprune.runlog import RunDir
+    from headprune.experiments.rundir import RunDir
 
     RunDir(tmp_path / "r", {"model": "a", "n": 3, "versions": {"x": 1}})
     RunDir(tmp_path / "r", {"model": "a", "n": 3, "versions": {"x": 2}})  # versions may differ

@@ -1,5 +1,5 @@
 """Evaluators on real data slices with tiny random models: mask == no mask, mask == prune, data order,
-metrics == headprune.stats, BLEU == sacrebleu, bootstrap hooks, the `evaluate` command and its refusals."""
+metrics == headprune.evaluation.metrics, BLEU == sacrebleu, bootstrap hooks, the `evaluate` command and its refusals."""
 
 from __future__ import annotations
 
@@ -16,11 +16,10 @@ import transformers as T
 from typer.testing import CliRunner
 
 import headprune as hp
-from headprune import stats
 from headprune.cli import app
-from headprune.data import encode_labels, load_classification, load_parallel
 from headprune.errors import ConfigError, DataError
-from headprune.tasks import Classification, Translation, bleu_from_stats
+from headprune.evaluation import Classification, Translation, bleu_from_stats, metrics, significance
+from headprune.evaluation.data import encode_labels, load_classification, load_parallel
 
 SHARED = Path(os.environ.get("HEADPRUNE_SHARED_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 SETS = {  # name -> (file, metric, rows)
@@ -119,9 +118,9 @@ def test_classification_invariants_and_metrics(sets, tok, name):
     assert 0 < pred.mean() < 1  # both classes predicted: the metrics below are not degenerate
     np.testing.assert_array_equal(label, encode_labels(data.labels, model.config))  # data order
     np.testing.assert_array_equal(base.per_example["correct"], pred == label)
-    assert base.extra["accuracy"] == stats.accuracy(pred, label)
-    assert base.extra["matthews"] == stats.matthews_corrcoef(pred, label)
-    assert base.extra["f1"] == stats.f1_binary(pred, label)
+    assert base.extra["accuracy"] == metrics.accuracy(pred, label)
+    assert base.extra["matthews"] == metrics.matthews_corrcoef(pred, label)
+    assert base.extra["f1"] == metrics.f1_binary(pred, label)
     assert base.score == base.extra[metric] and base.metric == metric and base.n == len(data)
     assert base.tokens == sum(map(len, tok(data.texts, data.text_pairs, truncation=True, max_length=64)["input_ids"]))
     assert base.extra["signature"]["data"] == data.source and base.examples_per_s > 0
@@ -135,10 +134,10 @@ def test_classification_invariants_and_metrics(sets, tok, name):
     assert masked.score == physical.score
     assert np.abs(masked.per_example["loss"] - base.per_example["loss"]).max() > 1e-4  # the mask did something
 
-    boot = stats.paired_bootstrap_accuracy(base.per_example["correct"], masked.per_example["correct"],
+    boot = significance.paired_bootstrap_accuracy(base.per_example["correct"], masked.per_example["correct"],
                                            n_resamples=50)
     assert boot.score_a == base.extra["accuracy"] and boot.score_b == masked.extra["accuracy"]
-    boot = stats.paired_bootstrap_classification(pred, masked.per_example["pred"], label, metric=metric,
+    boot = significance.paired_bootstrap_classification(pred, masked.per_example["pred"], label, metric=metric,
                                                  n_resamples=50)
     assert boot.score_a == pytest.approx(base.score, abs=1e-12)
 
@@ -198,9 +197,9 @@ def test_translation_invariants_bleu_and_bootstrap(sets, tok, beams):
     np.testing.assert_array_equal(masked.per_example["bleu_stats"], physical.per_example["bleu_stats"])
     assert masked.extra["hypotheses"] != hyps  # the mask changed the translations
 
-    boot = stats.paired_bootstrap_bleu(hyps, masked.extra["hypotheses"], task.references(), n_resamples=50)
+    boot = significance.paired_bootstrap_bleu(hyps, masked.extra["hypotheses"], task.references(), n_resamples=50)
     assert boot.score_a == pytest.approx(base.score) and boot.score_b == pytest.approx(masked.score)
-    boot = stats.paired_bootstrap(base.per_example["bleu_stats"], masked.per_example["bleu_stats"],
+    boot = significance.paired_bootstrap(base.per_example["bleu_stats"], masked.per_example["bleu_stats"],
                                   bleu_from_stats, n_resamples=50)
     assert boot.score_a == pytest.approx(base.score) and boot.score_b == pytest.approx(masked.score)
 

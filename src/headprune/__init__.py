@@ -1,12 +1,39 @@
 """headprune: find, score and physically remove the attention heads a transformer does not need.
 
 Michel, Levy & Neubig 2019, "Are Sixteen Heads Really Better than One?", on transformers v5.
+
+The package follows the pipeline, one subpackage per stage:
+model -> :mod:`~headprune.core` (sites, mask, surgery, save/load) -> :mod:`~headprune.scoring`
+(I_h, Fisher) -> :mod:`~headprune.selection` (which heads) -> surgery -> saved model;
+:mod:`~headprune.compression` chains them under a budget. Studies live in
+:mod:`~headprune.evaluation`, :mod:`~headprune.experiments`, :mod:`~headprune.bench`,
+:mod:`~headprune.report` and :mod:`~headprune.train` (``pip install 'headprune[study]'``).
+This namespace holds what the README uses; it needs only the core dependencies.
 """
 
-__version__ = "0.1.0"
-
-from .compress import CompressResult, CompressSettings, compress, plan_heads, score_heads  # noqa: E402
-from .errors import (  # noqa: E402
+from . import compression, core, scoring, selection
+from .compression import CompressResult, CompressSettings, compress, plan_heads, score_heads
+from .core import (
+    DroppedHeads,
+    KeptHeads,
+    Site,
+    find_sites,
+    fold_scales,
+    is_masked,
+    keep_heads,
+    kept_heads,
+    load_model,
+    load_pruned,
+    mask_from_heads,
+    mask_heads,
+    masked,
+    ones_mask,
+    original_heads,
+    prune_heads,
+    save_pruned,
+    unmask_heads,
+)
+from .errors import (
     ConfigError,
     DataError,
     HeadpruneError,
@@ -15,17 +42,19 @@ from .errors import (  # noqa: E402
     SiteError,
     UnsupportedModelError,
 )
-from .fisher import fisher_information  # noqa: E402
-from .importance import head_importance, mask_gradients, normalize_per_site  # noqa: E402
-from .io import load_pruned, save_pruned  # noqa: E402
-from .masking import is_masked, mask_from_heads, mask_heads, masked, ones_mask, unmask_heads  # noqa: E402
-from .sites import Site, find_sites  # noqa: E402
-from .surgery import apply_plan, kept_heads, original_heads, prune_heads  # noqa: E402
+from .extras import MissingDependencyError
+from .provenance import __version__
+from .scoring import fisher_information, head_importance, mask_gradients, normalize_per_site
+from .selection import lowest_heads, select_heads
 
 __all__ = [
-    "__version__", "ConfigError", "DataError", "HeadpruneError", "MaskError", "PlanError", "SiteError",
-    "UnsupportedModelError", "Site", "find_sites", "mask_heads", "unmask_heads", "is_masked", "masked",
-    "ones_mask", "mask_from_heads", "head_importance", "mask_gradients", "normalize_per_site", "prune_heads",
-    "apply_plan", "kept_heads", "original_heads", "save_pruned", "load_pruned", "compress", "CompressResult",
-    "CompressSettings", "plan_heads", "score_heads", "fisher_information",
+    "__version__", "core", "scoring", "selection", "compression",
+    "ConfigError", "DataError", "HeadpruneError", "MaskError", "PlanError", "SiteError", "UnsupportedModelError",
+    "MissingDependencyError",
+    "Site", "find_sites", "mask_heads", "unmask_heads", "is_masked", "masked", "ones_mask", "mask_from_heads",
+    "head_importance", "mask_gradients", "normalize_per_site", "fisher_information",
+    "lowest_heads", "select_heads",
+    "DroppedHeads", "KeptHeads", "prune_heads", "keep_heads", "kept_heads", "original_heads", "fold_scales",
+    "save_pruned", "load_pruned", "load_model",
+    "compress", "CompressResult", "CompressSettings", "plan_heads", "score_heads",
 ]

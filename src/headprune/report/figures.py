@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from .plotting import pyplot
+
+plt = pyplot()
 
 KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "encoder-decoder (cross) attention"}
 ORDER_STYLE = {
@@ -209,3 +209,31 @@ def importance_heatmap(scores: dict, path: Path, title: str = "Head importance I
 
 def _kind_of(site: str) -> str:
     return "cross" if site.endswith(".cross") else site.split(".")[0]
+
+
+def kept_heads_grid(sites: dict, dropped: dict, scales: dict | None, path: Path) -> Path:
+    """Kept heads per site and kind (colour: tuned scale folded into the output projection; blank: removed)."""
+    kinds = [k for k in ("encoder", "decoder", "cross") if any(s.kind == k for s in sites.values())]
+    fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds) + 1.2, 3.6), squeeze=False)
+    image = None
+    for ax, kind in zip(axes[0], kinds, strict=True):
+        sub = [s for s in sites.values() if s.kind == kind]
+        grid = np.full((len(sub), max(s.num_heads for s in sub)), np.nan)
+        for i, s in enumerate(sub):
+            off = set(dropped.get(s.name, []))
+            kept_scales = iter((scales or {}).get(s.name, [1.0] * (s.num_heads - len(off))))
+            for h in range(s.num_heads):
+                if h not in off:
+                    grid[i, h] = next(kept_scales)
+        low, high = (float(np.nanmin(grid)), float(np.nanmax(grid))) if np.isfinite(grid).any() else (1.0, 1.0)
+        if high - low < 1e-6:  # untuned: every kept head at 1
+            low, high = low - 0.5, high + 0.5
+        image = ax.imshow(grid, cmap="viridis", aspect="auto", vmin=low, vmax=high)
+        ax.set(title=f"{kind} attention", xlabel="head", ylabel="layer")
+        ax.set_xticks(range(grid.shape[1]))
+        ax.set_yticks(range(len(sub)), [str(s.layer) for s in sub])
+    if image is not None:
+        fig.colorbar(image, ax=axes[0].tolist(), label="scale (1 = untuned)")
+    fig.savefig(path, dpi=110)  # no tight_layout: the colorbar spans the axes
+    plt.close(fig)
+    return path

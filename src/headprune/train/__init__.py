@@ -20,7 +20,6 @@ schedule does not depend on the run's length; the classifier's linear decay does
 `torch.set_num_threads` is left to the caller.
 """
 
-from .batching import length_bucketed_batches
 from .classifier import ClassifierTrainSettings, finetune_classifier
 from .loop import TrainResult
 from .translation import (
@@ -40,7 +39,6 @@ __all__ = [
     "TranslationTrainSettings",
     "build_translation_model",
     "finetune_classifier",
-    "length_bucketed_batches",
     "train_translation",
     "translate",
 ]

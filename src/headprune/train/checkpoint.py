@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ..errors import ConfigError, DataError, HeadpruneError
+from ..provenance import versions
 
 if TYPE_CHECKING:
     from .loop import _Job
@@ -26,18 +27,6 @@ if TYPE_CHECKING:
 # settings a resumed run may change: they cannot change its result (see the `headprune.train` doc)
 _RESUME_FREE = {"classifier": {"progress", "eval_batch_size"},
                 "translation": {"progress", "eval_batch_size", "epochs"}}
-
-
-def _versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {}
-    for pkg in ("headprune", "torch", "transformers", "tokenizers", "sacrebleu"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            out[pkg] = "absent"
-    return out
 
 
 def _fingerprint(*parts: Any) -> str:
@@ -126,7 +115,7 @@ def _save_checkpoint(job: _Job, opt: torch.optim.Optimizer, epoch: int, step: in
     _save_optimizer(opt, tmp / "optimizer.safetensors")
     _write_json(tmp / "trainer_state.json", {
         "task": job.task, "epoch": epoch, "global_step": step, "settings": _settings_json(job.settings),
-        "data_sha256": job.info["data_sha256"], "log": log, "versions": _versions()})
+        "data_sha256": job.info["data_sha256"], "log": log, "versions": versions()})
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     older = out / f"epoch-{epoch - 1}" / "optimizer.safetensors"

@@ -12,10 +12,13 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+from ..checks import is_int
 from ..errors import ConfigError, DataError
-from .batching import _epoch_seed, _pad, length_bucketed_batches
-from .checkpoint import _find_resume, _fingerprint, _prepare_dir, _settings_json, _versions
-from .checks import _check_common, _check_stop, _check_texts, _fractions, _ints, _is_int
+from ..evaluation.batching import length_buckets, pad_rows
+from ..provenance import versions
+from .batching import epoch_seed
+from .checkpoint import _find_resume, _fingerprint, _prepare_dir, _settings_json
+from .checks import _check_common, _check_stop, _check_texts, _fractions, _ints
 from .loop import TrainResult, _fit, _Job
 
 
@@ -84,7 +87,7 @@ def finetune_classifier(
         num_labels = len(label_names)
     labels = _check_labels("labels", labels, len(texts), num_labels)
     n_labels = num_labels if num_labels is not None else max(labels) + 1
-    if not _is_int(n_labels) or n_labels < 2:
+    if not is_int(n_labels) or n_labels < 2:
         raise ConfigError(f"num_labels must be an int >= 2, got {n_labels!r}")
     has_eval = eval_texts is not None or eval_labels is not None
     if has_eval:
@@ -135,14 +138,14 @@ def finetune_classifier(
 
     def collate(feats: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
         pad_id = tokenizer.pad_token_id
-        return {k: _pad([f[k] for f in feats], pad_id if k == "input_ids" else 0) for k in feats[0]}
+        return {k: pad_rows([f[k] for f in feats], pad_id if k == "input_ids" else 0) for k in feats[0]}
 
     train = encode(texts, pairs)
     lengths = [len(f["input_ids"]) for f in train]
     y = torch.tensor(labels)
 
     def batches(epoch: int) -> list[list[int]]:
-        return length_bucketed_batches(lengths, rng=random.Random(_epoch_seed(s.seed, epoch)),
+        return length_buckets(lengths, rng=random.Random(epoch_seed(s.seed, epoch)),
                                        sort_chunk=s.sort_chunk, batch_size=s.batch_size)
 
     total = sum(len(batches(e)) for e in range(1, s.epochs + 1))
@@ -176,7 +179,7 @@ def finetune_classifier(
             "num_labels": n_labels, "label_names": label_names, "pairs": pairs is not None,
             "model": str(model_dir_or_model) if from_dir else type(model).__name__,
             "n_parameters": sum(p.numel() for p in model.parameters()), "total_steps": total,
-            "settings": _settings_json(s), "data_sha256": fingerprint, "versions": _versions()}
+            "settings": _settings_json(s), "data_sha256": fingerprint, "versions": versions()}
     return _fit(_Job("classifier", model, tokenizer, s, out, info, resume, batches, loss, lr_factor, evaluate,
                      stop_after_epoch))
 
@@ -186,7 +189,7 @@ def _check_labels(name: str, labels: Any, n: int, num_labels: int | None) -> lis
         got = len(labels) if isinstance(labels, (list, tuple)) else type(labels).__name__
         raise DataError(f"{name} must be a list of {n} ints (one per text), got {got}")
     for i, v in enumerate(labels):
-        if not _is_int(v) or v < 0 or (num_labels is not None and v >= num_labels):
+        if not is_int(v) or v < 0 or (num_labels is not None and v >= num_labels):
             top = f"{num_labels - 1}" if num_labels is not None else "inf"
             raise DataError(f"{name}[{i}] must be an int in [0, {top}], got {v!r}")
     return [int(v) for v in labels]

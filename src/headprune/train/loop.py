@@ -14,7 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..errors import HeadpruneError
-from .batching import _epoch_seed
+from .batching import epoch_seed
 from .checkpoint import _load_optimizer, _save_checkpoint, _write_json, _write_log
 
 
@@ -73,7 +73,7 @@ def _fit(job: _Job) -> TrainResult:
     _write_json(out / "run.json", job.info)
     last = s.epochs if job.stop_after_epoch is None else min(s.epochs, job.stop_after_epoch)
     for epoch in range(first, last + 1):
-        torch.manual_seed(_epoch_seed(s.seed, epoch))  # dropout
+        torch.manual_seed(epoch_seed(s.seed, epoch))  # dropout
         batches = job.batches(epoch)
         model.train()
         t0, loss_sum, weight_sum, n_examples = time.perf_counter(), 0.0, 0, 0

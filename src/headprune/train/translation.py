@@ -13,11 +13,13 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from ..errors import ConfigError, DataError
-from ..tokenizer import train_tokenizer
-from .batching import _epoch_seed, _pad, length_bucketed_batches
-from .checkpoint import _find_resume, _fingerprint, _prepare_dir, _settings_json, _versions
+from ..evaluation.batching import length_buckets, pad_rows
+from ..provenance import versions
+from .batching import epoch_seed
+from .checkpoint import _find_resume, _fingerprint, _prepare_dir, _settings_json
 from .checks import _check, _check_common, _check_stop, _check_texts, _fractions, _ints
 from .loop import TrainResult, _fit, _Job
+from .tokenizer import train_tokenizer
 
 IGNORE = -100  # label id that cross_entropy skips (padding)
 ACTIVATIONS = ("relu", "gelu", "swish", "silu")
@@ -141,7 +143,7 @@ def translate(model: Any, tokenizer: Any, sources: list[str], *, max_length: int
     with torch.no_grad():
         for start in range(0, len(order), batch_size):
             idx = order[start:start + batch_size]
-            x = _pad([ids[i] for i in idx], tokenizer.pad_token_id)  # [B, S]
+            x = pad_rows([ids[i] for i in idx], tokenizer.pad_token_id)  # [B, S]
             gen = model.generate(input_ids=x, attention_mask=(x != tokenizer.pad_token_id).long(),
                                  max_new_tokens=max_length, num_beams=1, do_sample=False)
             for i, text in zip(idx, tokenizer.batch_decode(gen, skip_special_tokens=True), strict=True):
@@ -207,10 +209,10 @@ def train_translation(
     start = model.config.decoder_start_token_id
 
     def collate(src: list[list[int]], tgt: list[list[int]]) -> dict[str, torch.Tensor]:
-        x = _pad(src, pad)  # [B, S]
+        x = pad_rows(src, pad)  # [B, S]
         return {"input_ids": x, "attention_mask": (x != pad).long(),
-                "decoder_input_ids": _pad([[start] + t[:-1] for t in tgt], pad),  # [B, T], teacher forcing
-                "labels": _pad(tgt, IGNORE)}  # [B, T]
+                "decoder_input_ids": pad_rows([[start] + t[:-1] for t in tgt], pad),  # [B, T], teacher forcing
+                "labels": pad_rows(tgt, IGNORE)}  # [B, T]
 
     def forward_loss(m: Any, batch: dict[str, torch.Tensor], smoothing: float) -> tuple[torch.Tensor, int]:
         labels = batch.pop("labels")
@@ -223,7 +225,7 @@ def train_translation(
     lengths = [max(len(a), len(b)) for a, b in zip(src_ids, tgt_ids, strict=True)]
 
     def batches(epoch: int) -> list[list[int]]:
-        return length_bucketed_batches(lengths, rng=random.Random(_epoch_seed(s.seed, epoch)),
+        return length_buckets(lengths, rng=random.Random(epoch_seed(s.seed, epoch)),
                                        sort_chunk=s.sort_chunk, batch_size=s.batch_size, max_tokens=s.max_tokens)
 
     def lr_factor(n: int) -> float:  # linear warm-up, then inverse square root
@@ -261,6 +263,6 @@ def train_translation(
             "n_train": len(keep), "n_skipped_too_long": len(sources) - len(keep),
             "n_eval": len(eval_sources) if has_eval else 0, "vocab_size": len(tokenizer),
             "n_parameters": sum(p.numel() for p in model.parameters()), "settings": _settings_json(s),
-            "data_sha256": fingerprint, "versions": _versions()}
+            "data_sha256": fingerprint, "versions": versions()}
     return _fit(_Job("translation", model, tokenizer, s, out, info, resume, batches, loss, lr_factor,
                      evaluate, stop_after_epoch))

@@ -1,0 +1,271 @@
+"""Inference speed of original, pruned and masked models, and the FLOP limit to judge it against.
+
+FLOPs come from the one counter, :mod:`headprune.core.cost` (matmul FLOPs of one example's forward
+at ``seq_len`` tokens); the FLOP limit of a speed-up is the ratio of the two models' FLOPs.
+
+Timing: every model gets the same inputs; untimed warm-up calls, then rounds in which each model
+runs once, in the order A B, B A, A B, ... (``alternate=True``), so slow drift of the machine hits
+all models alike. Each round's time is the mean over ``calls`` forwards (chosen so that a repeat lasts
+at least ``min_repeat_s``). Reported: median and quartiles over rounds; the measured speed-up is the
+median over rounds of the paired ratio reference time / model time, beside the FLOP limit.
+``cpu_s`` / ``measured_cpu`` are the same from process CPU time: a diagnostic that other processes
+disturb less than wall-clock time (but OpenMP threads spin while they wait, so it is not pure work).
+
+Memory: the peak growth of the process's resident set during the first (untimed) forward of each
+model and batch size (:func:`.machine.peak_rss_delta`), beside the bytes of parameters and buffers.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..checks import check_choice, check_int
+from ..core.cost import flop_breakdown
+from ..core.inputs import example_inputs, unwrap
+from ..core.masking import is_masked
+from ..core.sites import find_sites
+from ..core.surgery import DroppedHeads, original_heads
+from ..errors import ConfigError
+from ..provenance import versions
+from ..selection.lowest import lowest_heads
+from .figures import bench_plot, bench_table
+from .machine import loadavg, machine_info, peak_rss_delta
+
+PRUNE_ORDERS = ("index", "random")
+
+
+def fraction_plan(model: nn.Module, fraction: float, *, order: str = "index", seed: int = 0) -> DroppedHeads:
+    """Heads to remove, ``fraction`` of all: ``order="index"`` the lowest head indices of every site in
+    turn (even: the same count per site, +-1); ``"random"`` a seeded random global choice (uneven)."""
+    check_choice("order", order, PRUNE_ORDERS)
+    g = torch.Generator().manual_seed(seed)
+    sites = find_sites(model)
+    scores = {s.name: torch.arange(s.num_heads, dtype=torch.float32) if order == "index"
+              else torch.rand(s.num_heads, generator=g) for s in sites}
+    return lowest_heads(scores, fraction=fraction)
+
+
+# ---------------------------------------------------------------- timing
+
+@dataclass(frozen=True)
+class BenchSettings:
+    batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
+    seq_len: int = 128
+    tgt_len: int | None = None  # decoder length of encoder-decoders (None: seq_len)
+    warmup: int = 1  # untimed calls per model and batch size (at least 1 when memory=True: it measures memory)
+    repeats: int | Mapping[int, int] = 5  # timed rounds per batch size, or {batch size: rounds}
+    min_repeat_s: float = 0.2  # forwards per round chosen so one round of the fastest model lasts this long
+    alternate: bool = True  # rounds in order A B, B A, ...; False: all of A, then all of B
+    memory: bool = True
+    seed: int = 0  # of the random token ids
+
+    def __post_init__(self):
+        sizes = tuple(self.batch_sizes) if isinstance(self.batch_sizes, Sequence) else ()
+        if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
+            raise ConfigError(f"batch_sizes={self.batch_sizes!r}; allowed: a non-empty list of integers >= 1")
+        object.__setattr__(self, "batch_sizes", sizes)
+        check_int("seq_len", self.seq_len, 1)
+        check_int("tgt_len", self.tgt_len, 1, optional=True)
+        check_int("warmup", self.warmup, 0)
+        reps = self.repeats if isinstance(self.repeats, Mapping) else {b: self.repeats for b in sizes}
+        for b in sizes:
+            check_int(f"repeats for batch size {b}", reps.get(b), 1)
+        if not isinstance(self.min_repeat_s, (int, float)) or not 0 <= self.min_repeat_s < math.inf:
+            raise ConfigError(f"min_repeat_s={self.min_repeat_s!r}; allowed: a finite number >= 0")
+
+    def repeats_for(self, batch: int) -> int:
+        return self.repeats[batch] if isinstance(self.repeats, Mapping) else self.repeats
+
+
+@dataclass
+class BenchResult:
+    """JSON-ready results: ``models`` (name -> size, FLOPs), ``runs`` (one per model and batch size),
+    ``speedups`` (one per model with a reference, and batch size)."""
+
+    settings: dict
+    machine: dict
+    versions: dict
+    models: dict[str, dict]
+    runs: list[dict]
+    speedups: list[dict]
+    seconds: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def speedup(self, model: str, batch: int) -> dict:
+        found = [s for s in self.speedups if s["model"] == model and s["batch"] == batch]
+        if not found:
+            raise ConfigError(f"no speed-up for model={model!r} at batch={batch}; models with a reference: "
+                              f"{sorted({s['model'] for s in self.speedups})}, batch sizes {self.settings['batch_sizes']}")
+        return found[0]
+
+    def table(self) -> str:
+        """Plain-text table: examples/s (IQR), latency, measured speed-up, FLOP limit, efficiency."""
+        return bench_table(self)
+
+    def plot(self, path: str | Path) -> Path:
+        """PNG: examples/s vs batch size per model (IQR bars); measured speed-up vs FLOP limit."""
+        return bench_plot(self, path)
+
+
+def benchmark(models: Mapping[str, nn.Module], *, batch_sizes: Sequence[int] = (1, 4, 16, 64), seq_len: int = 128,
+              tgt_len: int | None = None, warmup: int = 1, repeats: int | Mapping[int, int] = 5,
+              min_repeat_s: float = 0.2, alternate: bool = True, memory: bool = True, seed: int = 0,
+              reference: str | Mapping[str, str] | None = None, progress: bool = False) -> BenchResult:
+    """Examples/s, latency and memory of ``models`` ({name: model}) at every batch size, with speed-ups.
+
+    ``reference``: the model every other one is compared with (default: the first), or
+    {model: its reference} (models not named there have none). Models run in eval mode under
+    ``torch.inference_mode`` and are restored to their mode afterwards.
+    """
+    settings = BenchSettings(tuple(batch_sizes) if isinstance(batch_sizes, Sequence) else batch_sizes, seq_len,
+                             tgt_len, warmup, repeats, min_repeat_s, alternate, memory, seed)
+    if not isinstance(models, Mapping) or not models:
+        raise ConfigError("models: expected a non-empty mapping name -> model")
+    for name, m in models.items():
+        if not isinstance(name, str) or not isinstance(m, nn.Module):
+            raise ConfigError(f"models[{name!r}]: expected a string name and an nn.Module, got {type(m).__name__}")
+    refs = _references(list(models), reference)
+    start, load_start = time.perf_counter(), loadavg()
+    info = {name: model_info(m, seq_len, tgt_len) for name, m in models.items()}
+    modes = {name: m.training for name, m in models.items()}
+    times: dict[tuple[str, int], dict[str, list[float]]] = {}  # (model, batch) -> wall / cpu seconds per round
+    runs = []
+    try:
+        for m in models.values():
+            m.eval()
+        for b in settings.batch_sizes:
+            runs += _bench_batch(models, b, settings, times, progress)
+    finally:
+        for name, m in models.items():
+            m.train(modes[name])
+    speedups = []
+    for name, ref in refs.items():
+        for b in settings.batch_sizes:
+            speedups.append(_speedup(name, ref, b, times, info))
+    settings_dict = {**asdict(settings), "batch_sizes": list(settings.batch_sizes),
+                     "repeats": {str(b): settings.repeats_for(b) for b in settings.batch_sizes}, "reference": refs,
+                     "flop_kind": "FLOPs = 2 x multiply-accumulates of matmuls (Linear + QK^T + AV)"}
+    machine = {**machine_info(), "loadavg_start": load_start, "loadavg_end": loadavg()}
+    return BenchResult(settings_dict, machine, versions(), info, runs, speedups, time.perf_counter() - start)
+
+
+def _references(names: list[str], reference) -> dict[str, str]:
+    if reference is None or isinstance(reference, str):
+        ref = names[0] if reference is None else reference
+        if ref not in names:
+            raise ConfigError(f"reference={ref!r}; allowed: one of {names}")
+        return {n: ref for n in names if n != ref}
+    if not isinstance(reference, Mapping):
+        raise ConfigError(f"reference: expected a model name or a mapping model -> reference, got {reference!r}")
+    for n, r in reference.items():
+        if n not in names or r not in names or n == r:
+            raise ConfigError(f"reference[{n!r}]={r!r}; allowed: two different names of {names}")
+    return dict(reference)
+
+
+def _bench_batch(models, batch: int, s: BenchSettings, times: dict, progress: bool) -> list[dict]:
+    names = list(models)
+    inputs = {n: example_inputs(models[n], batch, s.seq_len, tgt_len=s.tgt_len, seed=s.seed) for n in names}
+    mem: dict[str, int | None] = {n: None for n in names}
+    first: dict[str, float] = {}
+    with torch.inference_mode():
+        for i in range(max(s.warmup, 1 if s.memory else 0)):
+            for n in names:
+                if i == 0 and s.memory:
+                    mem[n], (first[n], _) = peak_rss_delta(lambda n=n: _time(models[n], inputs[n], 1))
+                else:
+                    first[n], _ = _time(models[n], inputs[n], 1)
+        fastest = min(first.values(), default=0.0)
+        calls = max(1, math.ceil(s.min_repeat_s / fastest)) if fastest > 0 else 1
+        rounds = s.repeats_for(batch)
+        order = ([names if r % 2 == 0 else names[::-1] for r in range(rounds)] if s.alternate
+                 else [[n] * rounds for n in names])
+        for n in names:
+            times[(n, batch)] = {"wall": [], "cpu": []}
+        for step in order:
+            for n in step:
+                wall, cpu = _time(models[n], inputs[n], calls)
+                times[(n, batch)]["wall"].append(wall)
+                times[(n, batch)]["cpu"].append(cpu)
+        if progress:
+            print(f"batch {batch}: " + ", ".join(f"{n} {batch / statistics.median(times[(n, batch)]['wall']):.1f}/s"
+                                                 for n in names), flush=True)
+    out = []
+    for n in names:
+        t = times[(n, batch)]["wall"]
+        q25, q75 = _quartiles(t)
+        med = statistics.median(t)
+        out.append({"model": n, "batch": batch, "calls_per_repeat": calls, "repeats": len(t),
+                    "latency_s": med, "latency_s_q25": q25, "latency_s_q75": q75,
+                    "latency_s_std": statistics.stdev(t) if len(t) > 1 else 0.0, "latency_s_min": min(t),
+                    "cpu_s": statistics.median(times[(n, batch)]["cpu"]),
+                    "examples_per_s": batch / med, "examples_per_s_q25": batch / q75,
+                    "examples_per_s_q75": batch / q25, "peak_rss_delta_bytes": mem[n], "seconds": t})
+    return out
+
+
+def _time(model: nn.Module, inputs: dict, calls: int) -> tuple[float, float]:
+    """(wall-clock, process CPU) seconds of one forward, means over ``calls`` (garbage collection paused)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(calls):
+            model(**inputs)
+        return (time.perf_counter() - t0) / calls, (time.process_time() - c0) / calls
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _speedup(name: str, ref: str, batch: int, times: dict, info: dict) -> dict:
+    ref_t, t = times[(ref, batch)], times[(name, batch)]
+    paired = [a / b for a, b in zip(ref_t["wall"], t["wall"], strict=True)]
+    paired_cpu = [a / b for a, b in zip(ref_t["cpu"], t["cpu"], strict=True)]
+    q25, q75 = _quartiles(paired)
+    measured = statistics.median(paired)
+    limit = info[ref]["flops_per_example"] / max(info[name]["flops_per_example"], 1)
+    eff = (measured - 1) / (limit - 1) if abs(limit - 1) > 1e-9 else None
+    return {"model": name, "reference": ref, "batch": batch, "measured": measured, "measured_q25": q25,
+            "measured_q75": q75, "ratio_of_medians": statistics.median(ref_t["wall"])
+            / statistics.median(t["wall"]), "measured_cpu": statistics.median(paired_cpu),
+            "flop_limit": limit, "efficiency": eff}
+
+
+def _quartiles(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[0], q[2]
+
+
+# ---------------------------------------------------------------- model, machine, memory
+
+def model_info(model: nn.Module, seq_len: int, tgt_len: int | None = None) -> dict:
+    """Parameters, bytes, heads and FLOPs per example of ``model`` (FLOPs at ``seq_len``/``tgt_len``)."""
+    eager = unwrap(model)
+    params = list(eager.parameters())
+    sites = find_sites(eager)
+    breakdown = flop_breakdown(eager, seq_len, tgt_len=tgt_len)
+    return {"class": type(eager).__name__, "compiled": eager is not model,
+            "dtype": str(params[0].dtype) if params else None,
+            "attn_implementation": getattr(eager.config, "_attn_implementation", None),
+            "params": sum(p.numel() for p in params),
+            "param_bytes": sum(p.numel() * p.element_size() for p in params)
+            + sum(b.numel() * b.element_size() for b in eager.buffers()),
+            "sites": len(sites), "heads": sum(s.num_heads for s in sites),
+            "heads_original": sum(original_heads(eager).values()),
+            "masked": is_masked(eager),
+            "flops_per_example": breakdown["total"], "flops_breakdown": breakdown}

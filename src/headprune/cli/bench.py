@@ -1,0 +1,109 @@
+"""``headprune bench``: examples/s and latency of models (and pruned or masked copies) vs the FLOP limit."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+import typer
+
+from ..bench.timing import PRUNE_ORDERS, BenchSettings, benchmark, fraction_plan
+from ..core.io import load_model
+from ..core.masking import mask_from_heads, mask_heads
+from ..core.surgery import prune_heads
+from ..errors import ConfigError
+from .app import app, friendly
+
+_D = BenchSettings()  # flag defaults are the library's
+
+
+@app.command("bench")
+@friendly
+def bench(
+    model_dirs: list[Path] = typer.Argument(..., help="One or more model directories; the first is the reference."),
+    output: Path = typer.Option(..., "-o", "--output", help="Directory for bench.json and bench.png (created)."),
+    batch_sizes: str = typer.Option(",".join(map(str, _D.batch_sizes)), "--batch-sizes", help="Comma-separated batch sizes."),
+    seq_len: int = typer.Option(_D.seq_len, "--seq-len", help="Tokens per example (encoder length of encoder-decoders)."),
+    tgt_len: int = typer.Option(None, "--tgt-len", help="Decoder tokens of encoder-decoders (default: --seq-len)."),
+    warmup: int = typer.Option(_D.warmup, "--warmup", help="Untimed calls per model and batch size."),
+    repeats: int = typer.Option(_D.repeats, "--repeats", help="Timed rounds per batch size (models alternate A B, B A, ...)."),
+    min_repeat_s: float = typer.Option(_D.min_repeat_s, "--min-repeat-s", help="Forwards per round so a round lasts this long."),
+    prune_fraction: float = typer.Option(None, "--prune-fraction",
+                                         help="Also bench a copy of each model with this fraction of heads removed."),
+    prune_order: str = typer.Option("index", "--prune-order",
+                                    help="Which heads --prune-fraction removes: 'index' (lowest indices of every "
+                                         "site, even) or 'random' (seeded, global, uneven)."),
+    masked: bool = typer.Option(False, "--masked", help="Also bench a copy with the same heads masked, not removed."),
+    seed: int = typer.Option(_D.seed, "--seed", help="Seed of the random token ids and of --prune-order random."),
+    threads: int = typer.Option(None, "--threads", help="torch threads (default: torch's own choice)."),
+    no_memory: bool = typer.Option(False, "--no-memory", help="Skip the peak-memory measurement."),
+):
+    """Measure examples/s at several batch sizes; print measured and FLOP-limit speed-ups; write JSON + PNG."""
+    sizes = _batch_sizes(batch_sizes)
+    BenchSettings(sizes, seq_len, tgt_len, warmup, repeats, min_repeat_s)  # refuse bad settings before loading
+    if prune_fraction is not None and not 0.0 < prune_fraction <= 1.0:
+        raise ConfigError(f"--prune-fraction {prune_fraction}; allowed: 0 < F <= 1")
+    if prune_order not in PRUNE_ORDERS:
+        raise ConfigError(f"--prune-order {prune_order!r}; allowed: {', '.join(PRUNE_ORDERS)}")
+    if masked and prune_fraction is None:
+        raise ConfigError("--masked needs --prune-fraction (it masks the heads the pruned copy removes)")
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"--threads {threads}; allowed: >= 1")
+        torch.set_num_threads(threads)
+    models, refs, dropped = {}, {}, {}
+    for model_dir in model_dirs:
+        name = _unique(model_dir.name or str(model_dir), models)
+        model = load_model(model_dir)
+        models[name] = model
+        if prune_fraction is None:
+            continue
+        drop = fraction_plan(model, prune_fraction, order=prune_order, seed=seed)
+        pruned = copy.deepcopy(model)
+        prune_heads(pruned, drop)
+        tag = f"{prune_fraction:g}"
+        models[_unique(f"{name}-pruned{tag}", models)] = pruned
+        refs[list(models)[-1]] = name
+        dropped[name] = drop
+        if masked:
+            copy_ = copy.deepcopy(model)
+            mask_heads(copy_, mask_from_heads(copy_, drop))
+            models[_unique(f"{name}-masked{tag}", models)] = copy_
+            refs[list(models)[-1]] = name
+    first = next(iter(models))
+    for name in models:
+        if name != first and name not in refs:
+            refs[name] = first
+    result = benchmark(models, batch_sizes=sizes, seq_len=seq_len, tgt_len=tgt_len, warmup=warmup,
+                       repeats=repeats, min_repeat_s=min_repeat_s, memory=not no_memory, seed=seed,
+                       reference=refs or None)
+    result.extra = {"command": shlex.join(["headprune", *sys.argv[1:]]), "model_dirs": [str(d) for d in model_dirs],
+                    "prune_fraction": prune_fraction, "prune_order": prune_order, "dropped": dropped}
+    output.mkdir(parents=True, exist_ok=True)
+    (output / "bench.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
+    result.plot(output / "bench.png")
+    typer.echo(result.table())
+    typer.echo(f"FLOPs = 2 x matmul multiply-accumulates; speed-up = median over rounds of reference time / model "
+               f"time; efficiency = (speed-up - 1) / (FLOP limit - 1). {torch.get_num_threads()} torch threads.")
+    typer.echo(f"wrote {output / 'bench.json'} and {output / 'bench.png'}")
+
+
+def _batch_sizes(value: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(v) for v in value.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(b < 1 for b in sizes):
+        raise ConfigError(f"--batch-sizes {value!r}; allowed: comma-separated integers >= 1, e.g. 1,4,16,64")
+    return sizes
+
+
+def _unique(name: str, taken: dict) -> str:
+    out, i = name, 2
+    while out in taken:
+        out, i = f"{name}-{i}", i + 1
+    return out

@@ -1,0 +1,76 @@
+"""``headprune evaluate``: score a model directory on a task's data, optionally with heads masked."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from ..errors import ConfigError
+from .app import app, friendly, json_arg
+from .options import DATA2, TaskFlags, with_flags
+
+
+def _heads_off(heads_off: str | None) -> dict[str, list[int]]:
+    dropped = json_arg(heads_off, "--heads-off") if heads_off else {}
+    for site, heads in dropped.items():
+        if not isinstance(heads, list):
+            raise ConfigError(f"--heads-off[{site!r}] = {heads!r}; allowed: a list of head indices")
+    return dropped
+
+
+@app.command("evaluate")
+@friendly
+@with_flags(flags=TaskFlags)
+def evaluate(
+    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune)."),
+    task: str = typer.Option(..., "--task", help="One of: classification, translation, lm."),
+    data: str = typer.Option(..., "--data", help="TSV/CSV/JSONL file or datasets directory; translation: the source "
+                             "file or one source/target table; lm: a text file, or 'builtin:pydoc'."),
+    data2: Path = DATA2,
+    split: str = typer.Option(None, "--split", help="Split of a datasets directory (classification)."),
+    max_length: int = typer.Option(None, "--max-length", help="Truncate inputs (default 128; translation 256)."),
+    max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="Translation: generation bound "
+                                       "(default min(1.5 * source length + 10, 256))."),
+    block_size: int = typer.Option(128, "--block-size", help="LM: tokens per block."),
+    heads_off: str = typer.Option(None, "--heads-off", help='Mask these heads: JSON {"site": \\[heads]} or a file.'),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+    progress: bool = typer.Option(False, "--progress", help="Show a progress bar."),
+    *, flags: TaskFlags,
+):
+    """Evaluate a model on a task: corpus score, examples/s and the signature that reproduces it."""
+    from ..core.io import load_model, load_tokenizer
+    from ..core.masking import mask_from_heads
+    from ..evaluation.build import TASKS, build_task
+    from ..provenance import versions
+
+    if task not in TASKS:
+        raise ConfigError(f"--task {task!r}; allowed: {', '.join(TASKS)}")
+    off = _heads_off(heads_off)  # refuse bad JSON before loading anything
+    model = load_model(model_dir)
+    if task == "lm" and not type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")):
+        raise ConfigError(f"--task lm needs a causal language model; {str(model_dir)!r} holds a "
+                          f"{type(model).__name__}; allowed: a ...ForCausalLM or ...LMHeadModel")
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer is None:
+        raise ConfigError(f"model directory {str(model_dir)!r} has no tokenizer (tokenizer.json, "
+                          "tokenizer_config.json, vocab.txt or spiece.model)")
+    evaluator = build_task(task, tokenizer, model.config, data=data, data2=data2, columns=flags.columns(),
+                           limit=flags.limit, batch_size=flags.batch_size, metric=flags.metric, max_length=max_length,
+                           beams=flags.beams, max_new_tokens=max_new_tokens, block_size=block_size, split=split)
+    mask = mask_from_heads(model, off) if off else None
+    result = evaluator.evaluate(model, mask, progress=progress)
+    out = result.to_dict()
+    extra = dict(out.pop("extra"))
+    extra.pop("hypotheses", None)
+    signature = {**extra.pop("signature", evaluator.signature), "n": result.n, "model": str(model_dir),
+                 "heads_off": off, "versions": versions()}
+    if as_json:
+        typer.echo(json.dumps({"task": task, **out, "extra": extra, "signature": signature}, indent=2))
+        return
+    typer.echo(f"{result.metric}: {result.score:.4f}  (n={result.n}, {result.examples_per_s:.1f} examples/s, "
+               f"{result.tokens_per_s:.0f} tokens/s)")
+    for key, value in extra.items():
+        typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+    typer.echo("signature: " + ", ".join(f"{k}={v}" for k, v in signature.items() if k != "versions"))

@@ -1,0 +1,76 @@
+"""``headprune sites | prune | demo``: a model's attention sites, head removal, the built-in default."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from ..errors import HeadpruneError
+from .app import app, friendly, json_arg
+
+
+@app.command()
+@friendly
+def sites(
+    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+):
+    """List the attention sites of a model: name, kind, heads, kv heads, head_dim, parameters."""
+    from ..core.io import load_model
+    from ..core.sites import sites_table
+
+    model = load_model(model_dir)
+    rows = sites_table(model)
+    if as_json:
+        typer.echo(json.dumps({"model": str(model_dir), "class": type(model).__name__, "sites": rows}, indent=2))
+        return
+    header = f"{'site':<18} {'kind':<8} {'heads':>5} {'kv':>4} {'head_dim':>8} {'params':>10}"
+    typer.echo(header)
+    typer.echo("-" * len(header))
+    for r in rows:
+        typer.echo(f"{r['name']:<18} {r['kind']:<8} {r['heads']:>5} {r['kv_heads']:>4} {r['head_dim']:>8} "
+                   f"{r['params']:>10,}")
+    typer.echo(f"{len(rows)} sites, {sum(r['heads'] for r in rows)} heads "
+               f"({type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters)")
+
+
+@app.command()
+@friendly
+def prune(
+    model_dir: Path = typer.Argument(..., help="Model directory to prune."),
+    drop: str = typer.Option(None, "--drop", help="Heads to remove, as JSON "
+                             '{"site": \\[head indices among the site\'s current heads]} or a path to such a file.'),
+    heads: str = typer.Option(None, "--heads", hidden=True, help="Old name of --drop."),
+    output: Path = typer.Option(..., "-o", "--output", help="Directory to write the pruned model to (must not exist)."),
+):
+    """Physically remove heads and save the smaller model (safetensors + kept heads in config.json)."""
+    from ..core.io import load_model, load_tokenizer, save_pruned
+    from ..core.surgery import prune_heads
+
+    if (drop is None) == (heads is None):
+        raise HeadpruneError("give the heads to remove with --drop (exactly once); e.g. "
+                             '--drop \'{"encoder.0.self": [0, 3]}\'')
+    dropped = json_arg(drop, "--drop") if drop is not None else json_arg(heads, "--heads")
+    if output.exists():
+        raise HeadpruneError(f"--output {str(output)!r} already exists; choose a new directory")
+    model = load_model(model_dir)
+    before = sum(p.numel() for p in model.parameters())
+    prune_heads(model, dropped)
+    after = sum(p.numel() for p in model.parameters())
+    save_pruned(model, output, tokenizer=load_tokenizer(model_dir))
+    typer.echo(f"pruned {model_dir} -> {output}: {before:,} -> {after:,} parameters ({after / before:.1%})")
+
+
+@app.command()
+@friendly
+def demo(
+    output: Path = typer.Option(Path("runs/demo"), "-o", "--output", help="Run directory."),
+    quick: bool = typer.Option(False, "--quick", help="A tiny random model instead of the real one (seconds)."),
+):
+    """The built-in default: a real pretrained model scored, pruned and saved, with a report."""
+    from ..experiments.demo import run_demo
+
+    path = run_demo(output, quick=quick)
+    typer.echo(f"done: {path}")

@@ -1,0 +1,150 @@
+"""Flags shared by several commands, declared once.
+
+Typer reads a command's flags from its signature. :func:`with_flags` adds a group of flags (a
+:class:`Flags` subclass: one field per flag, its default the ``typer.Option``) to a command's
+signature and hands the command one object holding their values, so a group is written once
+however many commands take it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import typing
+from pathlib import Path
+
+import typer
+
+from ..errors import ConfigError
+
+TASK = typer.Option(..., "--task", help="classification, translation or lm.")
+DATA = typer.Option(..., "--data", help="Data file (TSV/CSV/JSONL/datasets dir; translation: source file or table; "
+                    "lm: text file or 'builtin:pydoc').")
+DATA2 = typer.Option(None, "--data2", help="Translation: target file, line-aligned with --data.")
+SEED = typer.Option(0, "--seed", help="Seed (bootstrap, random order).")
+OUT = typer.Option(..., "-o", "--output", help="Run directory (rerun the same command to resume).")
+FRESH = typer.Option(False, "--fresh", help="Start over in an existing run directory.")
+MINSITE = typer.Option(0, "--min-per-site", help="Keep at least this many heads in every site.")
+TEXT = typer.Option(None, "--text-column", help="Classification text column (name or position).")
+PAIR = typer.Option(None, "--text-pair-column", help="Second text column of pair tasks.")
+LABEL = typer.Option(None, "--label-column", help="Classification label column.")
+SRC = typer.Option(None, "--source-column", help="Translation table: source column.")
+TGT = typer.Option(None, "--target-column", help="Translation table: target column.")
+LIMIT = typer.Option(None, "--limit", help="Only the first N examples (lm: N blocks).")
+BATCH = typer.Option(None, "--batch-size", help="Batch size (default 32; lm 8).")
+METRIC = typer.Option(None, "--metric", help="Classification: accuracy (default), f1 or matthews.")
+BEAMS = typer.Option(1, "--beams", help="Translation: beam size (1 = greedy).")
+
+
+@dataclasses.dataclass
+class Flags:
+    """A group of flags: subclasses declare ``name: type = dataclasses.field(default=typer.Option(...))``."""
+
+
+@dataclasses.dataclass
+class TaskFlags(Flags):
+    """How to read a task's data and run its evaluator (every command that evaluates)."""
+
+    text_column: str = dataclasses.field(default=TEXT)
+    text_pair_column: str = dataclasses.field(default=PAIR)
+    label_column: str = dataclasses.field(default=LABEL)
+    source_column: str = dataclasses.field(default=SRC)
+    target_column: str = dataclasses.field(default=TGT)
+    limit: int = dataclasses.field(default=LIMIT)
+    batch_size: int = dataclasses.field(default=BATCH)
+    metric: str = dataclasses.field(default=METRIC)
+    beams: int = dataclasses.field(default=BEAMS)
+
+    def columns(self) -> dict:
+        """The column flags as library arguments: digits are a position (a headerless file), else a name."""
+        return {k: column(getattr(self, k)) for k in
+                ("text_column", "text_pair_column", "label_column", "source_column", "target_column")}
+
+
+@dataclasses.dataclass
+class SweepFlags(Flags):
+    """Which sites a sweep covers and how its significance is tested."""
+
+    sites: str = dataclasses.field(default=typer.Option(None, "--sites", help="Comma-separated site names or kinds "
+                                   "(encoder, decoder, cross)."))
+    alpha: float = dataclasses.field(default=typer.Option(0.01, "--alpha", help="Significance level for the flag."))
+    resamples: int = dataclasses.field(default=typer.Option(1000, "--resamples", help="Bootstrap resamples."))
+    seed: int = dataclasses.field(default=SEED)
+
+    def settings(self):
+        from ..experiments.ablation import SweepSettings
+
+        return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed)
+
+    def site_list(self) -> list[str] | None:
+        return comma_list(self.sites)
+
+
+def with_flags(**groups: type[Flags]):
+    """Decorator: add every field of each ``Flags`` class to the command's flags; the command receives
+    one instance per group under the keyword given here (e.g. ``@with_flags(task=TaskFlags)``)."""
+
+    def decorate(fn):
+        signature = inspect.signature(fn)
+        own = [p for p in signature.parameters.values() if p.name not in groups]
+        added = {key: [f.name for f in dataclasses.fields(cls)] for key, cls in groups.items()}
+        extra = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                   annotation=typing.get_type_hints(cls)[f.name])
+                 for cls in groups.values() for f in dataclasses.fields(cls)]
+        names = [p.name for p in own] + [p.name for p in extra]
+        if len(set(names)) != len(names):
+            raise TypeError(f"{fn.__name__}: a flag group repeats a parameter ({names})")
+
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for key, cls in groups.items():
+                kwargs[key] = cls(**{name: kwargs.pop(name) for name in added[key]})
+            return fn(*args, **kwargs)
+
+        wrapper.__signature__ = signature.replace(parameters=_ordered(own + extra))
+        return wrapper
+
+    return decorate
+
+
+def _ordered(params: list[inspect.Parameter]) -> list[inspect.Parameter]:
+    """Positional parameters first, keyword-only after (stable), as ``inspect.Signature`` requires."""
+    return sorted(params, key=lambda p: p.kind)
+
+
+def column(value: str | None) -> int | str | None:
+    """A column flag: digits are a position (a headerless file), anything else a name."""
+    return int(value) if value is not None and value.strip().isdigit() else value
+
+
+def comma_list(value: str | None) -> list[str] | None:
+    return None if not value else [s.strip() for s in value.split(",") if s.strip()]
+
+
+def load_model_dir(model_dir: Path):
+    """(model, tokenizer) of a model directory; a directory without a tokenizer is refused."""
+    from ..core.io import load_model, load_tokenizer
+
+    model = load_model(model_dir)
+    tokenizer = load_tokenizer(model_dir)
+    if tokenizer is None:
+        raise ConfigError(f"model directory {str(model_dir)!r} has no tokenizer (tokenizer.json, "
+                          "tokenizer_config.json, vocab.txt or spiece.model); save one beside the model")
+    return model, tokenizer
+
+
+class TaskSetup:
+    """A loaded model and the task flags shared by a command; ``on(data)`` builds an evaluator."""
+
+    def __init__(self, model_dir: Path, task: str, flags: TaskFlags):
+        self.model, self.tokenizer = load_model_dir(model_dir)
+        self.task, self.flags = task, flags
+
+    def on(self, data: str, data2=None, *, limit: int | None = None):
+        from ..evaluation.build import build_task
+
+        f = self.flags
+        return build_task(self.task, self.tokenizer, self.model.config, data=data, data2=data2,
+                          columns=f.columns(), limit=f.limit if limit is None else limit, batch_size=f.batch_size,
+                          metric=f.metric, beams=f.beams)

@@ -1,0 +1,185 @@
+"""The paper's experiments as commands; each writes a run directory with results and report.html.
+
+headprune ablate | all-but-one | cross-domain | curve | dynamics | report
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import typer
+
+from ..errors import ConfigError
+from .app import app, friendly
+from .options import (
+    DATA,
+    DATA2,
+    FRESH,
+    MINSITE,
+    OUT,
+    TASK,
+    SweepFlags,
+    TaskFlags,
+    TaskSetup,
+    comma_list,
+    with_flags,
+)
+
+
+def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int) -> dict:
+    return {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
+            "split": Path(data).name, "n": len(evaluator), "seed": seed, "command": " ".join(sys.argv[1:])}
+
+
+@app.command("ablate")
+@friendly
+@with_flags(flags=TaskFlags, sweep=SweepFlags)
+def ablate(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = DATA, data2: Path = DATA2,
+           output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags, sweep: SweepFlags):
+    """One head masked at a time, with significance (paper 3.2, Table 1, Fig. 1)."""
+    from ..experiments.study import run_ablation
+
+    settings = sweep.settings()
+    t = TaskSetup(model_dir, task, flags)
+    ev = t.on(data, data2)
+    report = run_ablation(t.model, ev, output, signature=_signature(model_dir, task, data, data2, ev, sweep.seed),
+                          sites=sweep.site_list(), settings=settings, fresh=fresh)
+    typer.echo(f"report: {report}")
+
+
+@app.command("all-but-one")
+@friendly
+@with_flags(flags=TaskFlags, sweep=SweepFlags)
+def all_but_one(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = DATA, data2: Path = DATA2,
+                choose_data: str = typer.Option(None, "--choose-data", help="Choose the kept head on this split "
+                                                "(paper App. A); the score is reported on --data."),
+                choose_data2: Path = typer.Option(None, "--choose-data2", help="Translation: target of --choose-data."),
+                output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags, sweep: SweepFlags):
+    """Keep only one head per site, try each, report the best (paper 3.3, Tables 2-3; App. A, Tables 5-6)."""
+    from ..experiments.study import run_all_but_one
+
+    settings = sweep.settings()
+    t = TaskSetup(model_dir, task, flags)
+    ev = t.on(data, data2)
+    choose = t.on(choose_data, choose_data2) if choose_data else None
+    sig = _signature(model_dir, task, data, data2, ev, sweep.seed)
+    if choose_data:
+        sig["choose_data"] = choose_data
+    report = run_all_but_one(t.model, ev, output, choose_on=choose, signature=sig, sites=sweep.site_list(),
+                             settings=settings, fresh=fresh)
+    typer.echo(f"report: {report}")
+
+
+@app.command("cross-domain")
+@friendly
+@with_flags(flags=TaskFlags, sweep=SweepFlags)
+def cross_domain(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = DATA, data2: Path = DATA2,
+                 data_b: str = typer.Option(..., "--data-b", help="The second dataset (e.g. out-of-domain)."),
+                 data2_b: Path = typer.Option(None, "--data2-b", help="Translation: target of --data-b."),
+                 names: str = typer.Option("in-domain,out-of-domain", "--names", help="Names of the two datasets."),
+                 output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags, sweep: SweepFlags):
+    """One-head ablation on two datasets and the Pearson r of the score changes (paper 3.4, Fig. 2)."""
+    from ..experiments.study import run_cross_domain
+
+    pair = tuple(n.strip() for n in names.split(","))
+    if len(pair) != 2 or not all(pair):
+        raise ConfigError(f"--names {names!r}; allowed: two comma-separated names")
+    settings = sweep.settings()
+    t = TaskSetup(model_dir, task, flags)
+    ev_a = t.on(data, data2)
+    ev_b = t.on(data_b, data2_b)
+    sig = {**_signature(model_dir, task, data, data2, ev_a, sweep.seed), "data_b": data_b, "n_b": len(ev_b)}
+    report = run_cross_domain(t.model, ev_a, ev_b, output, names=pair, signature=sig, sites=sweep.site_list(),
+                              settings=settings, fresh=fresh)
+    typer.echo(f"report: {report}")
+
+
+def _curve_settings(orders: str, step: float, seeds: int, kinds: str | None, min_per_site: int):
+    from ..experiments.curves import CurveSettings
+
+    if not 0 < step <= 1:
+        raise ConfigError(f"--step {step}; allowed: 0 < step <= 1")
+    n = int(round(1 / step))
+    fractions = sorted({min(1.0, round(i * step, 6)) for i in range(n + 1)} | {1.0})
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds}; allowed: >= 1")
+    return CurveSettings(fractions=tuple(fractions), orders=tuple(o.strip() for o in orders.split(",")),
+                         seeds=tuple(range(seeds)), kinds=tuple(comma_list(kinds)) if kinds else None,
+                         min_per_site=min_per_site)
+
+
+ORDERS = typer.Option("importance,oracle,random", "--orders", help="Comma-separated: importance, "
+                      "importance-iterative, oracle, random, fisher, fisher+rearrange, fisher+tune (Fisher orders "
+                      "score and tune on --calib-data).")
+STEP = typer.Option(0.1, "--step", help="Share of heads pruned per step.")
+SEEDS = typer.Option(3, "--seeds", help="Random order: number of seeds.")
+KINDS = typer.Option(None, "--kind", help="Prune only this attention kind: encoder, decoder, cross (paper Fig. 4).")
+
+
+@app.command("curve")
+@friendly
+@with_flags(flags=TaskFlags)
+def curve(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = DATA, data2: Path = DATA2,
+          calib_data: str = typer.Option(None, "--calib-data", help="Data for I_h (default: --data)."),
+          calib_data2: Path = typer.Option(None, "--calib-data2", help="Translation: target of --calib-data."),
+          oracle_from: Path = typer.Option(None, "--oracle-from", help="Take the oracle order from this "
+                                           "`headprune ablate` run directory instead of recomputing it."),
+          orders: str = ORDERS, step: float = STEP, seeds: int = SEEDS, kind: str = KINDS, min_per_site: int = MINSITE,
+          output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags):
+    """Pruning curves in I_h, oracle and random order (paper 4.2, 5, App. B; Figs. 3, 4, 6)."""
+    from ..experiments.study import oracle_from_run, run_curves
+
+    settings = _curve_settings(orders, step, seeds, kind, min_per_site)
+    oracle = oracle_from_run(oracle_from) if oracle_from and "oracle" in settings.orders else None
+    t = TaskSetup(model_dir, task, flags)
+    ev = t.on(data, data2)
+    calib = t.on(calib_data, calib_data2) if calib_data else ev
+    sig = {**_signature(model_dir, task, data, data2, ev, 0), "importance_data": calib_data or data,
+           "oracle_from": str(oracle_from) if oracle else None}
+    report = run_curves(t.model, ev, output, settings=settings, importance_batches=calib.batches, signature=sig,
+                        oracle=oracle, fresh=fresh)
+    typer.echo(f"report: {report}")
+
+
+@app.command("dynamics")
+@friendly
+@with_flags(flags=TaskFlags)
+def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch checkpoint directories (epoch-1 ...)."),
+             task: str = TASK, data: str = DATA, data2: Path = DATA2, step: float = STEP, kind: str = KINDS,
+             output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags):
+    """The I_h pruning curve at every epoch, relative to that epoch's unpruned model (paper 6, Fig. 5)."""
+    from ..experiments.study import run_dynamics
+
+    settings = _curve_settings("importance", step, 1, kind, 0)
+    for path in checkpoints:
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"checkpoint {str(path)!r} is not a model directory (no config.json)")
+    epochs = [_epoch(p, i) for i, p in enumerate(checkpoints, start=1)]
+
+    def loader(path):
+        def load():
+            t = TaskSetup(path, task, flags)
+            return t.model, t.on(data, data2)
+        return load
+
+    sig = {"model": [str(p) for p in checkpoints], "task": task, "data": data, "split": Path(data).name,
+           "n": flags.limit, "seed": 0, "command": " ".join(sys.argv[1:])}
+    order = sorted(zip(epochs, checkpoints, strict=True))
+    report = run_dynamics([(e, loader(p)) for e, p in order], output, settings=settings, signature=sig, fresh=fresh)
+    typer.echo(f"report: {report}")
+
+
+def _epoch(path: Path, position: int) -> int:
+    match = re.search(r"(\d+)$", path.name.rstrip("/"))
+    return int(match.group(1)) if match else position
+
+
+@app.command("report")
+@friendly
+def report(run_dir: Path = typer.Argument(..., help="A run directory written by a headprune command.")):
+    """(Re)build report.html of a run directory from its results.json and figures."""
+    from ..report import build_report
+
+    typer.echo(f"report: {build_report(run_dir)}")

@@ -1,0 +1,121 @@
+"""``headprune train classifier|translation``: make the models the study runs on, here, on a CPU.
+
+Each epoch is a checkpoint directory (``OUT/epoch-k``) that every other command accepts; rerunning
+the same command resumes after the newest one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..errors import ConfigError
+from .app import app, friendly
+from .options import LABEL, LIMIT, PAIR, SEED, SRC, TEXT, TGT, column
+
+train_app = typer.Typer(no_args_is_help=True, help="Fine-tune a classifier or train a translation model.")
+app.add_typer(train_app, name="train")
+
+EPOCHS = typer.Option(None, "--epochs", help="Epochs (default: the settings' default).")
+BATCH = typer.Option(None, "--batch-size", help="Training batch size.")
+LR = typer.Option(None, "--lr", help="Peak learning rate.")
+MAXLEN = typer.Option(None, "--max-length", help="Truncate examples to this many tokens.")
+THREADS = typer.Option(None, "--threads", help="torch threads (default: torch's).")
+OUT = typer.Option(..., "-o", "--output", help="Output directory (epoch-k checkpoints, final/, train_log.jsonl).")
+
+
+def _options(**values) -> dict:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def _threads(threads: int | None) -> None:
+    if threads is not None:
+        if threads < 1:
+            raise ConfigError(f"--threads {threads}; allowed: >= 1")
+        import torch
+
+        torch.set_num_threads(threads)
+
+
+@train_app.command("classifier")
+@friendly
+def classifier(
+    model_dir: Path = typer.Argument(..., help="Pretrained encoder directory (a fresh classification head is added)."),
+    data: str = typer.Option(..., "--data", help="Training data (TSV/CSV/JSONL/datasets dir)."),
+    eval_data: str = typer.Option(None, "--eval-data", help="Evaluation data, scored after every epoch."),
+    eval_limit: int = typer.Option(None, "--eval-limit", help="Only the first N evaluation examples."),
+    text_column: str = TEXT, text_pair_column: str = PAIR, label_column: str = LABEL, limit: int = LIMIT,
+    epochs: int = EPOCHS, batch_size: int = BATCH, lr: float = LR, max_length: int = MAXLEN, seed: int = SEED,
+    threads: int = THREADS, output: Path = OUT,
+):
+    """Fine-tune a pretrained encoder for (pair) classification."""
+    from ..core.io import load_tokenizer
+    from ..evaluation.data import load_classification
+    from ..train import ClassifierTrainSettings, finetune_classifier
+
+    cols = dict(text_column=column(text_column), text_pair_column=column(text_pair_column),
+                label_column=column(label_column))
+    settings = ClassifierTrainSettings(**_options(epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length),
+                                       seed=seed)
+    train = load_classification(data, **cols, limit=limit)
+    if train.labels is None:
+        raise ConfigError(f"--data {data!r} has no labels; training needs a label column")
+    names = sorted(set(train.labels), key=lambda x: (len(x), x))  # "0" < "1" < "10"; words alphabetically
+    index = {name: i for i, name in enumerate(names)}
+    dev = load_classification(eval_data, **cols, limit=eval_limit) if eval_data else None
+    if dev is not None and (unknown := sorted(set(dev.labels or []) - set(names))):
+        raise ConfigError(f"--eval-data {eval_data!r} has labels {unknown} not in the training data ({names})")
+    tokenizer = load_tokenizer(model_dir)
+    _threads(threads)
+    result = finetune_classifier(
+        model_dir, tokenizer, train.texts, [index[x] for x in train.labels], settings=settings, output_dir=output,
+        text_pairs=train.text_pairs, eval_texts=dev.texts if dev else None,
+        eval_labels=[index[x] for x in dev.labels] if dev else None, eval_text_pairs=dev.text_pairs if dev else None,
+        label_names=names)
+    last = result.log[-1] if result.log else {}
+    typer.echo(f"done in {result.seconds:.0f} s: {result.final_dir or result.output_dir}; last epoch: "
+               + ", ".join(f"{k} {v:.4g}" for k, v in last.items() if isinstance(v, float)))
+
+
+@train_app.command("translation")
+@friendly
+def translation(
+    data: str = typer.Option(..., "--data", help="Source file (or a two-column table)."),
+    data2: Path = typer.Option(None, "--data2", help="Target file, line-aligned with --data."),
+    eval_data: str = typer.Option(None, "--eval-data", help="Evaluation source file (BLEU after every epoch)."),
+    eval_data2: Path = typer.Option(None, "--eval-data2", help="Evaluation target file."),
+    eval_limit: int = typer.Option(None, "--eval-limit", help="Only the first N evaluation pairs."),
+    source_column: str = SRC, target_column: str = TGT, limit: int = LIMIT,
+    preset: str = typer.Option("small", "--preset", help="small (3+3 layers x 4 heads, d 256) or iwslt "
+                               "(6+6 layers x 8 heads, d 512, the paper's IWSLT shape)."),
+    layers: int = typer.Option(None, "--layers", help="Encoder and decoder layers."),
+    heads: int = typer.Option(None, "--heads", help="Attention heads."),
+    d_model: int = typer.Option(None, "--d-model", help="Model width."),
+    ffn_dim: int = typer.Option(None, "--ffn-dim", help="Feed-forward width."),
+    vocab_size: int = typer.Option(None, "--vocab-size", help="Joint BPE vocabulary size."),
+    warmup_steps: int = typer.Option(None, "--warmup-steps", help="Linear warm-up steps before inverse-sqrt decay."),
+    epochs: int = EPOCHS, batch_size: int = BATCH, lr: float = LR, max_length: int = MAXLEN, seed: int = SEED,
+    threads: int = THREADS, output: Path = OUT,
+):
+    """Train an encoder-decoder translation model from scratch (tokenizer trained here too)."""
+    from ..evaluation.data import load_parallel
+    from ..train import TranslationTrainSettings, train_translation
+
+    if preset not in ("small", "iwslt"):
+        raise ConfigError(f"--preset {preset!r}; allowed: small, iwslt")
+    overrides = _options(epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length, attention_heads=heads,
+                         d_model=d_model, ffn_dim=ffn_dim, vocab_size=vocab_size, warmup_steps=warmup_steps)
+    if layers is not None:
+        overrides.update(encoder_layers=layers, decoder_layers=layers)
+    settings = (TranslationTrainSettings.iwslt(**overrides, seed=seed) if preset == "iwslt"
+                else TranslationTrainSettings(**overrides, seed=seed))
+    cols = dict(source_column=column(source_column), target_column=column(target_column))
+    train = load_parallel(data, data2, **cols, limit=limit)
+    dev = load_parallel(eval_data, eval_data2, **cols, limit=eval_limit) if eval_data else None
+    _threads(threads)
+    result = train_translation(train.sources, train.targets, settings=settings, output_dir=output,
+                               eval_sources=dev.sources if dev else None, eval_targets=dev.targets if dev else None)
+    last = result.log[-1] if result.log else {}
+    typer.echo(f"done in {result.seconds:.0f} s: {result.final_dir or result.output_dir}; last epoch: "
+               + ", ".join(f"{k} {v:.4g}" for k, v in last.items() if isinstance(v, float)))

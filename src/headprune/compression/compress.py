@@ -1,0 +1,106 @@
+"""``compress()``: apply a compression plan -- fold the tuned scales, physically remove the heads.
+
+The plan (:func:`.plan.plan_heads`) is data; this module turns it into a smaller plain model and
+reports its sizes before and after (heads, parameters, FLOPs from :mod:`headprune.core.cost`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, fields
+
+import torch
+from torch import nn
+
+from ..core.cost import flop_breakdown
+from ..core.folding import fold_scales
+from ..core.sites import find_sites
+from ..core.surgery import DroppedHeads, KeptHeads, kept_heads, prune_heads
+from ..errors import ConfigError
+from ..scoring.gradients import LossFn
+from .plan import CompressSettings, plan_heads
+
+
+@dataclass
+class CompressResult:
+    """The compressed ``model`` and what was done to it (JSON-ready through :meth:`to_dict`)."""
+
+    model: nn.Module
+    settings: dict
+    dropped: DroppedHeads  # {site: heads removed, indices among the heads it had}
+    kept: KeptHeads  # {site: original indices of the heads it keeps} (saved with the model)
+    scales: dict[str, list[float]] | None  # tuned mask values folded into the weights (kept heads only)
+    sizes: dict[str, dict]  # before / after: heads, params, flops, attention_flops
+    loss_estimate: dict[str, float]
+    tuning: list[dict]
+    calib_loss: dict[str, float]  # measured mean calibration loss after each stage (the guard's)
+    rejected: list[str]  # stages the guard turned down
+    seconds: dict[str, float]
+
+    def to_dict(self) -> dict:
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "model"}
+        return out | {"model_class": type(self.model).__name__}
+
+
+def compress(
+    model: nn.Module,
+    calib_batches: Iterable[Mapping[str, torch.Tensor]],
+    *,
+    keep: float | None = None,
+    n_keep: int | None = None,
+    flops: float | None = None,
+    method: str = "fisher+tune",
+    min_per_site: int = 0,
+    seq_len: int = 128,
+    tgt_len: int | None = None,
+    damping: float = 1e-2,
+    max_scale: float = 10.0,
+    target: str = "residual",
+    guard: bool = True,
+    seed: int = 0,
+    sites: list[str] | None = None,
+    loss_fn: LossFn | None = None,
+    inplace: bool = False,
+    progress: bool = False,
+) -> CompressResult:
+    """Prune ``model`` (a copy unless ``inplace``) to one budget with ``method``; see the module doc.
+
+    ``calib_batches``: labelled model inputs (as for :func:`headprune.head_importance`), disjoint
+    from whatever the result is evaluated on. ``sites``: prune only these (the budget is of their
+    heads). Returns the physically pruned model (tuned scales folded in: it computes exactly what
+    the plan's mask computes) with sizes before and after.
+    """
+    settings = CompressSettings(keep=keep, n_keep=n_keep, flops=flops, method=method, min_per_site=min_per_site,
+                                seq_len=seq_len, tgt_len=tgt_len, damping=damping, max_scale=max_scale,
+                                target=target, guard=guard, seed=seed)
+    batches = list(calib_batches)
+    if not batches:
+        raise ConfigError("calib_batches: empty; compression needs calibration examples")
+    start = time.perf_counter()
+    before = _sizes(model, settings)
+    plan = plan_heads(model, batches, settings, sites=sites, loss_fn=loss_fn, progress=progress)
+    pruned = model if inplace else copy.deepcopy(model)
+    apply_start = time.perf_counter()
+    scales = None
+    if plan.scales is not None:
+        fold_scales(pruned, plan.scales)
+        scales = {name: [float(s[h]) for h in range(s.numel()) if h not in set(plan.drop.get(name, []))]
+                  for name, s in plan.scales.items()}
+    prune_heads(pruned, plan.drop)
+    pruned.eval()
+    seconds = {**plan.seconds, "apply": time.perf_counter() - apply_start}
+    after = _sizes(pruned, settings)
+    seconds["total"] = time.perf_counter() - start
+    return CompressResult(model=pruned, settings=asdict(settings), dropped=plan.drop, kept=kept_heads(pruned),
+                          scales=scales, sizes={"before": before, "after": after},
+                          loss_estimate=plan.loss_estimate, tuning=plan.tuning, calib_loss=plan.calib_loss,
+                          rejected=plan.rejected, seconds=seconds)
+
+
+def _sizes(model: nn.Module, settings: CompressSettings) -> dict:
+    flops = flop_breakdown(model, settings.seq_len, tgt_len=settings.tgt_len)
+    return {"heads": sum(s.num_heads for s in find_sites(model)), "params": sum(p.numel() for p in model.parameters()),
+            "flops": flops["total"], "attention_flops": flops["projections"] + flops["attention"],
+            "seq_len": settings.seq_len, "tgt_len": settings.tgt_len}

@@ -1,0 +1,256 @@
+"""Find the attention sites of a model: where the heads are, how many, and their projections.
+
+A *site* is one multi-head attention block: its query/key/value projections write
+``num_heads * head_dim`` (queries) and ``num_kv_heads * head_dim`` (keys, values) features, and its
+output projection reads the concatenation of the heads' outputs, ``[..., num_heads * head_dim]``.
+
+Sites are found by shape, not by a list of classes: any module that owns query/key/value/output
+projections under one of the known name sets below, plus a head size, is a site. The families
+transformers 5 ships that follow these names (BERT, RoBERTa, ELECTRA, DistilBERT, GPT-2, Llama,
+Qwen2, Mistral, BART, Marian, T5, and many more) need no entry of their own.
+
+Names are stable and used everywhere (files, plots, CLI): ``{stack}.{layer}.{self|cross}`` where
+``stack`` is ``encoder`` for bidirectional self-attention and ``decoder`` for causal self-attention
+and for cross-attention (kind ``cross``), e.g. ``encoder.3.self``, ``decoder.1.self``,
+``decoder.1.cross``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from .runtime import RepeatHeads
+
+KINDS = ("encoder", "decoder", "cross")
+SUPPORTED_FAMILIES = (
+    "BERT", "RoBERTa", "ELECTRA", "DistilBERT", "GPT-2", "Llama", "Qwen2", "Mistral", "BART", "Marian", "T5",
+    "and any model whose attention modules expose q/k/v/o projections and a head size",
+)
+
+# (query, key, value, output) child names of an attention module that holds all four projections.
+_QKVO_NAMES = (
+    ("q_proj", "k_proj", "v_proj", "o_proj"),  # Llama, Qwen2, Mistral, Gemma, Phi-3 ...
+    ("q_proj", "k_proj", "v_proj", "out_proj"),  # BART, Marian, mBART, Pegasus, Whisper, OPT ...
+    ("q_lin", "k_lin", "v_lin", "out_lin"),  # DistilBERT
+    ("q", "k", "v", "o"),  # T5, mT5, LongT5
+)
+_HEAD_DIM_ATTRS = ("head_dim", "attention_head_size", "key_value_proj_dim", "head_size")
+_BERT_QKV = (("query", "key", "value"), ("query_proj", "key_proj", "value_proj"))  # BERT, ViT / DeBERTa
+_PER_HEAD_EXTRAS = ("pos_key_proj", "pos_query_proj")  # DeBERTa's relative-position projections
+# Families whose heads meet biases built outside the attention module (ALiBi) or whose fused layout
+# differs from the names: refused rather than silently pruned wrong.
+_REFUSED = {"bloom": "ALiBi biases are built for all heads outside the attention modules",
+            "falcon": "its fused query_key_value layout depends on the config (multi-query)",
+            "mpt": "ALiBi biases are built for all heads outside the attention modules",
+            "albert": "one attention module is shared by every layer",
+            "phi3": "its fused qkv_proj is split by config-wide head counts"}
+_CROSS_NAMES = ("encoder_attn", "EncDecAttention", "crossattention", "cross_attn", "crossattn")
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One of q/k/v: ``module`` writes this projection's heads at output features
+    ``[offset, offset + heads * head_dim)`` (offset > 0 only for fused projections such as GPT-2's
+    ``c_attn``)."""
+
+    module: nn.Module  # nn.Linear (weight [out, in]), GPT-2 Conv1D (weight [in, out]) or RepeatHeads
+    offset: int  # first output feature of this projection inside ``module``
+    width: int  # number of output features of this projection (heads * head_dim)
+
+
+@dataclass(eq=False)
+class Site:
+    """One attention block of a model.
+
+    ``attention`` is the module that computes the heads (and whose forward a removed site replaces);
+    ``o`` is the output projection whose *input* is ``[..., num_heads * head_dim]``.
+    """
+
+    name: str
+    kind: str  # encoder | decoder | cross
+    layer: int
+    num_heads: int  # query heads present now
+    num_kv_heads: int  # key/value heads present now (== num_heads without GQA)
+    head_dim: int
+    path: str  # module path of ``attention`` inside the model
+    attention: nn.Module
+    q: Projection
+    k: Projection
+    v: Projection
+    o: nn.Module
+    meta: dict = field(default_factory=dict)  # family details surgery needs (e.g. fused, bert_style)
+
+    def __repr__(self) -> str:
+        return (f"Site({self.name!r}, kind={self.kind!r}, heads={self.num_heads}, "
+                f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, path={self.path!r})")
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """GPT-2's Conv1D: a linear layer with weight stored [in, out] and attribute ``nf``."""
+    return hasattr(module, "nf") and hasattr(module, "weight") and not isinstance(module, nn.Linear)
+
+
+def out_features(module: nn.Module) -> int:
+    if isinstance(module, RepeatHeads):
+        return module.out_features
+    return module.weight.shape[1] if is_conv1d(module) else module.weight.shape[0]
+
+
+def kv_of_heads(site: Site) -> list[int]:
+    """For each current query head of ``site``, the base key/value head it reads (GQA groups)."""
+    groups = site.num_heads * site.head_dim // site.k.width  # query heads per key/value head seen
+    seen = [h // groups for h in range(site.num_heads)]
+    if isinstance(site.k.module, RepeatHeads):
+        index = site.k.module.index.tolist()
+        return [index[j] for j in seen]
+    return seen
+
+
+def site_params(site: Site) -> int:
+    """Parameters of the site's q/k/v/o projections (a fused projection counted once)."""
+    modules = {id(m): m for m in (site.q.module, site.k.module, site.v.module, site.o)}
+    return sum(p.numel() for m in modules.values() for p in m.parameters())
+
+
+def sites_table(model: nn.Module) -> list[dict]:
+    """One plain row per site (name, kind, layer, heads, kv_heads, head_dim, params, module): for
+    tables, JSON and reports."""
+    return [
+        {"name": s.name, "kind": s.kind, "layer": s.layer, "heads": s.num_heads, "kv_heads": s.num_kv_heads,
+         "head_dim": s.head_dim, "params": site_params(s), "module": s.path}
+        for s in find_sites(model)
+    ]
+
+
+def find_sites(model: nn.Module) -> list[Site]:
+    """All attention sites of ``model`` that still have heads, in module order.
+
+    Raises :class:`UnsupportedModelError` naming the model class when none is found.
+    """
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type in _REFUSED:
+        raise UnsupportedModelError(f"model of class {type(model).__name__} ({model_type}) is not supported: "
+                                    f"{_REFUSED[model_type]}; supported families: {', '.join(SUPPORTED_FAMILIES)}")
+    sites: list[Site] = []
+    seen: set[int] = set()
+    for path, module in model.named_modules():
+        if id(module) in seen:
+            continue
+        site = _match(model, path, module)
+        if site is not None:
+            seen.add(id(module))
+            sites.append(site)
+    if not sites and not _has_removed_sites(model):
+        raise UnsupportedModelError(
+            f"model of class {type(model).__name__} has no attention sites headprune can find; "
+            f"supported families: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    names = [s.name for s in sites]
+    if len(set(names)) != len(names):
+        raise UnsupportedModelError(
+            f"model of class {type(model).__name__}: attention sites do not have unique names ({names})")
+    return sites
+
+
+def _has_removed_sites(model: nn.Module) -> bool:
+    config = getattr(model, "config", None)  # surgery records kept heads here (0.1.0: "headprune_plan")
+    return bool(getattr(config, "headprune_kept_heads", None) or getattr(config, "headprune_plan", None))
+
+
+def _head_dim(module: nn.Module, model: nn.Module) -> int | None:
+    for attr in _HEAD_DIM_ATTRS:
+        value = getattr(module, attr, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def _match(model: nn.Module, path: str, module: nn.Module) -> Site | None:
+    children = dict(module.named_children())
+    # BERT family: attention.self holds q/k/v, attention.output.dense is the output projection.
+    if "self" in children and "output" in children and hasattr(children["output"], "dense"):
+        core = children["self"]
+        hd = _head_dim(core, model)
+        for names in _BERT_QKV:
+            qkv = [getattr(core, n, None) for n in names]
+            if all(isinstance(m, nn.Linear) for m in qkv) and hd:
+                extras = [getattr(core, n) for n in _PER_HEAD_EXTRAS if isinstance(getattr(core, n, None), nn.Linear)]
+                return _make_site(model, path, core, path + ".self", hd, *[_proj(m) for m in qkv],
+                                  children["output"].dense, meta={"bert_style": True, "extras": extras})
+    for names in _QKVO_NAMES:
+        mods = [children.get(n) for n in names]
+        if all(isinstance(m, (nn.Linear, RepeatHeads)) for m in mods):
+            hd = _head_dim(module, model)
+            if hd:
+                return _make_site(model, path, module, path, hd, *[_proj(m) for m in mods[:3]], mods[3])
+    # GPT-2: fused c_attn [q | k | v] (self) or q_attn + c_attn [k | v] (cross), and c_proj.
+    if "c_attn" in children and "c_proj" in children and is_conv1d(children["c_attn"]):
+        hd = _head_dim(module, model)
+        if hd:
+            c_attn = children["c_attn"]
+            if "q_attn" in children:
+                w = out_features(c_attn) // 2
+                q, k, v = _proj(children["q_attn"]), Projection(c_attn, 0, w), Projection(c_attn, w, w)
+            else:
+                w = out_features(c_attn) // 3
+                q, k, v = Projection(c_attn, 0, w), Projection(c_attn, w, w), Projection(c_attn, 2 * w, w)
+            return _make_site(model, path, module, path, hd, q, k, v, children["c_proj"], meta={"fused": "blocks"})
+    # GPT-NeoX: query_key_value packs [q_h | k_h | v_h] per head (interleaved), dense reads the heads.
+    if isinstance(children.get("query_key_value"), nn.Linear) and isinstance(children.get("dense"), nn.Linear):
+        hd = _head_dim(module, model)
+        qkv = children["query_key_value"]
+        if hd and qkv.out_features % (3 * hd) == 0:
+            w = qkv.out_features // 3
+            return _make_site(model, path, module, path, hd, Projection(qkv, 0, w), Projection(qkv, 0, w),
+                              Projection(qkv, 0, w), children["dense"], meta={"fused": "interleaved"})
+    return None
+
+
+def _make_site(model, path, module, core_path, head_dim, q, k, v, o, meta=None) -> Site:
+    num_heads = q.width // head_dim
+    num_kv = k.width // head_dim
+    if isinstance(k.module, RepeatHeads):
+        num_kv = k.module.num_base_heads
+    kind = _kind(model, path, module)
+    layer = _layer(path)
+    stack = "encoder" if kind == "encoder" else "decoder"
+    name = f"{stack}.{layer}.{'cross' if kind == 'cross' else 'self'}"
+    return Site(name=name, kind=kind, layer=layer, num_heads=num_heads, num_kv_heads=num_kv,
+                head_dim=head_dim, path=core_path, attention=_get(model, core_path), q=q, k=k, v=v, o=o,
+                meta=dict(meta or {}))
+
+
+def _proj(module: nn.Module) -> Projection:
+    return Projection(module, 0, out_features(module))
+
+
+def _get(model: nn.Module, path: str) -> nn.Module:
+    return model.get_submodule(path) if path else model
+
+
+def _layer(path: str) -> int:
+    match = re.search(r"(?:^|\.)(\d+)(?:\.|$)", path)
+    if match is None:
+        raise UnsupportedModelError(f"attention module at {path!r} has no layer index in its path")
+    return int(match.group(1))
+
+
+def _kind(model: nn.Module, path: str, module: nn.Module) -> str:
+    parts = path.split(".")
+    if getattr(module, "is_cross_attention", False) or any(p in _CROSS_NAMES for p in parts):
+        return "cross"
+    if "decoder" in parts:
+        return "decoder"
+    if "encoder" in parts:
+        return "encoder"
+    config = getattr(model, "config", None)
+    if getattr(module, "is_causal", False) or getattr(config, "is_decoder", False):
+        return "decoder"
+    core = getattr(module, "self", None)
+    if core is not None and getattr(core, "is_causal", False):
+        return "decoder"
+    return "encoder"

@@ -1,0 +1,280 @@
+"""The irreversible stage: physically remove heads, so the model is smaller and faster.
+
+For every site, surgery keeps the query/key/value output rows and the output-projection input
+columns of the kept heads, updates the attention module's head-count metadata, and records which
+heads each site keeps in ``model.config``. A site that loses every head is replaced by a forward that does no attention
+work at all and returns the output projection's bias (exactly what masking all its heads gives).
+
+Grouped-query attention: a key/value head goes when all its query heads go. Kept query heads stay
+contiguous per key/value head; if every key/value head keeps the same number ``g`` of query heads
+the site stays plain GQA with groups of ``g``. Otherwise groups of ``gcd(counts)`` are used and the
+few key/value heads that serve several groups are repeated at run time (:class:`RepeatHeads`),
+never copied in the weights.
+
+T5 computes one relative-position bias ``[1, heads, q, k]`` in its first layer and passes it on to
+every later layer. Surgery keeps that bias table whole and makes each pruned layer take the rows of
+its own kept heads (the bug of transformers v4's T5 pruning, #19625, cannot happen).
+
+Two kinds of head lists, two names (never "plan" for both):
+
+- :data:`DroppedHeads` ``{site: [indices among the heads the site has now]}``: what to remove.
+  :func:`prune_heads` takes it; selection (:mod:`headprune.selection`) returns it; ``--drop`` on
+  the CLI. On a model pruned before, index ``i`` is the site's ``i``-th remaining head.
+- :data:`KeptHeads` ``{site: [original indices of the heads the site keeps]}``: what a pruned model
+  is. :func:`kept_heads` reads it, :func:`keep_heads` replays it on an unpruned model, and it is
+  saved in ``config.json`` (``headprune_kept_heads``), so loading rebuilds the smaller shapes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import nn
+
+from ..errors import PlanError
+from .masking import is_masked
+from .runtime import BiasOnly, RemovedAttention, RepeatHeads, T5PrunedAttention, swap_class
+from .sites import Projection, Site, find_sites, is_conv1d, kv_of_heads, out_features
+
+KEPT_KEY = "headprune_kept_heads"  # config attribute: KeptHeads of the model
+ORIGINAL_KEY = "headprune_original_heads"  # config attribute: {site: number of heads before any pruning}
+LEGACY_KEYS = {KEPT_KEY: "headprune_plan", ORIGINAL_KEY: "headprune_heads"}  # written by headprune 0.1.0
+
+DroppedHeads = dict[str, list[int]]  # {site: indices among the heads the site has now} -- to remove
+KeptHeads = dict[str, list[int]]  # {site: original indices of the heads the site keeps} -- what is left
+
+
+def config_record(config, key: str) -> dict | None:
+    """A headprune record of ``config`` (``KEPT_KEY`` or ``ORIGINAL_KEY``), read under its 0.1.0 name too."""
+    value = getattr(config, key, None)
+    if value is None:
+        value = getattr(config, LEGACY_KEYS[key], None)
+    return dict(value) if value else None
+
+
+def original_heads(model: nn.Module) -> dict[str, int]:
+    """Number of heads each site had before any pruning (removed sites included)."""
+    recorded = config_record(model.config, ORIGINAL_KEY)
+    if recorded:
+        return recorded
+    return {s.name: s.num_heads for s in find_sites(model)}
+
+
+def kept_heads(model: nn.Module) -> KeptHeads:
+    """For every site, the original indices of the heads it has now, in the order it holds them."""
+    kept = config_record(model.config, KEPT_KEY) or {}
+    return {name: list(kept.get(name, range(n))) for name, n in original_heads(model).items()}
+
+
+def prune_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]]) -> KeptHeads:
+    """Remove ``dropped`` ({site name: indices among the site's current heads}) from ``model`` in place.
+
+    Everything is validated before anything changes. Returns the model's :data:`KeptHeads`
+    afterwards ({site: original indices of the kept heads}), also stored in ``model.config``.
+    """
+    if is_masked(model):
+        raise PlanError("model is masked; call headprune.unmask_heads(model) before prune_heads")
+    if not isinstance(dropped, Mapping):
+        raise PlanError(f"dropped must be a mapping site name -> head indices, got {type(dropped).__name__}")
+    sites = {s.name: s for s in find_sites(model)}
+    before = kept_heads(model)
+    drops: dict[str, list[int]] = {}
+    for name, idx in dropped.items():
+        if name not in sites:
+            gone = " (it has no heads left)" if name in before else ""
+            raise PlanError(f"dropped: unknown site {name!r}{gone}; allowed: {', '.join(sites) or '(none)'}")
+        drops[name] = _check_indices("dropped", name, idx, sites[name].num_heads)
+    kept = config_record(model.config, KEPT_KEY) or {}
+    for name, drop in drops.items():
+        if not drop:
+            continue
+        site = sites[name]
+        keep = [h for h in range(site.num_heads) if h not in set(drop)]
+        kept[name] = [before[name][h] for h in keep]
+        if keep:
+            _slice_site(model, site, keep, kept[name])
+        else:
+            _remove_site(model, site)
+    if not config_record(model.config, ORIGINAL_KEY):
+        setattr(model.config, ORIGINAL_KEY, {n: len(k) for n, k in before.items()})
+    setattr(model.config, KEPT_KEY, kept)
+    for legacy in LEGACY_KEYS.values():  # one record per model, under the current names
+        if hasattr(model.config, legacy):
+            delattr(model.config, legacy)
+    return kept_heads(model)
+
+
+def keep_heads(model: nn.Module, kept: Mapping[str, Iterable[int]],
+               original: Mapping[str, int] | None = None) -> KeptHeads:
+    """Replay :data:`KeptHeads` ({site: original indices of kept heads}) on an unpruned model.
+
+    ``original`` ({site: heads before pruning}, as saved beside the kept heads) refuses a model of
+    another shape before anything changes.
+    """
+    if config_record(model.config, KEPT_KEY):
+        raise PlanError("keep_heads needs an unpruned model; this one already carries kept heads")
+    current = {s.name: s.num_heads for s in find_sites(model)}
+    if original is not None and dict(original) != current:
+        diff = {n: (original.get(n), current.get(n)) for n in set(original) | set(current)
+                if original.get(n) != current.get(n)}
+        raise PlanError(f"kept heads are for a different model: heads per site (recorded, model) differ at {diff}")
+    drops = {}
+    for name, keep in kept.items():
+        if name not in current:
+            raise PlanError(f"kept: unknown site {name!r}; allowed: {', '.join(current)}")
+        keep = _check_indices("kept", name, keep, current[name])
+        drops[name] = [h for h in range(current[name]) if h not in set(keep)]
+    return prune_heads(model, drops)
+
+
+def _check_indices(argument: str, name: str, idx: Iterable[int], n: int) -> list[int]:
+    if isinstance(idx, (str, bytes)) or not isinstance(idx, Iterable):
+        raise PlanError(f"{argument}[{name!r}] must be a list of head indices, got {idx!r}")
+    out = []
+    for h in (idx.tolist() if isinstance(idx, torch.Tensor) else idx):
+        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < n:
+            raise PlanError(f"{argument}[{name!r}]: head index {h!r} out of range; allowed: integers 0..{n - 1}")
+        out.append(h)
+    return sorted(set(out))
+
+
+# ---------------------------------------------------------------- slicing kept heads
+
+def _rows(heads: list[int], head_dim: int) -> torch.Tensor:
+    return torch.tensor([h * head_dim + i for h in heads for i in range(head_dim)], dtype=torch.long)
+
+
+def _select_out(module: nn.Module, rows: torch.Tensor) -> None:
+    """Keep output features ``rows`` of a Linear / Conv1D, in place."""
+    dim = 1 if is_conv1d(module) else 0
+    _set(module, "weight", module.weight.index_select(dim, rows.to(module.weight.device)))
+    if getattr(module, "bias", None) is not None:
+        _set(module, "bias", module.bias.index_select(0, rows.to(module.bias.device)))
+    if is_conv1d(module):
+        module.nf = len(rows)
+    else:
+        module.out_features = len(rows)
+
+
+def _select_in(module: nn.Module, cols: torch.Tensor) -> None:
+    """Keep input features ``cols`` of a Linear / Conv1D, in place (the bias is untouched)."""
+    dim = 0 if is_conv1d(module) else 1
+    _set(module, "weight", module.weight.index_select(dim, cols.to(module.weight.device)))
+    if not is_conv1d(module):
+        module.in_features = len(cols)
+
+
+def _set(module: nn.Module, name: str, value: torch.Tensor) -> None:
+    old = getattr(module, name)
+    setattr(module, name, nn.Parameter(value.detach().contiguous(), requires_grad=old.requires_grad))
+
+
+def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: list[int]) -> None:
+    hd, attn = site.head_dim, site.attention
+    q_rows = _rows(keep, hd)
+    kv_of = kv_of_heads(site)
+    kept_kv = sorted({kv_of[h] for h in keep})
+    counts = [sum(1 for h in keep if kv_of[h] == j) for j in kept_kv]
+    group = math.gcd(*counts)
+    kv_rows = _rows(kept_kv, hd)
+    if site.meta.get("fused") == "interleaved":  # [q_h | k_h | v_h] per head
+        _select_out(site.q.module, _rows(keep, 3 * hd))
+    elif site.meta.get("fused") == "blocks":
+        _slice_fused(site, q_rows, kv_rows)
+    else:
+        _select_out(site.q.module, q_rows)
+        for proj in (site.k, site.v):
+            _slice_kv(attn, proj, kv_rows, kept_kv, counts, group, hd)
+    for extra in site.meta.get("extras", []):
+        _select_out(extra, q_rows)
+    _select_in(site.o, q_rows)
+    n = len(keep)
+    for attr in ("num_heads", "num_attention_heads", "n_heads"):
+        if isinstance(getattr(attn, attr, None), int):
+            setattr(attn, attr, n)
+    for attr in ("all_head_size", "inner_dim"):
+        if isinstance(getattr(attn, attr, None), int):
+            setattr(attn, attr, n * hd)
+    if isinstance(getattr(attn, "num_key_value_groups", None), int):
+        attn.num_key_value_groups = group
+    if site.meta.get("fused") == "blocks":
+        attn.split_size = n * hd
+    if _is_t5(attn):
+        _t5_take_heads(model, attn, kept_original)
+
+
+def _slice_kv(attn, proj: Projection, kv_rows, kept_kv, counts, group, hd) -> None:
+    module = proj.module
+    base = module.base if isinstance(module, RepeatHeads) else module
+    _select_out(base, kv_rows)
+    if all(c == group for c in counts):
+        new: nn.Module = base
+    else:
+        index = torch.tensor([j for j, c in enumerate(counts) for _ in range(c // group)], device=base.weight.device)
+        new = RepeatHeads(base, index, hd)
+    if new is not module:
+        _replace_child(attn, module, new)
+
+
+def _slice_fused(site: Site, q_rows: torch.Tensor, kv_rows: torch.Tensor) -> None:
+    """GPT-2: c_attn packs [q | k | v] (or [k | v] with a separate q_attn)."""
+    width = site.k.width
+    if site.q.module is site.k.module:
+        _select_out(site.k.module, torch.cat([q_rows, width + kv_rows, 2 * width + kv_rows]))
+    else:
+        _select_out(site.q.module, q_rows)
+        _select_out(site.k.module, torch.cat([kv_rows, width + kv_rows]))
+
+
+def _replace_child(parent: nn.Module, old: nn.Module, new: nn.Module) -> None:
+    for name, child in parent.named_children():
+        if child is old:
+            setattr(parent, name, new)
+            return
+    raise PlanError(f"internal: {type(old).__name__} is not a child of {type(parent).__name__}")
+
+
+# ---------------------------------------------------------------- removing a whole site
+
+def _remove_site(model: nn.Module, site: Site) -> None:
+    attn = site.attention
+    bias = getattr(site.o, "bias", None)
+    out = out_features(site.o)
+    if site.meta.get("bert_style"):
+        parent = model.get_submodule(site.path.rsplit(".", 1)[0])
+        parent.output.dense = BiasOnly(bias, out)  # the residual + LayerNorm after it stay
+        style = "bert"
+    else:
+        attn.headprune_out = BiasOnly(bias, out)
+        style = "t5" if _is_t5(attn) else "standard"
+    for proj in {id(m): m for m in (site.q.module, site.k.module, site.v.module, *site.meta.get("extras", []))}.values():
+        _delete_child(attn, proj)
+    if not site.meta.get("bert_style"):
+        _delete_child(attn, site.o)
+    attn._hp_style, attn._hp_cross, attn._hp_head_dim = style, site.kind == "cross", site.head_dim
+    swap_class(attn, RemovedAttention)
+    if style == "t5":
+        _t5_take_heads(model, attn, [])
+
+
+def _delete_child(parent: nn.Module, child: nn.Module) -> None:
+    for name, c in list(parent.named_children()):
+        if c is child:
+            delattr(parent, name)
+
+
+# ---------------------------------------------------------------- T5's shared position bias
+
+def _is_t5(attn: nn.Module) -> bool:
+    return hasattr(attn, "relative_attention_num_buckets") and hasattr(attn, "compute_bias")
+
+
+def _t5_take_heads(model: nn.Module, attn: nn.Module, kept_original: list[int]) -> None:
+    attn._hp_kept = list(kept_original)
+    attn._hp_total = int(model.config.num_heads)
+    if not isinstance(attn, RemovedAttention):
+        swap_class(attn, T5PrunedAttention)
+
+

@@ -1,0 +1,81 @@
+"""Language modelling: perplexity and per-token negative log-likelihood of a causal LM."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..errors import ConfigError, DataError
+from .base import EvalResult, check_unbatched, mask_context
+from .metrics import perplexity
+
+
+class LanguageModelling:
+    """Texts cut into blocks of ``block_size`` tokens; each block is one example.
+
+    The score is the perplexity exp(total NLL / tokens) over all predicted tokens.
+    ``per_example``: ``nll_sum`` and ``tokens`` per block (perplexity is resampled from them).
+    """
+
+    metric = "perplexity"
+    higher_is_better = False
+
+    def __init__(self, tokenizer, texts: list[str], *, block_size: int = 128, batch_size: int = 8,
+                 max_blocks: int | None = None):
+        if block_size < 2:
+            raise ConfigError(f"block_size={block_size}; allowed: >= 2")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size={batch_size}; allowed: >= 1")
+        if not texts:
+            raise DataError("texts: empty; language modelling needs at least one non-empty text")
+        eos = tokenizer.eos_token_id
+        ids: list[int] = []
+        for text in texts:
+            ids.extend(tokenizer(text, add_special_tokens=False)["input_ids"])
+            if eos is not None:
+                ids.append(eos)
+        n_blocks = len(ids) // block_size
+        if max_blocks is not None:
+            n_blocks = min(n_blocks, max_blocks)
+        if n_blocks == 0:
+            raise DataError(f"texts: {len(ids)} tokens, fewer than one block of {block_size}")
+        self.blocks = torch.tensor(ids[: n_blocks * block_size]).view(n_blocks, block_size)  # [N, T]
+        self.batch_size = batch_size
+        self.signature = {"task": "lm", "block_size": block_size, "blocks": n_blocks, "tokens": n_blocks * block_size}
+
+    def __len__(self) -> int:
+        return self.blocks.shape[0]
+
+    def batches(self, *, limit: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """Model inputs with labels (the inputs themselves), for importance scoring."""
+        blocks = self.blocks if limit is None else self.blocks[:limit]
+        for i in range(0, blocks.shape[0], self.batch_size):
+            x = blocks[i : i + self.batch_size]
+            yield {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": x}
+
+    @torch.no_grad()
+    def evaluate(self, model, mask: Mapping[str, torch.Tensor] | None = None, *, progress: bool = False,
+                 limit: int | None = None) -> EvalResult:
+        check_unbatched(mask, "LanguageModelling.evaluate")
+        model.eval()
+        nll, tokens = [], []
+        start = time.perf_counter()
+        batches = list(self.batches(limit=limit))
+        with mask_context(model, mask):
+            for batch in tqdm(batches, desc="perplexity", unit="batch", disable=not progress):
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+                token_nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), batch["input_ids"][:, 1:],
+                                            reduction="none")  # [B, T-1]
+                nll.append(token_nll.sum(-1).double())
+                tokens.append(torch.full((token_nll.shape[0],), token_nll.shape[1]))
+        seconds = time.perf_counter() - start
+        nll_sum = torch.cat(nll).numpy()
+        n_tok = torch.cat(tokens).numpy().astype(np.int64)
+        return EvalResult(metric="perplexity", score=perplexity(nll_sum, n_tok), n=len(nll_sum),
+                          per_example={"nll_sum": nll_sum, "tokens": n_tok}, higher_is_better=False,
+                          seconds=seconds, tokens=int(n_tok.sum() + len(n_tok)))

@@ -1,0 +1,182 @@
+"""Translation with an encoder-decoder: detokenised corpus BLEU (sacrebleu) of generated translations.
+
+Sources are batched by length; every batch is translated with ``model.generate`` (greedy, or beam
+search with ``num_beams``) and decoded with ``skip_special_tokens=True``. ``per_example`` holds the
+sentence-level BLEU sufficient statistics, so a paired bootstrap can resample corpus BLEU exactly
+(:func:`bleu_from_stats` turns summed statistics back into BLEU).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from ..checks import check_int
+from ..errors import ConfigError, DataError
+from ..extras import require
+from .base import EvalResult, check_strings, check_unbatched, mask_context
+from .batching import length_buckets, pad_rows
+from .data import ParallelData, check_limit
+from .metrics import bleu_statistics
+
+MAX_NEW_TOKENS = 256  # cap of the default bound 1.5 * source length + 10
+
+
+class Translation:
+    """Source sentences and one reference translation each; a sentence pair is one example.
+
+    ``data``: a :class:`headprune.evaluation.data.ParallelData` or ``(sources, targets)``. ``max_new_tokens``
+    None bounds each batch by ``min(1.5 * longest source + 10, 256)`` tokens, and always by the
+    decoder's position table. ``tokenize`` is sacrebleu's tokeniser ('13a', 'intl', 'zh', ...).
+
+    ``evaluate``: score = BLEU; ``extra``: ``chrf``, ``sacrebleu`` (BLEU signature), ``hypotheses``
+    (data order); ``per_example["bleu_stats"]`` [n, 10] (columns :data:`BLEU_STATS`).
+    ``loss``: teacher-forced mean token NLL of the references (``per_example``: ``nll_sum``, ``tokens``).
+    """
+
+    metric = "bleu"
+    uses_generate = True  # decoder blocks run once per generated token: no decoder prefix replay
+    higher_is_better = True
+
+    def __init__(self, tokenizer, data: ParallelData | Sequence, *, batch_size: int = 32, num_beams: int = 1,
+                 max_new_tokens: int | None = None, max_source_length: int = 256, max_target_length: int = 256,
+                 tokenize: str = "13a"):
+        check_int("batch_size", batch_size, 1)
+        check_int("num_beams", num_beams, 1)
+        check_int("max_source_length", max_source_length, 1)
+        check_int("max_target_length", max_target_length, 1)
+        if max_new_tokens is not None:
+            check_int("max_new_tokens", max_new_tokens, 1)
+        BLEU = require("sacrebleu.metrics", "translation (BLEU)").BLEU
+
+        if tokenize not in BLEU.TOKENIZERS:
+            raise ConfigError(f"tokenize={tokenize!r}; allowed: {', '.join(sorted(BLEU.TOKENIZERS))}")
+        sources, targets, source = _unpack(data)
+        if getattr(tokenizer, "pad_token_id", None) is None:
+            raise ConfigError("tokenizer has no pad token (pad_token_id=None); allowed: a tokenizer with one")
+        self.tokenizer, self.pad_id = tokenizer, int(tokenizer.pad_token_id)
+        self.sources, self.targets = sources, targets
+        self.source_ids = tokenizer(sources, truncation=True, max_length=max_source_length)["input_ids"]
+        self.target_ids = tokenizer(text_target=targets, truncation=True, max_length=max_target_length)["input_ids"]
+        for name, rows in (("sources", self.source_ids), ("targets", self.target_ids)):
+            empty = next((i for i, r in enumerate(rows) if not r), None)
+            if empty is not None:
+                raise DataError(f"{name}[{empty}] = {[sources, targets][name == 'targets'][empty]!r:.40} has no "
+                                "tokens; allowed: text the tokenizer turns into at least one token")
+        self.batch_size, self.num_beams, self.max_new_tokens, self.tokenize = (
+            batch_size, num_beams, max_new_tokens, tokenize)
+        rule = max_new_tokens if max_new_tokens is not None else f"min(1.5*src+10,{MAX_NEW_TOKENS})"
+        self.signature = {"task": "translation", "data": source, "n": len(sources), "num_beams": num_beams,
+                          "max_new_tokens": rule, "max_source_length": max_source_length,
+                          "batch_size": batch_size, "tokenize": tokenize}
+
+    def __len__(self) -> int:
+        return len(self.sources)
+
+    def references(self, *, limit: int | None = None) -> list[str]:
+        """The reference translations scored by ``evaluate(limit=limit)`` (data order)."""
+        check_limit(limit)
+        return self.targets[:limit]
+
+    def _buckets(self, limit: int | None) -> list[list[int]]:
+        check_limit(limit)
+        n = len(self) if limit is None else min(limit, len(self))
+        return length_buckets([len(r) for r in self.source_ids[:n]], batch_size=self.batch_size)
+
+    def _sources(self, idx: list[int]) -> dict[str, torch.Tensor]:
+        rows = [self.source_ids[i] for i in idx]
+        x = pad_rows(rows, self.pad_id)  # [B, S], right-padded: encoder positions start at 0
+        return {"input_ids": x, "attention_mask": pad_rows([[1] * len(r) for r in rows], 0)}
+
+    def batches(self, *, limit: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """``input_ids``, ``attention_mask`` and ``labels`` (references, padded with -100), for importance."""
+        for idx in self._buckets(limit):
+            yield {**self._sources(idx), "labels": pad_rows([self.target_ids[i] for i in idx], -100)}
+
+    def _bound(self, model, longest: int) -> int:
+        bound = self.max_new_tokens or min(math.ceil(1.5 * longest) + 10, MAX_NEW_TOKENS)
+        positions = getattr(model.config, "max_position_embeddings", None)
+        return min(bound, positions - 1) if positions else bound
+
+    @torch.no_grad()
+    def evaluate(self, model, mask: Mapping[str, torch.Tensor] | None = None, *, progress: bool = False,
+                 limit: int | None = None) -> EvalResult:
+        metrics = require("sacrebleu.metrics", "translation (BLEU)")
+        BLEU, CHRF = metrics.BLEU, metrics.CHRF
+
+        _check(model, mask, "Translation.evaluate")
+        buckets = self._buckets(limit)
+        n = sum(len(b) for b in buckets)
+        hyps: list[str] = [""] * n
+        tokens = 0
+        start = time.perf_counter()
+        with mask_context(model, mask):
+            for idx in tqdm(buckets, desc="translate", unit="batch", disable=not progress):
+                inputs = self._sources(idx)
+                out = model.generate(**inputs, num_beams=self.num_beams, do_sample=False, num_return_sequences=1,
+                                     max_new_tokens=self._bound(model, inputs["input_ids"].shape[1]))
+                for i, text in zip(idx, self.tokenizer.batch_decode(out, skip_special_tokens=True), strict=True):
+                    hyps[i] = text.strip()
+                tokens += int(inputs["attention_mask"].sum()) + int((out[:, 1:] != self.pad_id).sum())
+        seconds = time.perf_counter() - start
+        refs = self.targets[:n]
+        bleu = BLEU(tokenize=self.tokenize)
+        corpus = bleu.corpus_score(hyps, [refs])
+        stats, _ = bleu_statistics(hyps, refs, tokenize=self.tokenize)
+        extra = {"chrf": CHRF().corpus_score(hyps, [refs]).score, "sacrebleu": bleu.get_signature().format(),
+                 "bp": corpus.bp, "sys_len": corpus.sys_len, "ref_len": corpus.ref_len, "hypotheses": hyps,
+                 "signature": {**self.signature, "n": n}}
+        return EvalResult(metric="bleu", score=float(corpus.score), n=n, per_example={"bleu_stats": stats},
+                          extra=extra, seconds=seconds, tokens=tokens)
+
+    @torch.no_grad()
+    def loss(self, model, mask: Mapping[str, torch.Tensor] | None = None, *, progress: bool = False,
+             limit: int | None = None) -> EvalResult:
+        """Teacher-forced NLL of the references: score = mean NLL per target token (lower is better)."""
+        _check(model, mask, "Translation.loss")
+        buckets = self._buckets(limit)
+        n = sum(len(b) for b in buckets)
+        nll, count = np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
+        start = time.perf_counter()
+        with mask_context(model, mask):
+            for idx, batch in tqdm(zip(buckets, self.batches(limit=limit), strict=True), total=len(buckets),
+                                   desc="nll", unit="batch", disable=not progress):
+                logits = model(**batch).logits  # [B, T, V]
+                token = F.cross_entropy(logits.transpose(1, 2).float(), batch["labels"], ignore_index=-100,
+                                        reduction="none")  # [B, T]
+                nll[idx] = token.sum(-1).double().numpy()
+                count[idx] = (batch["labels"] != -100).sum(-1).numpy()
+        seconds = time.perf_counter() - start
+        return EvalResult(metric="nll", score=float(nll.sum() / count.sum()), n=n,
+                          per_example={"nll_sum": nll, "tokens": count}, higher_is_better=False,
+                          extra={"signature": {**self.signature, "n": n, "objective": "teacher-forced nll"}},
+                          seconds=seconds, tokens=int(count.sum()))
+
+
+def _check(model, mask, where: str) -> None:
+    check_unbatched(mask, where)
+    if not getattr(model.config, "is_encoder_decoder", False):
+        raise ConfigError(f"{where}: {type(model).__name__} is not an encoder-decoder model; allowed: a "
+                          "sequence-to-sequence model (e.g. MarianMTModel, BartForConditionalGeneration, T5)")
+    model.eval()
+
+
+def _unpack(data: Any) -> tuple[list[str], list[str], str]:
+    if isinstance(data, ParallelData):
+        sources, targets, source = list(data.sources), list(data.targets), data.source
+    elif isinstance(data, (tuple, list)) and len(data) == 2:
+        sources, targets, source = check_strings("sources", data[0]), check_strings("targets", data[1]), "in-memory"
+    else:
+        raise DataError(f"data: {type(data).__name__}; allowed: ParallelData or (sources, targets)")
+    if not sources:
+        raise DataError("sources: empty; translation needs at least one sentence pair")
+    if len(sources) != len(targets):
+        raise DataError(f"sources has {len(sources)} sentences but targets has {len(targets)}; allowed: equal")
+    return sources, targets, source

@@ -1,0 +1,168 @@
+"""The paper's ablation experiments (3.2-3.4): one head off, all but one head off, two domains.
+
+Every sweep records the unmasked model's block outputs once (that pass is also the baseline) and
+evaluates each mask with the blocks below the masked site replayed (:mod:`headprune.experiments.prefix_cache`).
+Each finished unit is appended to the run directory, so an interrupted sweep resumes.
+
+Columns: ``score`` with the mask; ``delta = score - base`` (the paper's tables); ``damage`` = how
+much worse the model gets (``base - score`` when higher is better, ``score - base`` for perplexity),
+so a small damage means an unimportant head whatever the metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..core.sites import Site, find_sites
+from ..errors import ConfigError
+from ..evaluation.base import EvalResult
+from ..evaluation.significance import compare, pearson
+from .prefix_cache import PrefixCache, recording, replaying
+from .rundir import RunDir
+
+
+@dataclass
+class SweepSettings:
+    alpha: float = 0.01  # significance level for the flag (the paper: p < 0.01)
+    n_resamples: int = 1000
+    seed: int = 0
+    prefix_cache: bool = True
+
+    def __post_init__(self):
+        if not 0.0 < self.alpha < 1.0:
+            raise ConfigError(f"alpha={self.alpha}; allowed: 0 < alpha < 1")
+        if self.n_resamples < 1:
+            raise ConfigError(f"n_resamples={self.n_resamples}; allowed: >= 1")
+
+
+@dataclass
+class Sweep:
+    base: EvalResult
+    rows: list[dict] = field(default_factory=list)
+
+
+def select_sites(model: nn.Module, sites: Iterable[str] | None = None) -> list[Site]:
+    """Sites by name or by kind (``encoder``, ``decoder``, ``cross``); all when None."""
+    all_sites = find_sites(model)
+    if sites is None:
+        return all_sites
+    wanted = list(sites)
+    names = {s.name for s in all_sites}
+    kinds = {s.kind for s in all_sites}
+    bad = [w for w in wanted if w not in names and w not in kinds]
+    if bad:
+        raise ConfigError(f"sites: unknown {bad}; allowed: kinds {sorted(kinds)} or names {sorted(names)}")
+    return [s for s in all_sites if s.name in wanted or s.kind in wanted]
+
+
+def damage(base: EvalResult, score: float) -> float:
+    return base.score - score if base.higher_is_better else score - base.score
+
+
+class _Evaluations:
+    """Baseline + masked evaluations of one evaluator, with the prefix cache when allowed."""
+
+    def __init__(self, model, evaluator, sites: list[Site], settings: SweepSettings, progress: bool):
+        self.model, self.evaluator, self.settings = model, evaluator, settings
+        replay_decoder = not getattr(evaluator, "uses_generate", False)
+        self.cache: PrefixCache | None = None
+        if settings.prefix_cache:
+            with recording(model, find_sites(model), decoder_replay=replay_decoder) as cache:
+                self.base = evaluator.evaluate(model, progress=progress)
+            self.cache = cache
+        else:
+            self.base = evaluator.evaluate(model, progress=progress)
+
+    def score(self, site: Site, mask, *, test: bool = True) -> tuple[EvalResult, dict | None]:
+        context = replaying(self.cache, site) if self.cache is not None else nullcontext()
+        with context:
+            result = self.evaluator.evaluate(self.model, mask)
+        if not test:
+            return result, None
+        return result, compare(self.base, result, n_resamples=self.settings.n_resamples, seed=self.settings.seed)
+
+
+def _row(site: Site, base: EvalResult, result: EvalResult, test: dict, alpha: float, **extra) -> dict:
+    return {"site": site.name, "kind": site.kind, "layer": site.layer, **extra, "score": result.score,
+            "delta": result.score - base.score, "damage": damage(base, result.score),
+            "p_value": test["p_value"], "significant": bool(test["p_value"] < alpha), "test": test["test"]}
+
+
+def one_head_ablation(model: nn.Module, evaluator, *, sites: Iterable[str] | None = None,
+                      settings: SweepSettings | None = None, run: RunDir | None = None,
+                      unit_prefix: str = "", progress: bool = True) -> Sweep:
+    """Score with each head masked alone (paper 3.2, Table 1): one row per head."""
+    settings = settings or SweepSettings()
+    chosen = select_sites(model, sites)
+    evals = _Evaluations(model, evaluator, chosen, settings, progress=False)
+    sweep = Sweep(evals.base)
+    units = [(s, h) for s in chosen for h in range(s.num_heads)]
+    for site, head in tqdm(units, desc="one-head ablation", unit="head", disable=not progress):
+        key = f"{unit_prefix}{site.name}:{head}"
+        if run is not None and run.done(key):
+            sweep.rows.append({k: v for k, v in run.get(key).items() if k != "unit"})
+            continue
+        mask = {site.name: _one_hot(site.num_heads, head, off=True)}
+        result, test = evals.score(site, mask)
+        row = _row(site, evals.base, result, test, settings.alpha, head=head)
+        sweep.rows.append(row)
+        if run is not None:
+            run.add(key, row)
+    evals.cache = None
+    return sweep
+
+
+def all_but_one(model: nn.Module, evaluator, *, choose_on=None, sites: Iterable[str] | None = None,
+                settings: SweepSettings | None = None, run: RunDir | None = None,
+                progress: bool = True) -> Sweep:
+    """Per site keep one head (try each), report the best (paper 3.3, Tables 2-3).
+
+    With ``choose_on`` (another evaluator, e.g. a dev split), the kept head is chosen there and the
+    score reported on ``evaluator`` (App. A, Tables 5-6). One row per site.
+    """
+    settings = settings or SweepSettings()
+    chosen = select_sites(model, sites)
+    report = _Evaluations(model, evaluator, chosen, settings, progress=False)
+    choose = report if choose_on is None else _Evaluations(model, choose_on, chosen, settings, progress=False)
+    sweep = Sweep(report.base)
+    for site in tqdm(chosen, desc="all-but-one", unit="site", disable=not progress):
+        key = f"{site.name}:all-but-one"
+        if run is not None and run.done(key):
+            sweep.rows.append({k: v for k, v in run.get(key).items() if k != "unit"})
+            continue
+        tried = [choose.score(site, {site.name: _one_hot(site.num_heads, h, off=False)}, test=False)[0].score
+                 for h in range(site.num_heads)]
+        best = min(range(site.num_heads), key=lambda h: (damage(choose.base, tried[h]), h))
+        result, test = report.score(site, {site.name: _one_hot(site.num_heads, best, off=False)})
+        row = _row(site, report.base, result, test, settings.alpha, kept_head=best,
+                   chosen_on="held-out" if choose_on is not None else "same", choice_scores=tried)
+        sweep.rows.append(row)
+        if run is not None:
+            run.add(key, row)
+    return sweep
+
+
+def cross_domain(model: nn.Module, evaluator_a, evaluator_b, *, sites: Iterable[str] | None = None,
+                 settings: SweepSettings | None = None, run: RunDir | None = None,
+                 progress: bool = True) -> dict:
+    """One-head ablation on two datasets and the Pearson r of the scores (paper 3.4, Fig. 2)."""
+    a = one_head_ablation(model, evaluator_a, sites=sites, settings=settings, run=run, unit_prefix="a:",
+                          progress=progress)
+    b = one_head_ablation(model, evaluator_b, sites=sites, settings=settings, run=run, unit_prefix="b:",
+                          progress=progress)
+    r = pearson([row["delta"] for row in a.rows], [row["delta"] for row in b.rows])
+    return {"a": a, "b": b, "pearson_r": r.r, "p_value": r.p_value, "n": r.n}
+
+
+def _one_hot(num_heads: int, head: int, *, off: bool) -> torch.Tensor:
+    """[H] mask: ones with a zero at ``head`` (off=True), or zeros with a one there (off=False)."""
+    mask = torch.ones(num_heads) if off else torch.zeros(num_heads)
+    mask[head] = 0.0 if off else 1.0
+    return mask
+

@@ -1,0 +1,186 @@
+"""Pruning curves (paper 4.2, 5, 6; Figs. 3-6): mask a growing share of heads, score each step.
+
+Orders: ``importance`` (I_h computed once), ``importance-iterative`` (I_h recomputed under the
+current mask after every step), ``oracle`` (the one-head ablation damage), ``random`` (one curve
+per seed; report mean +- std), and beyond the paper (Kwon et al. 2022, :mod:`headprune.compression`)
+``fisher``, ``fisher+rearrange`` and ``fisher+tune`` (the Fisher computed once on the calibration
+batches; tuned scales are applied as mask values, which is what the folded, pruned model computes).
+The pool can be restricted to one attention kind (paper Fig. 4: the share is then of that kind's
+heads), and ``min_per_site`` keeps heads in every site.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..compression.plan import CompressSettings, plan_heads, score_heads
+from ..core.masking import mask_from_heads
+from ..core.sites import find_sites
+from ..errors import ConfigError
+from ..selection.lowest import lowest_heads
+from .rundir import RunDir
+
+PLANNED = ("fisher", "fisher+rearrange", "fisher+tune")  # headprune.compression methods: need calibration batches
+ORDERS = ("importance", "importance-iterative", "oracle", "random", *PLANNED)
+
+
+@dataclass
+class CurveSettings:
+    fractions: tuple[float, ...] = tuple(i / 10 for i in range(11))
+    orders: tuple[str, ...] = ("importance", "oracle", "random")
+    seeds: tuple[int, ...] = (0, 1, 2)  # for the random order
+    kinds: tuple[str, ...] | None = None  # restrict the pool to these attention kinds
+    min_per_site: int = 0
+
+    def __post_init__(self):
+        self.fractions = tuple(sorted(set(float(f) for f in self.fractions)))
+        if not self.fractions or self.fractions[0] < 0 or self.fractions[-1] > 1:
+            raise ConfigError(f"fractions={self.fractions}; allowed: values in 0..1")
+        bad = [o for o in self.orders if o not in ORDERS]
+        if bad or not self.orders:
+            raise ConfigError(f"orders: {bad or 'none given'}; allowed: {', '.join(ORDERS)}")
+        if self.kinds is not None and (bad := [k for k in self.kinds if k not in ("encoder", "decoder", "cross")]):
+            raise ConfigError(f"kinds: {bad}; allowed: encoder, decoder, cross")
+        if self.min_per_site < 0:
+            raise ConfigError(f"min_per_site={self.min_per_site}; allowed: >= 0")
+
+
+def step_counts(total: int, fractions: Iterable[float]) -> list[int]:
+    return [int(round(f * total)) for f in fractions]
+
+
+def pruning_curves(
+    model: nn.Module,
+    evaluator,
+    *,
+    settings: CurveSettings,
+    importance: Callable[[Mapping[str, torch.Tensor] | None], dict[str, torch.Tensor]] | None = None,
+    oracle: Mapping[str, torch.Tensor] | None = None,
+    run: RunDir | None = None,
+    unit_prefix: str = "",
+    progress: bool = True,
+    calibration: Callable[[], Iterable] | None = None,
+) -> list[dict]:
+    """One row per (order, seed, step): fraction, heads pruned, score, score relative to unpruned.
+
+    ``importance(mask) -> {site: I_h}`` scores heads (under ``mask`` for the iterative order);
+    ``oracle``: {site: damage [H]} from a one-head ablation; ``calibration() -> batches`` for the
+    Fisher orders (disjoint from the evaluator's data). Masks only: nothing is removed.
+    """
+    sites = find_sites(model)
+    pool = [s.name for s in sites if settings.kinds is None or s.kind in settings.kinds]
+    if not pool:
+        raise ConfigError(f"kinds={settings.kinds}: the model has no such sites ({sorted({s.kind for s in sites})})")
+    shape = {s.name: s.num_heads for s in sites}
+    total = sum(shape[n] for n in pool)
+    counts = step_counts(total, settings.fractions)
+    rows: list[dict] = []
+    seen: dict[tuple, float] = {}
+    higher_is_better = getattr(evaluator, "higher_is_better", True)
+    jobs = [(o, seed) for o in settings.orders for seed in (settings.seeds if o == "random" else (0,))]
+    bar = tqdm(total=len(jobs) * len(counts), desc="pruning curve", unit="step", disable=not progress)
+    fixed_scores: dict[str, torch.Tensor] | None = None
+    planned: dict = {}  # the Fisher and the calibration batches, computed once for all Fisher orders
+    for order, seed in jobs:
+        if order == "oracle" and oracle is None:
+            raise ConfigError("order 'oracle' needs one-head ablation damages (oracle=)")
+        if order.startswith("importance") and importance is None:
+            raise ConfigError(f"order {order!r} needs an importance scorer (importance=)")
+        if order in PLANNED and calibration is None:
+            raise ConfigError(f"order {order!r} needs calibration batches (calibration=)")
+        dropped: dict[str, list[int]] = {}
+        for step, (fraction, n) in enumerate(zip(settings.fractions, counts, strict=True)):
+            key = f"{unit_prefix}{order}:{seed}:{step}"
+            if run is not None and run.done(key):
+                record = run.get(key)
+                dropped = {k: list(v) for k, v in record["dropped"].items()}
+                rows.append({k: v for k, v in record.items() if k != "unit"})
+                bar.update()
+                continue
+            mask = None  # a float mask (tuned scales) instead of heads off
+            if order == "importance":
+                if fixed_scores is None:
+                    fixed_scores = importance(None)
+                dropped = lowest_heads(_pool(fixed_scores, pool), n_heads=n, min_per_site=settings.min_per_site)
+            elif order == "importance-iterative":
+                dropped = _grow(dropped, n, importance(mask_from_heads(sites, dropped) if dropped else None),
+                                pool, settings.min_per_site)
+            elif order == "oracle":
+                dropped = lowest_heads(_pool(oracle, pool), n_heads=n, min_per_site=settings.min_per_site)
+            elif order in PLANNED:
+                dropped, mask = _planned(model, order, n, pool, shape, settings.min_per_site, calibration, planned)
+            else:
+                dropped = _random_drop(shape, pool, n, seed, settings.min_per_site)
+            plan_key = tuple(sorted((k, tuple(v)) for k, v in dropped.items()))
+            if mask is not None:
+                plan_key += (tuple(round(float(x), 7) for v in mask.values() for x in v),)
+            else:
+                mask = mask_from_heads(sites, dropped) if dropped else None
+            if plan_key not in seen:  # the same mask (step 0, all heads off) is scored once
+                result = evaluator.evaluate(model, mask)
+                seen[plan_key], higher_is_better = result.score, result.higher_is_better
+            row = {"order": order, "seed": seed, "step": step, "fraction": fraction,
+                   "pruned": sum(len(v) for v in dropped.values()), "of": total, "score": seen[plan_key],
+                   "dropped": dropped}
+            rows.append(row)
+            if run is not None:
+                run.add(key, row)
+            bar.update()
+    bar.close()
+    unpruned = next((r["score"] for r in rows if r["pruned"] == 0), None)
+    for r in rows:  # relative quality: > 1 is better than unpruned, whatever the metric's direction
+        ratio = (r["score"] / unpruned if higher_is_better else unpruned / r["score"]) if unpruned and r["score"] else 0.0
+        r["relative"] = ratio
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Mean and std over seeds per (order, step): the table the plot draws."""
+    out = []
+    for order in dict.fromkeys(r["order"] for r in rows):
+        for step in sorted({r["step"] for r in rows if r["order"] == order}):
+            group = [r for r in rows if r["order"] == order and r["step"] == step]
+            scores = np.array([r["score"] for r in group])
+            out.append({"order": order, "step": step, "fraction": group[0]["fraction"],
+                        "pruned": group[0]["pruned"], "of": group[0]["of"], "score": float(scores.mean()),
+                        "std": float(scores.std()) if len(scores) > 1 else 0.0, "seeds": len(group),
+                        "relative": float(np.mean([r["relative"] for r in group]))})
+    return out
+
+
+def _pool(scores: Mapping[str, torch.Tensor], pool: list[str]) -> dict[str, torch.Tensor]:
+    return {k: torch.as_tensor(scores[k], dtype=torch.float64) for k in pool}
+
+
+def _grow(dropped, n, scores, pool, min_per_site) -> dict[str, list[int]]:
+    """Keep what is dropped (scored -inf, so chosen first) and add the lowest-scored others up to n."""
+    forced = {k: torch.as_tensor(scores[k], dtype=torch.float64).clone() for k in pool}
+    for k, heads in dropped.items():
+        forced[k][heads] = float("-inf")
+    return lowest_heads(forced, n_heads=max(n, sum(len(v) for v in dropped.values())), min_per_site=min_per_site)
+
+
+def _planned(model, order, n, pool, shape, min_per_site, calibration, cache) -> tuple[dict, dict | None]:
+    """Heads dropped by a Fisher order at ``n`` pruned (and its tuned mask, or None)."""
+    if "fisher" not in cache:
+        cache["batches"] = list(calibration())
+        cache["fisher"] = score_heads(model, cache["batches"], "fisher")
+    floor = sum(min(min_per_site, shape[k]) for k in pool)  # as lowest_heads: keep min_per_site when asked for more
+    n_keep = max(sum(shape[k] for k in pool) - n, floor)
+    plan = plan_heads(model, cache["batches"], CompressSettings(n_keep=n_keep, method=order, min_per_site=min_per_site),
+                      scored=cache["fisher"], sites=pool if len(pool) < len(shape) else None)
+    return plan.drop, (plan.mask(model) if plan.scales is not None else None)
+
+
+def _random_drop(shape: dict[str, int], pool: list[str], n: int, seed: int, min_per_site: int) -> dict[str, list[int]]:
+    """A fixed random order of the pool's heads per seed; the first n are dropped (curves nest)."""
+    rng = random.Random(seed)
+    scores = {k: torch.tensor([rng.random() for _ in range(shape[k])], dtype=torch.float64) for k in pool}
+    return lowest_heads(scores, n_heads=n, min_per_site=min_per_site)

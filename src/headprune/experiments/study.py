@@ -1,0 +1,226 @@
+"""The paper's experiments as run directories: compute (resumably), then tables, figures, report.
+
+Each ``run_*`` takes a model, evaluator(s) and an output directory, and writes ``run.json`` (the
+signature), ``units.jsonl`` (finished units), ``results.json``, CSV tables, PNG figures and a
+self-contained ``report.html``. Rerunning the same command on the same directory resumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import ConfigError
+from ..evaluation.metrics import format_score
+from ..provenance import versions
+from ..report import build_report
+from ..report import figures as fig
+from ..scoring.importance import head_importance
+from . import ablation
+from .curves import CurveSettings, pruning_curves, summarize
+from .rundir import RunDir
+
+
+def _signature(signature: dict | None, method: str, settings: dict) -> dict:
+    sig = {"model": None, "data": None, "split": None, "n": None, **(signature or {})}
+    sig.update(method=method, settings=settings, seed=settings.get("seed", 0), versions=versions())
+    return sig
+
+
+def _finish(run: RunDir, results: dict) -> Path:
+    results.setdefault("signature", run.signature)
+    run.write_json("results.json", results)
+    return build_report(run.path)
+
+
+def _ablation_csv_rows(rows: list[dict]) -> list[dict]:
+    keys = ("site", "kind", "layer", "head", "score", "delta", "damage", "p_value", "significant")
+    return [{k: r[k] for k in keys} for r in rows]
+
+
+def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dict | None = None,
+                 sites: Iterable[str] | None = None, settings: ablation.SweepSettings | None = None,
+                 fresh: bool = False, progress: bool = True) -> Path:
+    """Paper 3.2 (Table 1, Fig. 1): one head masked at a time, with significance."""
+    settings = settings or ablation.SweepSettings()
+    run = RunDir(out, _signature(signature, "one-head ablation", {**vars(settings), "sites": sites}), fresh=fresh)
+    sweep = ablation.one_head_ablation(model, evaluator, sites=sites, settings=settings, run=run, progress=progress)
+    metric, base = sweep.base.metric, sweep.base.score
+    run.write_csv("ablation.csv", _ablation_csv_rows(sweep.rows))
+    run.write_csv("ablation_by_damage.csv", sorted(_ablation_csv_rows(sweep.rows), key=lambda r: -r["damage"]))
+    fig.ablation_heatmap(sweep.rows, base, metric, run.path / "ablation_heatmap.png", settings.alpha)
+    fig.ablation_histogram(sweep.rows, base, metric, run.path / "ablation_histogram.png")
+    n_sig = sum(r["significant"] for r in sweep.rows)
+    better = sum(r["damage"] < 0 for r in sweep.rows)
+    worst = max(sweep.rows, key=lambda r: r["damage"])
+    return _finish(run, {
+        "title": "One head masked at a time (Michel et al. 2019, 3.2)",
+        "experiment": "ablation", "metric": metric, "base": base,
+        "headline": [["full model " + metric, format_score(metric, base)], ["heads", len(sweep.rows)],
+                     [f"significant at p < {settings.alpha}", n_sig], ["masking improves the score", better],
+                     [f"worst: {worst['site']} head {worst['head']}", format_score(metric, worst["score"])]],
+        "rows": sweep.rows,
+        "figures": [{"file": "ablation_heatmap.png", "caption": "Change of the score when each head alone is masked."},
+                    {"file": "ablation_histogram.png", "caption": "Distribution of scores with one head masked; dashed: full model."}],
+        "tables": [{"title": "Heads sorted by damage (most harmful to remove first)", "file": "ablation_by_damage.csv",
+                    "max_rows": 20}],
+    })
+
+
+def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=None, signature: dict | None = None,
+                    sites: Iterable[str] | None = None, settings: ablation.SweepSettings | None = None,
+                    fresh: bool = False, progress: bool = True) -> Path:
+    """Paper 3.3 / App. A (Tables 2, 3, 5, 6): keep one head per site."""
+    settings = settings or ablation.SweepSettings()
+    method = "all-but-one" + (" (head chosen on a held-out split)" if choose_on is not None else "")
+    run = RunDir(out, _signature(signature, method, {**vars(settings), "sites": sites}), fresh=fresh)
+    sweep = ablation.all_but_one(model, evaluator, choose_on=choose_on, sites=sites, settings=settings, run=run,
+                                 progress=progress)
+    metric, base = sweep.base.metric, sweep.base.score
+    keys = ("site", "kind", "layer", "kept_head", "score", "delta", "p_value", "significant", "chosen_on")
+    run.write_csv("all_but_one.csv", [{k: r[k] for k in keys} for r in sweep.rows])
+    fig.all_but_one_bars(sweep.rows, base, metric, run.path / "all_but_one.png", settings.alpha)
+    return _finish(run, {
+        "title": "All heads but one per layer (Michel et al. 2019, 3.3" + (", App. A)" if choose_on else ")"),
+        "experiment": "all-but-one", "metric": metric, "base": base, "rows": sweep.rows,
+        "headline": [["full model " + metric, format_score(metric, base)], ["sites", len(sweep.rows)],
+                     [f"significant at p < {settings.alpha}", sum(r["significant"] for r in sweep.rows)],
+                     ["largest drop", format_score(metric, min(r["delta"] for r in sweep.rows))]],
+        "figures": [{"file": "all_but_one.png", "caption": "Score change when each site keeps only its best head."}],
+        "tables": [{"title": "Per site", "file": "all_but_one.csv"}],
+    })
+
+
+def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, out: str | Path, *, names: tuple[str, str],
+                     signature: dict | None = None, sites: Iterable[str] | None = None,
+                     settings: ablation.SweepSettings | None = None, fresh: bool = False, progress: bool = True) -> Path:
+    """Paper 3.4 (Fig. 2): one-head ablation on two datasets, Pearson r."""
+    settings = settings or ablation.SweepSettings()
+    run = RunDir(out, _signature(signature, "cross-domain one-head ablation",
+                                 {**vars(settings), "sites": sites, "datasets": list(names)}), fresh=fresh)
+    result = ablation.cross_domain(model, evaluator_a, evaluator_b, sites=sites, settings=settings, run=run,
+                                   progress=progress)
+    a, b = result["a"], result["b"]
+    run.write_csv("cross_domain.csv", [
+        {"site": x["site"], "head": x["head"], f"delta_{names[0]}": x["delta"], f"delta_{names[1]}": y["delta"],
+         f"p_{names[0]}": x["p_value"], f"p_{names[1]}": y["p_value"]} for x, y in zip(a.rows, b.rows, strict=True)])
+    metric = a.base.metric
+    fig.cross_domain_scatter(a.rows, b.rows, result["pearson_r"], result["p_value"], names, metric,
+                             run.path / "cross_domain.png")
+    return _finish(run, {
+        "title": "Are important heads the same across domains? (Michel et al. 2019, 3.4)",
+        "experiment": "cross-domain", "metric": metric, "pearson_r": result["pearson_r"],
+        "p_value": result["p_value"], "base": {names[0]: a.base.score, names[1]: b.base.score},
+        "headline": [["Pearson r of the deltas", f"{result['pearson_r']:.3f}"], ["p-value", f"{result['p_value']:.2g}"],
+                     [f"full model on {names[0]}", format_score(metric, a.base.score)],
+                     [f"full model on {names[1]}", format_score(metric, b.base.score)]],
+        "figures": [{"file": "cross_domain.png", "caption": "Each point is a head: score change when masked, on each dataset."}],
+        "tables": [{"title": "Per head", "file": "cross_domain.csv", "max_rows": 30}],
+    })
+
+
+def importance_scorer(model: nn.Module, batches: Callable[[], Iterable]) -> Callable:
+    """``scorer(mask) -> {site: I_h}`` over ``batches()`` (fresh iterable each call)."""
+    return lambda mask: head_importance(model, batches(), mask=mask)
+
+
+def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveSettings,
+               importance_batches: Callable[[], Iterable] | None = None, signature: dict | None = None,
+               sweep_settings: ablation.SweepSettings | None = None, oracle: dict | None = None,
+               fresh: bool = False, progress: bool = True, title: str = "") -> Path:
+    """Paper 4.2 / 5 / App. B (Figs. 3, 4, 6): pruning curves by I_h, oracle and random order.
+
+    ``oracle``: {site: damage [H]} from an earlier one-head ablation (see :func:`oracle_from_run`);
+    computed here (and resumable) when not given.
+    """
+    run = RunDir(out, _signature(signature, "pruning curves", {
+        "fractions": list(settings.fractions), "orders": list(settings.orders), "seeds": list(settings.seeds),
+        "kinds": settings.kinds, "min_per_site": settings.min_per_site}), fresh=fresh)
+    if "oracle" in settings.orders and oracle is None:
+        sweep = ablation.one_head_ablation(model, evaluator, sites=settings.kinds, settings=sweep_settings, run=run,
+                                           unit_prefix="oracle:", progress=progress)
+        oracle = {}
+        for r in sweep.rows:
+            oracle.setdefault(r["site"], {})[r["head"]] = r["damage"]
+        oracle = {k: torch.tensor([v[h] for h in sorted(v)]) for k, v in oracle.items()}
+    scorer = importance_scorer(model, importance_batches or evaluator.batches)
+    rows = pruning_curves(model, evaluator, settings=settings, importance=scorer, oracle=oracle, run=run,
+                          progress=progress, calibration=importance_batches or evaluator.batches)
+    summary = summarize(rows)
+    metric = getattr(evaluator, "metric", "score")
+    run.write_csv("curves.csv", [{k: r[k] for k in ("order", "seed", "fraction", "pruned", "of", "score", "relative")}
+                                 for r in rows])
+    run.write_csv("curves_summary.csv", summary)
+    kinds = f" ({', '.join(settings.kinds)} attention only)" if settings.kinds else ""
+    fig.pruning_curves(summary, metric, run.path / "curves.png", title=title or f"Pruning curve{kinds}")
+    unpruned = next(r["score"] for r in summary if r["pruned"] == 0)
+    return _finish(run, {
+        "title": f"Pruning curves (Michel et al. 2019, 4.2){kinds}", "experiment": "curves", "metric": metric,
+        "base": unpruned, "rows": summary,
+        "headline": [["unpruned " + metric, format_score(metric, unpruned)]] + [
+            [f"{o}: most pruned within 1% of unpruned", f"{_within(summary, o, 0.99):.0%}"]
+            for o in dict.fromkeys(r["order"] for r in summary)],
+        "figures": [{"file": "curves.png", "caption": "Score as more heads are masked, per order; dashed: unpruned."}],
+        "tables": [{"title": "Curve points (mean over seeds for random)", "file": "curves_summary.csv", "max_rows": 60}],
+    })
+
+
+def oracle_from_run(run_dir: str | Path) -> dict[str, torch.Tensor]:
+    """{site: damage [H]} from a one-head ablation run directory (its ablation.csv)."""
+    import csv
+
+
+    path = Path(run_dir) / "ablation.csv"
+    if not path.is_file():
+        raise ConfigError(f"oracle run {str(run_dir)!r} has no ablation.csv; expected a `headprune ablate` run directory")
+    damages: dict[str, dict[int, float]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            damages.setdefault(row["site"], {})[int(row["head"])] = float(row["damage"])
+    return {site: torch.tensor([d[h] for h in sorted(d)]) for site, d in damages.items()}
+
+
+def _within(summary: list[dict], order: str, level: float) -> float:
+    """Largest share of heads pruned while every step so far keeps >= level of the unpruned quality."""
+    best = 0.0
+    for r in sorted((r for r in summary if r["order"] == order), key=lambda r: r["fraction"]):
+        if r["relative"] < level:
+            break
+        best = r["pruned"] / r["of"]
+    return best
+
+
+def run_dynamics(checkpoints: list[tuple[int, Callable[[], tuple[nn.Module, object]]]], out: str | Path, *,
+                 settings: CurveSettings, signature: dict | None = None, fresh: bool = False,
+                 progress: bool = True) -> Path:
+    """Paper 6 (Fig. 5): the I_h pruning curve at every epoch, relative to that epoch's unpruned model.
+
+    ``checkpoints``: (epoch, load) pairs; ``load()`` returns (model, evaluator) for that epoch.
+    """
+    settings = CurveSettings(fractions=settings.fractions, orders=("importance",), seeds=(0,), kinds=settings.kinds,
+                             min_per_site=settings.min_per_site)
+    run = RunDir(out, _signature(signature, "pruning curves across training", {
+        "fractions": list(settings.fractions), "epochs": [e for e, _ in checkpoints], "kinds": settings.kinds}),
+        fresh=fresh)
+    rows, metric = [], "score"
+    for epoch, load in checkpoints:  # a finished epoch costs only its loading on resume
+        model, evaluator = load()
+        metric = getattr(evaluator, "metric", metric)
+        curve = pruning_curves(model, evaluator, settings=settings, run=run, unit_prefix=f"epoch{epoch}:",
+                               importance=importance_scorer(model, evaluator.batches), progress=progress)
+        rows += [{"epoch": epoch, "fraction": r["fraction"], "pruned": r["pruned"], "score": r["score"],
+                  "relative": r["relative"]} for r in curve]
+    run.write_csv("dynamics.csv", rows)
+    fig.dynamics(rows, metric, run.path / "dynamics.png")
+    return _finish(run, {
+        "title": "Pruning curves across training epochs (Michel et al. 2019, 6)", "experiment": "dynamics",
+        "metric": metric, "rows": rows,
+        "headline": [["epochs", len(checkpoints)]] + [
+            [f"epoch {e}: relative score at 40% pruned", f"{next((r['relative'] for r in rows if r['epoch'] == e and abs(r['fraction'] - 0.4) < 1e-9), float('nan')):.1%}"]
+            for e, _ in checkpoints],
+        "figures": [{"file": "dynamics.png", "caption": "Left: relative score per pruning level over epochs. Right: early vs late curves."}],
+        "tables": [{"title": "Per epoch and pruning level", "file": "dynamics.csv", "max_rows": 80}],
+    })

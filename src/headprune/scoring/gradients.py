@@ -1,0 +1,153 @@
+"""One mask-gradient pass: per-example dL_b/dxi_h for every head, exact, in one backward per batch.
+
+Every site gets a *batched* mask ``xi [batch, heads]`` of ones. Example ``b`` only flows through
+row ``b``, so with ``L = sum_b L_b`` the gradient ``dL/dxi[b, h]`` is exactly ``dL_b/dxi_h``: one
+backward pass gives every example's gradient. Parameters are frozen during scoring, so no weight
+gradient is computed. I_h (:mod:`.importance`) and the Fisher (:mod:`.fisher`) are two reductions
+of these gradients (:func:`gradient_sums`).
+
+The mask is applied on top of any mask the model already has (``with hp.masked(model, m):``): the
+gradients are then those of the masked model, and heads the outer mask switches off get zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import contextmanager, nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..core.inputs import batch_size, model_inputs, rows_with_tokens
+from ..core.masking import HeadMask, masked, ones_mask
+from ..errors import ConfigError
+
+LossFn = Callable[[object, Mapping[str, torch.Tensor]], torch.Tensor]  # (outputs, batch) -> [B]
+
+
+def gradient_sums(
+    model: nn.Module,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    reduce: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    loss_fn: LossFn | None = None,
+    mask: Mapping[str, torch.Tensor] | None = None,
+    progress: bool = False,
+    desc: str = "scoring",
+) -> tuple[dict[str, torch.Tensor], int]:
+    """({site: sum over batches of ``reduce(g)``}, examples scored), with ``g`` [n_valid, H] float64 the
+    per-example mask gradients of a batch's examples that have anything to score."""
+    totals: dict[str, torch.Tensor] = {}
+    count = 0
+    for batch in tqdm(batches, desc=desc, unit="batch", disable=not progress):
+        grads, valid = mask_gradients(model, batch, loss_fn=loss_fn, mask=mask)
+        count += int(valid.sum())
+        for name, g in grads.items():  # g [B, H]
+            part = reduce(g[valid].double())
+            totals[name] = part if name not in totals else totals[name] + part
+    if count == 0:
+        raise ConfigError("batches: no example had anything to score (empty input or all padding)")
+    return totals, count
+
+
+def mask_gradients(
+    model: nn.Module, batch: Mapping[str, torch.Tensor], *, loss_fn: LossFn | None = None,
+    mask: Mapping[str, torch.Tensor] | None = None,
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Per-example mask gradients of one batch: ({site: dL_b/dxi [B, H]}, valid [B] bool).
+
+    One forward and one backward; parameters are frozen meanwhile; the model runs in eval mode.
+    """
+    n = batch_size(batch)
+    xi = ones_mask(model, n)
+    for name, value in (mask or {}).items():  # start from the given [H] mask, one row per example
+        xi[name] = torch.as_tensor(value, dtype=torch.float32).expand(n, -1).clone()
+    for t in xi.values():
+        t.requires_grad_(True)
+    with scoring_mode(model), masked(model, xi), torch.enable_grad():
+        outputs = model(**model_inputs(model, batch, labels=loss_fn is not None))
+        losses, valid = example_losses(model, batch, outputs, loss_fn)
+        names = list(xi)
+        grads = torch.autograd.grad((losses * valid).sum(), [xi[n] for n in names], allow_unused=True)
+    out = {n: (g if g is not None else torch.zeros_like(xi[n])).detach() for n, g in zip(names, grads, strict=True)}
+    return out, valid
+
+
+def mean_loss(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *, mask: HeadMask | None = None,
+              loss_fn: LossFn | None = None) -> float:
+    """Mean per-example loss over ``batches`` (the same loss the scores use), under ``mask``; no gradients."""
+    total, n = 0.0, 0
+    with scoring_mode(model), torch.no_grad(), (masked(model, mask) if mask else nullcontext()):
+        for batch in batches:
+            losses, valid = example_losses(model, batch, model(**model_inputs(model, batch, labels=loss_fn is not None)), loss_fn)
+            total += float(losses[valid].sum())
+            n += int(valid.sum())
+    if n == 0:
+        raise ConfigError("batches: no example had a loss (empty input or all padding)")
+    return total / n
+
+
+def example_losses(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs,
+                    loss_fn: LossFn | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B] losses, [B] valid) of one batch: ``loss_fn``'s, else the model's own; rows without tokens invalid."""
+    n = batch_size(batch)
+    if loss_fn is not None:
+        losses, valid = loss_fn(outputs, batch), torch.ones(n, dtype=torch.bool)
+    else:
+        losses, valid = per_example_loss(model, batch, outputs)
+    if losses.shape != (n,):
+        raise ConfigError(f"loss_fn must return one loss per example, shape ({n},); "
+                          f"got {tuple(losses.shape)}")
+    return losses, valid & rows_with_tokens(batch)
+
+
+def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's own loss, one value per example: ([B] losses, [B] valid).
+
+    Sequence classification: cross-entropy (MSE for one regression label). Token outputs
+    (causal LM, seq2seq, token classification): mean cross-entropy over the example's tokens
+    whose label is not -100 (labels shifted by one for causal LMs; a causal LM without labels
+    predicts its own ``input_ids`` where ``attention_mask`` is 1).
+    """
+    logits = outputs.logits
+    labels = batch.get("labels")
+    causal = _is_causal_lm(model)
+    if labels is None and causal:
+        labels = batch["input_ids"].masked_fill(batch.get("attention_mask", torch.ones_like(batch["input_ids"])) == 0, -100)
+    if labels is None:
+        raise ConfigError("batch has no 'labels'; pass labels in the batch or a loss_fn(outputs, batch) -> [batch]")
+    if logits.dim() == 2:  # [B, C]
+        if logits.shape[-1] == 1 and labels.is_floating_point():
+            return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype), reduction="none"), torch.ones_like(labels, dtype=torch.bool)
+        valid = labels != -100
+        return F.cross_entropy(logits, labels.clamp_min(0), reduction="none") * valid, valid
+    if causal:
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    token = F.cross_entropy(logits.transpose(1, 2), labels.clamp_min(0), reduction="none")  # [B, T]
+    keep = labels != -100
+    n_tokens = keep.sum(-1)
+    return (token * keep).sum(-1) / n_tokens.clamp_min(1), n_tokens > 0
+
+
+def _is_causal_lm(model: nn.Module) -> bool:
+    name = type(model).__name__
+    return not getattr(model.config, "is_encoder_decoder", False) and (
+        name.endswith("ForCausalLM") or name.endswith("LMHeadModel"))
+
+
+@contextmanager
+def scoring_mode(model: nn.Module):
+    """Eval mode and frozen parameters, restored afterwards."""
+    was_training = model.training
+    frozen = [p for p in model.parameters() if p.requires_grad]
+    model.eval()
+    for p in frozen:
+        p.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p in frozen:
+            p.requires_grad_(True)
+        model.train(was_training)
