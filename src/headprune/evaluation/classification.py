@@ -25,7 +25,7 @@ GENERATIVE = ("ForConditionalGeneration", "ForCausalLM", "LMHeadModel", "ForMask
 class Classification:
     """Texts (and optional text pairs) with gold labels; each text is one example.
 
-    ``data``: a :class:`headprune.data.ClassificationData`, or ``(texts, labels)`` /
+    ``data``: a :class:`headprune.evaluation.data.ClassificationData`, or ``(texts, labels)`` /
     ``(texts, labels, text_pairs)``. Labels (strings, or ints) become ids through ``config``
     (a model config's ``label2id``/``id2label``) or ``label2id``; integer strings are taken as ids.
     Texts are truncated to ``max_length`` tokens and batched by length.

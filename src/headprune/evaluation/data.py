@@ -1,6 +1,6 @@
 """Local data in, plain Python out: classification tables, parallel text, plain text (no downloads).
 
-Formats and column guessing live in `headprune.data_formats`; every problem raises `DataError`.
+Formats and column guessing live in `headprune.evaluation.formats`; every problem raises `DataError`.
 """
 
 from __future__ import annotations

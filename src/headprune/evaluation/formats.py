@@ -1,4 +1,4 @@
-"""File formats behind `headprune.data`: open (gzip, encoding), read table rows, resolve columns."""
+"""File formats behind `headprune.evaluation.data`: open (gzip, encoding), read table rows, resolve columns."""
 
 from __future__ import annotations
 

@@ -74,14 +74,14 @@ def _table(run_dir: Path, spec: dict) -> str:
     columns = spec.get("columns") or (list(rows[0]) if rows else [])
     limit = spec.get("max_rows", 40)
     head = "".join(f"<th>{_e(c)}</th>" for c in columns)
-    body = "".join("<tr>" + "".join(f"<td>{_e(_fmt(r.get(c, '')))}</td>" for c in columns) + "</tr>"
+    body = "".join("<tr>" + "".join(f"<td>{_e(_cell_text(r.get(c, '')))}</td>" for c in columns) + "</tr>"
                    for r in rows[:limit])
     more = f"<p class='note'>{len(rows) - limit} more rows in {_e(spec['file'])}</p>" if len(rows) > limit else ""
     title = _e(spec.get("title", spec["file"]))
     return f"<h2>{title}</h2><table><tr>{head}</tr>{body}</table>{more}"
 
 
-def _fmt(value: str) -> str:
+def _cell_text(value: str) -> str:
     try:
         number = float(value)
     except (TypeError, ValueError):

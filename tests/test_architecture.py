@@ -1,0 +1,210 @@
+"""The package's layout, held by static checks over ``src/headprune`` (``ast``, nothing imported
+except where a check is about importing): the subpackages, module size, private names staying
+inside their subpackage, no import cycles at module level, and a public namespace that resolves."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PKG = SRC / "headprune"
+ROOT = "headprune"
+MAX_LINES = 400
+SUBPACKAGES = {"core", "scoring", "selection", "compression", "evaluation", "experiments", "bench", "report",
+               "cli", "train"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    """{dotted module name: file} for every .py file of the package."""
+    return {_module_name(p): p for p in sorted(PKG.rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+MODULES = _modules()
+
+
+def _is_package(name: str) -> bool:
+    return MODULES[name].name == "__init__.py"
+
+
+def _subpackage(name: str) -> str:
+    """First component under headprune/ ('' for headprune/__init__); a top-level module is its own."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def _resolve(importer: str, node: ast.ImportFrom) -> str:
+    """The absolute module a ``from ... import`` reads from."""
+    if node.level == 0:
+        return node.module or ""
+    package = importer if _is_package(importer) else importer.rpartition(".")[0]
+    parts = package.split(".")
+    if node.level > 1:
+        parts = parts[: len(parts) - (node.level - 1)]
+    base = ".".join(parts)
+    return f"{base}.{node.module}" if node.module else base
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _module_level_imports(body: list[ast.stmt]):
+    """Import statements executed when the module is imported: top level, inside top-level
+    if/try/with and class bodies; not in functions, not under ``if TYPE_CHECKING:``."""
+    for stmt in body:
+        if isinstance(stmt, ast.Import | ast.ImportFrom):
+            yield stmt
+        elif isinstance(stmt, ast.If):
+            if not _is_type_checking(stmt.test):
+                yield from _module_level_imports(stmt.body)
+            yield from _module_level_imports(stmt.orelse)
+        elif isinstance(stmt, ast.Try):
+            for block in (stmt.body, *(h.body for h in stmt.handlers), stmt.orelse, stmt.finalbody):
+                yield from _module_level_imports(block)
+        elif isinstance(stmt, ast.With | ast.ClassDef):
+            yield from _module_level_imports(stmt.body)
+
+
+def _all_imports(tree: ast.Module):
+    return (n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
+
+
+def _parse(name: str) -> ast.Module:
+    return ast.parse(MODULES[name].read_text(encoding="utf-8"), filename=str(MODULES[name]))
+
+
+def _dependencies(name: str) -> set[str]:
+    """headprune modules that importing ``name`` imports directly (module level only)."""
+    deps: set[str] = set()
+    for node in _module_level_imports(_parse(name).body):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = alias.name
+                while target and target not in MODULES:  # `import a.b.c` of a non-module attribute: its package
+                    target = target.rpartition(".")[0]
+                if target.split(".")[0] == ROOT:
+                    deps.add(target)
+            continue
+        source = _resolve(name, node)
+        if source.split(".")[0] != ROOT:
+            continue
+        assert source in MODULES, f"{MODULES[name]}:{node.lineno}: imports from {source!r}, which is no module"
+        for alias in node.names:
+            sub = f"{source}.{alias.name}"
+            deps.add(sub if sub in MODULES else source)
+    deps.discard(name)
+    return deps
+
+
+def _find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a path [a, b, ..., a], or None (iterative DFS, three colours)."""
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        stack = [(start, iter(sorted(graph[start])))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                path.pop()
+                state[node] = 2
+            elif state.get(child) == 1:
+                return path[path.index(child):] + [child]
+            elif not state.get(child):
+                state[child] = 1
+                path.append(child)
+                stack.append((child, iter(sorted(graph.get(child, ())))))
+    return None
+
+
+def test_subpackages_are_pinned():
+    dirs = {p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__"}
+    assert dirs == SUBPACKAGES, f"extra: {sorted(dirs - SUBPACKAGES)}, missing: {sorted(SUBPACKAGES - dirs)}"
+    no_init = sorted(d for d in dirs if not (PKG / d / "__init__.py").is_file())
+    assert not no_init, f"subpackages without __init__.py: {no_init}"
+    nested = sorted(str(p.relative_to(PKG)) for d in dirs for p in (PKG / d).iterdir()
+                    if p.is_dir() and p.name != "__pycache__")
+    assert not nested, f"the layout is one level deep; nested folders: {nested}"
+
+
+def test_no_module_over_the_line_limit():
+    over = {str(p.relative_to(SRC)): n for p in MODULES.values()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not over, f"modules over {MAX_LINES} lines: {over}"
+
+
+def test_no_private_names_imported_across_subpackages():
+    offenders = []
+    for name, path in MODULES.items():
+        for node in _all_imports(_parse(name)):  # inside functions too: a private name is private anywhere
+            source = _resolve(name, node)
+            if source.split(".")[0] != ROOT or _subpackage(source) == _subpackage(name):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private:
+                    offenders.append(f"{path.relative_to(SRC)}:{node.lineno}: from {source} import {alias.name}")
+    assert not offenders, "private names imported from another subpackage:\n" + "\n".join(offenders)
+
+
+def test_resolution_helpers_on_known_cases():
+    """The checks below are only as good as the import resolution: pin it on real modules."""
+    assert _subpackage("headprune.core.masking") == "core" and _subpackage("headprune.errors") == "errors"
+    assert _subpackage("headprune") == ""
+    deps = _dependencies("headprune.core.masking")
+    assert {"headprune.errors", "headprune.core.sites"} <= deps, deps
+    assert {"headprune.core.masking", "headprune.core.sites", "headprune.core.io"} <= _dependencies("headprune.core")
+    assert "headprune.compression" in _dependencies("headprune")  # `from . import compression, core, ...`
+    assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+
+
+def test_no_import_cycles_at_module_level():
+    graph = {name: _dependencies(name) for name in MODULES}
+    cycle = _find_cycle(graph)
+    assert cycle is None, "import cycle at module level: " + " -> ".join(cycle)
+
+
+def test_public_names_resolve():
+    import headprune
+
+    missing = [n for n in headprune.__all__ if not hasattr(headprune, n)]
+    assert not missing, f"in headprune.__all__ but not attributes: {missing}"
+    assert len(set(headprune.__all__)) == len(headprune.__all__), "duplicates in headprune.__all__"
+
+
+def test_selection_imports_alone_in_a_fresh_interpreter():
+    script = (
+        "import json, torch\n"
+        "import headprune.selection as s\n"
+        "plan = s.lowest_heads({'a': torch.tensor([0.3, 0.1, 0.2]), 'b': torch.tensor([0.05, 0.9])}, n_heads=2)\n"
+        "print(json.dumps(plan))\n"
+    )
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"a": [1], "b": [0]}, proc.stdout
+
+
+@pytest.mark.parametrize("sub", sorted(SUBPACKAGES))
+def test_every_subpackage_is_parsed(sub):
+    """Guard against the checks above silently seeing nothing (e.g. a moved source tree)."""
+    assert f"{ROOT}.{sub}" in MODULES and any(m.startswith(f"{ROOT}.{sub}.") for m in MODULES)
