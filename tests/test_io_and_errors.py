@@ -118,3 +118,14 @@ def test_list_masks_and_integer_masks_are_accepted():
         with hp.masked(model, {"encoder.0.self": torch.tensor([1, 0, 1, 1])}):
             b = model(**x).logits
     assert torch.equal(a, b)
+
+
+def test_pruning_a_model_whose_config_another_pruned_model_shares_is_refused():
+    first = build("bert")
+    second = type(first)(first.config)  # one config object, two models
+    hp.prune_heads(first, {"encoder.0.self": [0, 1]})
+    before = {k: v.clone() for k, v in second.state_dict().items()}
+    with pytest.raises(hp.PlanError, match="shared with another model"):
+        hp.prune_heads(second, {"encoder.1.self": [0]})
+    after = second.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # refused before any change

@@ -80,6 +80,11 @@ def prune_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]]) -> KeptH
         raise PlanError(f"dropped must be a mapping site name -> head indices, got {type(dropped).__name__}")
     sites = {s.name: s for s in find_sites(model)}
     before = kept_heads(model)
+    stale = {n: (len(before.get(n, [])), s.num_heads) for n, s in sites.items() if len(before.get(n, [])) != s.num_heads}
+    if stale:
+        raise PlanError(f"model.config records kept heads that do not match the model (site: recorded, present): "
+                        f"{stale}; is its config object shared with another model that was pruned? Give each "
+                        "model its own config (copy.deepcopy(config)) before pruning")
     drops: dict[str, list[int]] = {}
     for name, idx in dropped.items():
         if name not in sites:
