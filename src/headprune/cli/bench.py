@@ -41,6 +41,8 @@ def bench(
     seed: int = typer.Option(_D.seed, "--seed", help="Seed of the random token ids and of --prune-order random."),
     threads: int = typer.Option(None, "--threads", help="torch threads (default: torch's own choice)."),
     no_memory: bool = typer.Option(False, "--no-memory", help="Skip the peak-memory measurement."),
+    trust_unverified: bool = typer.Option(False, "--trust-unverified", help="Skip the check that surgery is exact "
+                                          "for this model's class (refused families): check the result yourself."),
 ):
     """Measure examples/s at several batch sizes; print measured and FLOP-limit speed-ups; write JSON + PNG."""
     sizes = _batch_sizes(batch_sizes)
@@ -64,7 +66,7 @@ def bench(
             continue
         drop = fraction_plan(model, prune_fraction, order=prune_order, seed=seed)
         pruned = copy.deepcopy(model)
-        prune_heads(pruned, drop)
+        prune_heads(pruned, drop, verify=not trust_unverified)
         tag = f"{prune_fraction:g}"
         models[_unique(f"{name}-pruned{tag}", models)] = pruned
         refs[list(models)[-1]] = name

@@ -50,6 +50,8 @@ def compress_command(
     output: Path = typer.Option(..., "-o", "--output", help="New directory: the pruned model, compress.json, "
                                 "report.html."),
     progress: bool = typer.Option(False, "--progress", help="Show progress bars."),
+    trust_unverified: bool = typer.Option(False, "--trust-unverified", help="Skip the check that surgery is exact "
+                                          "for this model's class (refused families): check the result yourself."),
     *, flags: TaskFlags,
 ):
     """Prune to a budget with I_h or Fisher scores (+ rearrangement, + tuned scales) and save the smaller model."""
@@ -92,5 +94,5 @@ def compress_command(
                  "calib_n": len(calib_ev)}
     report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=settings, signature=signature,
                           bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
-                          progress=progress)
+                          verify=not trust_unverified, progress=progress)
     typer.echo(f"compressed {model_dir} -> {output}; report: {report}")

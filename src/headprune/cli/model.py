@@ -44,6 +44,8 @@ def prune(
                              '{"site": \\[head indices among the site\'s current heads]} or a path to such a file.'),
     heads: str = typer.Option(None, "--heads", hidden=True, help="Old name of --drop."),
     output: Path = typer.Option(..., "-o", "--output", help="Directory to write the pruned model to (must not exist)."),
+    trust_unverified: bool = typer.Option(False, "--trust-unverified", help="Skip the check that surgery is exact "
+                                          "for this model's class (refused families): check the result yourself."),
 ):
     """Physically remove heads and save the smaller model (safetensors + kept heads in config.json)."""
     from ..core.io import load_model, load_tokenizer, save_pruned
@@ -57,7 +59,7 @@ def prune(
         raise HeadpruneError(f"--output {str(output)!r} already exists; choose a new directory")
     model = load_model(model_dir)
     before = sum(p.numel() for p in model.parameters())
-    prune_heads(model, dropped)
+    prune_heads(model, dropped, verify=not trust_unverified)
     after = sum(p.numel() for p in model.parameters())
     save_pruned(model, output, tokenizer=load_tokenizer(model_dir))
     typer.echo(f"pruned {model_dir} -> {output}: {before:,} -> {after:,} parameters ({after / before:.1%})")

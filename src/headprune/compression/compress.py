@@ -18,6 +18,7 @@ from ..core.cost import flop_breakdown
 from ..core.folding import fold_scales
 from ..core.sites import find_sites
 from ..core.surgery import DroppedHeads, KeptHeads, kept_heads, prune_heads
+from ..core.verify import verify_surgery
 from ..errors import ConfigError
 from ..scoring.gradients import LossFn
 from .plan import CompressSettings, plan_heads
@@ -63,13 +64,15 @@ def compress(
     sites: list[str] | None = None,
     loss_fn: LossFn | None = None,
     inplace: bool = False,
+    verify: bool = True,
     progress: bool = False,
 ) -> CompressResult:
     """Prune ``model`` (a copy unless ``inplace``) to one budget with ``method``; see the module doc.
 
     ``calib_batches``: labelled model inputs (as for :func:`headprune.head_importance`), disjoint
     from whatever the result is evaluated on. ``sites``: prune only these (the budget is of their
-    heads). Returns the physically pruned model (tuned scales folded in: it computes exactly what
+    heads). ``verify=False`` skips the check that surgery is exact for the model's class
+    (:mod:`headprune.core.verify`). Returns the physically pruned model (tuned scales folded in: it computes exactly what
     the plan's mask computes) with sizes before and after.
     """
     settings = CompressSettings(keep=keep, n_keep=n_keep, flops=flops, method=method, min_per_site=min_per_site,
@@ -78,6 +81,8 @@ def compress(
     batches = list(calib_batches)
     if not batches:
         raise ConfigError("calib_batches: empty; compression needs calibration examples")
+    if verify:  # refuse a model surgery cannot prune exactly before spending the calibration time
+        verify_surgery(model)
     start = time.perf_counter()
     before = _sizes(model, settings)
     plan = plan_heads(model, batches, settings, sites=sites, loss_fn=loss_fn, progress=progress)
@@ -88,7 +93,7 @@ def compress(
         fold_scales(pruned, plan.scales)
         scales = {name: [float(s[h]) for h in range(s.numel()) if h not in set(plan.drop.get(name, []))]
                   for name, s in plan.scales.items()}
-    prune_heads(pruned, plan.drop)
+    prune_heads(pruned, plan.drop, verify=False)  # verified above (or trusted)
     pruned.eval()
     seconds = {**plan.seconds, "apply": time.perf_counter() - apply_start}
     after = _sizes(pruned, settings)

@@ -95,6 +95,27 @@ def _arguments(module: nn.Module, args: tuple, kwargs: dict) -> dict:
     return arguments
 
 
+CACHE_ARGUMENTS = ("past_key_values", "past_key_value", "layer_past")  # names attention forwards give the cache
+LAYER_ATTRIBUTES = ("layer_idx", "layer_id")  # names attention modules give their index in the cache
+
+
+def cache_argument(arguments: dict):
+    """The key/value cache among an attention forward's arguments, whatever the family calls it."""
+    for name in CACHE_ARGUMENTS:
+        if arguments.get(name) is not None:
+            return arguments[name]
+    return None
+
+
+def layer_index(module: nn.Module) -> int:
+    """The attention module's layer index in the cache, whatever the family calls it."""
+    for name in LAYER_ATTRIBUTES:
+        value = getattr(module, name, None)
+        if isinstance(value, int):
+            return value
+    raise TypeError(f"{type(module).__name__} has none of {LAYER_ATTRIBUTES}: its cache layer is unknown")
+
+
 class RemovedAttention(nn.Module):
     """Forward of a site with no heads: no projections, no attention; cache bookkeeping only."""
 
@@ -102,7 +123,7 @@ class RemovedAttention(nn.Module):
         a = _arguments(self, args, kwargs)
         hidden = a["hidden_states"]  # [B, T, d]
         source = a.get("key_value_states", a.get("encoder_hidden_states"))
-        cache = a.get("past_key_values")
+        cache = cache_argument(a)
         bias = t5_bias_to_pass(self, a.get("position_bias"), hidden, cache) if self._hp_style == "t5" else None
         _keep_cache_in_step(self, cache, hidden, source)  # after the bias: it reads the past length
         if self._hp_style == "bert":
@@ -121,7 +142,7 @@ def _keep_cache_in_step(module, cache, hidden: torch.Tensor, source: torch.Tenso
         return
     from transformers.cache_utils import EncoderDecoderCache
 
-    layer = module.layer_idx
+    layer = layer_index(module)
     cross = module._hp_cross or source is not None
     target = cache
     if isinstance(cache, EncoderDecoderCache):
@@ -143,7 +164,7 @@ def t5_bias_to_pass(attn, position_bias, hidden, cache):
     if position_bias is not None or not attn.has_relative_attention_bias:
         return position_bias
     q_len = hidden.shape[1]
-    past = cache.get_seq_length(attn.layer_idx) if cache is not None else 0
+    past = cache.get_seq_length(layer_index(attn)) if cache is not None else 0
     return attn.compute_bias(q_len, q_len + past, device=hidden.device, past_seen_tokens=past)  # [1, H0, q, k]
 
 
@@ -152,7 +173,7 @@ class T5PrunedAttention(nn.Module):
 
     def forward(self, *args, **kwargs):
         a = _arguments(self, args, kwargs)
-        full = t5_bias_to_pass(self, a.get("position_bias"), a["hidden_states"], a.get("past_key_values"))
+        full = t5_bias_to_pass(self, a.get("position_bias"), a["hidden_states"], cache_argument(a))
         own = full
         if full is not None and full.shape[1] == self._hp_total and len(self._hp_kept) != self._hp_total:
             own = full.index_select(1, torch.tensor(self._hp_kept, device=full.device))  # [1, kept, q, k]

@@ -27,6 +27,7 @@ Two kinds of head lists, two names (never "plan" for both):
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Mapping
 
@@ -37,6 +38,7 @@ from ..errors import PlanError
 from .masking import is_masked
 from .runtime import BiasOnly, RemovedAttention, RepeatHeads, T5PrunedAttention, swap_class
 from .sites import Projection, Site, find_sites, is_conv1d, kv_of_heads, out_features
+from .verify import verify_surgery
 
 KEPT_KEY = "headprune_kept_heads"  # config attribute: KeptHeads of the model
 ORIGINAL_KEY = "headprune_original_heads"  # config attribute: {site: number of heads before any pruning}
@@ -68,11 +70,14 @@ def kept_heads(model: nn.Module) -> KeptHeads:
     return {name: list(kept.get(name, range(n))) for name, n in original_heads(model).items()}
 
 
-def prune_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]]) -> KeptHeads:
+def prune_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]], *, verify: bool = True) -> KeptHeads:
     """Remove ``dropped`` ({site name: indices among the site's current heads}) from ``model`` in place.
 
-    Everything is validated before anything changes. Returns the model's :data:`KeptHeads`
-    afterwards ({site: original indices of the kept heads}), also stored in ``model.config``.
+    Everything is validated before anything changes, and ``verify`` first proves on a shrunk copy of
+    the model's class that surgery is exact for it (:mod:`.verify`; refused otherwise). The call is
+    atomic: if slicing fails half way, the model is restored to what it was. Returns the model's
+    :data:`KeptHeads` afterwards ({site: original indices of the kept heads}), also stored in
+    ``model.config``.
     """
     if is_masked(model):
         raise PlanError("model is masked; call headprune.unmask_heads(model) before prune_heads")
@@ -91,28 +96,72 @@ def prune_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]]) -> KeptH
             gone = " (it has no heads left)" if name in before else ""
             raise PlanError(f"dropped: unknown site {name!r}{gone}; allowed: {', '.join(sites) or '(none)'}")
         drops[name] = _check_indices("dropped", name, idx, sites[name].num_heads)
+    drops = {name: drop for name, drop in drops.items() if drop}
+    if not drops:
+        return before
+    if verify:
+        verify_surgery(model)
     kept = config_record(model.config, KEPT_KEY) or {}
-    for name, drop in drops.items():
-        if not drop:
-            continue
-        site = sites[name]
-        keep = [h for h in range(site.num_heads) if h not in set(drop)]
-        kept[name] = [before[name][h] for h in keep]
-        if keep:
-            _slice_site(model, site, keep, kept[name])
-        else:
-            _remove_site(model, site)
-    if not config_record(model.config, ORIGINAL_KEY):
-        setattr(model.config, ORIGINAL_KEY, {n: len(k) for n, k in before.items()})
-    setattr(model.config, KEPT_KEY, kept)
-    for legacy in LEGACY_KEYS.values():  # one record per model, under the current names
-        if hasattr(model.config, legacy):
-            delattr(model.config, legacy)
+    snapshot = _Snapshot(model, [sites[name] for name in drops])
+    try:
+        for name, drop in drops.items():
+            site = sites[name]
+            keep = [h for h in range(site.num_heads) if h not in set(drop)]
+            kept[name] = [before[name][h] for h in keep]
+            if keep:
+                _slice_site(model, site, keep, kept[name])
+            else:
+                _remove_site(model, site)
+        if not config_record(model.config, ORIGINAL_KEY):
+            setattr(model.config, ORIGINAL_KEY, {n: len(k) for n, k in before.items()})
+        setattr(model.config, KEPT_KEY, kept)
+        for legacy in LEGACY_KEYS.values():  # one record per model, under the current names
+            if hasattr(model.config, legacy):
+                delattr(model.config, legacy)
+    except BaseException:
+        snapshot.restore()
+        raise
     return kept_heads(model)
 
 
+class _Snapshot:
+    """The state surgery may change -- every module of the affected sites (their parameters, children,
+    attributes and class) and the config's records -- so a failed call can put it all back.
+
+    Surgery replaces parameters and children rather than writing into them, so shallow copies of each
+    module's dictionaries hold the old tensors and modules."""
+
+    def __init__(self, model: nn.Module, sites: list[Site]):
+        modules: dict[int, nn.Module] = {}
+        for site in sites:
+            roots = [site.attention, site.o]
+            if site.meta.get("bert_style"):
+                roots.append(model.get_submodule(site.path.rsplit(".", 1)[0]))
+            for root in roots:
+                modules.update({id(m): m for m in root.modules()})
+        self.modules = [(m, m.__class__, _copy_state(m.__dict__)) for m in modules.values()]
+        self.config = model.config
+        self.records = {k: copy.deepcopy(getattr(model.config, k)) for k in (*LEGACY_KEYS, *LEGACY_KEYS.values())
+                        if hasattr(model.config, k)}
+
+    def restore(self) -> None:
+        for module, cls, state in self.modules:
+            module.__dict__.clear()
+            module.__dict__.update(_copy_state(state))
+            module.__class__ = cls
+        for key in (*LEGACY_KEYS, *LEGACY_KEYS.values()):
+            if key in self.records:
+                setattr(self.config, key, self.records[key])
+            elif hasattr(self.config, key):
+                delattr(self.config, key)
+
+
+def _copy_state(state: dict) -> dict:
+    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in state.items()}
+
+
 def keep_heads(model: nn.Module, kept: Mapping[str, Iterable[int]],
-               original: Mapping[str, int] | None = None) -> KeptHeads:
+               original: Mapping[str, int] | None = None, *, verify: bool = True) -> KeptHeads:
     """Replay :data:`KeptHeads` ({site: original indices of kept heads}) on an unpruned model.
 
     ``original`` ({site: heads before pruning}, as saved beside the kept heads) refuses a model of
@@ -125,13 +174,15 @@ def keep_heads(model: nn.Module, kept: Mapping[str, Iterable[int]],
         diff = {n: (original.get(n), current.get(n)) for n in set(original) | set(current)
                 if original.get(n) != current.get(n)}
         raise PlanError(f"kept heads are for a different model: heads per site (recorded, model) differ at {diff}")
+    if not isinstance(kept, Mapping):
+        raise PlanError(f"kept must be a mapping site name -> head indices, got {type(kept).__name__}")
     drops = {}
     for name, keep in kept.items():
         if name not in current:
             raise PlanError(f"kept: unknown site {name!r}; allowed: {', '.join(current)}")
         keep = _check_indices("kept", name, keep, current[name])
         drops[name] = [h for h in range(current[name]) if h not in set(keep)]
-    return prune_heads(model, drops)
+    return prune_heads(model, drops, verify=verify)
 
 
 def _check_indices(argument: str, name: str, idx: Iterable[int], n: int) -> list[int]:

@@ -31,7 +31,8 @@ from .rundir import RunDir
 
 def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable[Mapping[str, torch.Tensor]],
                  out: str | Path, *, settings: CompressSettings, signature: dict | None = None,
-                 bench_batch: int | None = 16, bench_repeats: int = 5, progress: bool = False) -> Path:
+                 bench_batch: int | None = 16, bench_repeats: int = 5, verify: bool = True,
+                 progress: bool = False) -> Path:
     """Score ``model`` on ``evaluator``, compress it on ``calib_batches``, score it again, time both,
     and write the directory ``out`` (which must not exist). Returns the report's path."""
     out = Path(out)
@@ -42,7 +43,7 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     sites = {s.name: s for s in find_sites(model)}
     flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now
     before = evaluator.evaluate(model, progress=progress)
-    result = compress(model, calib_batches, **asdict(settings), progress=progress)
+    result = compress(model, calib_batches, **asdict(settings), verify=verify, progress=progress)
     after = evaluator.evaluate(result.model, progress=progress)
     speed = None
     if bench_batch is not None:

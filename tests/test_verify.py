@@ -1,0 +1,205 @@
+"""The safety net on families it has never seen, and surgery that is atomic.
+
+A custom attention class (registered like any user model) is exact when it follows the usual layout,
+and refused -- before the model is touched -- when it owns a per-head parameter surgery does not
+slice, or reshapes by a config-wide head count (which no static scan can see).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import transformers as T
+from torch import nn
+
+import headprune as hp
+from headprune.core import surgery
+from headprune.core.verify import check_model
+from tiny import build, inputs
+
+
+class ToyConfig(T.PretrainedConfig):
+    model_type = "headprune_toy"
+
+    def __init__(self, vocab_size=50, hidden_size=32, num_attention_heads=4, num_hidden_layers=2, variant="plain",
+                 pad_token_id=0, **kwargs):
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        self.num_attention_heads, self.num_hidden_layers, self.variant = num_attention_heads, num_hidden_layers, variant
+        super().__init__(pad_token_id=pad_token_id, **kwargs)
+
+
+class ToyAttention(nn.Module):
+    def __init__(self, config: ToyConfig, layer_idx: int):
+        super().__init__()
+        self.config, self.layer_idx = config, layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // self.num_heads
+        width = self.num_heads * self.head_dim
+        self.q_proj, self.k_proj = nn.Linear(config.hidden_size, width), nn.Linear(config.hidden_size, width)
+        self.v_proj, self.o_proj = nn.Linear(config.hidden_size, width), nn.Linear(width, config.hidden_size)
+        if config.variant == "gate":  # a per-head parameter surgery does not know
+            self.head_gate = nn.Parameter(torch.linspace(0.5, 1.5, self.num_heads))
+
+    def forward(self, hidden_states, attention_mask=None):
+        b, t, _ = hidden_states.shape
+        heads = self.config.num_attention_heads if self.config.variant == "config_heads" else self.num_heads
+        q, k, v = (p(hidden_states).view(b, t, heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        scores = q @ k.transpose(-1, -2) / self.head_dim**0.5  # [B, H, T, T]
+        if attention_mask is not None:
+            scores = scores.masked_fill(attention_mask[:, None, None, :] == 0, -1e9)
+        z = scores.softmax(-1) @ v  # [B, H, T, hd]
+        if self.config.variant == "gate":
+            z = z * self.head_gate[None, :, None, None]
+        return self.o_proj(z.transpose(1, 2).reshape(b, t, -1)), None  # (output, weights), as transformers' do
+
+
+class ToyLayer(nn.Module):
+    def __init__(self, config, layer_idx):
+        super().__init__()
+        self.attention, self.norm = ToyAttention(config, layer_idx), nn.LayerNorm(config.hidden_size)
+
+    def forward(self, x, attention_mask=None):
+        return self.norm(x + self.attention(x, attention_mask)[0])
+
+
+class ToyPreTrained(T.PreTrainedModel):
+    config_class = ToyConfig
+    base_model_prefix = "toy"
+
+    def _init_weights(self, module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.2)
+
+
+class ToyForSequenceClassification(ToyPreTrained):
+    def __init__(self, config):
+        super().__init__(config)
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([ToyLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.classifier = nn.Linear(config.hidden_size, 3)
+        self.post_init()
+
+    def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
+        x = self.embed(input_ids)
+        for layer in self.layers:
+            x = layer(x, attention_mask)
+        logits = self.classifier(x[:, 0])
+        return T.modeling_outputs.SequenceClassifierOutput(logits=logits)
+
+
+T.AutoConfig.register("headprune_toy", ToyConfig, exist_ok=True)
+T.AutoModelForSequenceClassification.register(ToyConfig, ToyForSequenceClassification, exist_ok=True)
+
+
+def _toy(variant: str):
+    torch.manual_seed(0)
+    return ToyForSequenceClassification(ToyConfig(variant=variant)).eval()
+
+
+def _x():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 50, (3, 6), generator=g)
+    mask = torch.ones_like(ids)
+    mask[-1, -2:] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _state(model) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_an_unseen_family_with_the_usual_layout_is_exact():
+    model = _toy("plain")
+    verdict = check_model(model)
+    assert verdict.ok, verdict.problems
+    assert {"batched mask", "pruned == masked", "save/load"} <= set(verdict.exact)
+    x, plan = _x(), {"encoder.0.self": [1, 2], "encoder.1.self": [0, 1, 2, 3]}
+    with torch.no_grad(), hp.masked(model, hp.mask_from_heads(model, plan)):
+        want = model(**x).logits
+    hp.prune_heads(model, plan)
+    with torch.no_grad():
+        got = model(**x).logits
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+@pytest.mark.parametrize("variant, reason", [
+    ("gate", r"per-head or whole-width tensors surgery does not slice: head_gate \(4,\)"),
+    ("config_heads", "pruned == masked"),  # invisible to the scan: caught by running the shrunk copy
+])
+def test_an_unseen_family_that_surgery_would_break_is_refused_untouched(variant, reason):
+    model = _toy(variant)
+    before, config = _state(model), copy.deepcopy(model.config.to_dict())
+    with torch.no_grad():
+        logits = model(**_x()).logits
+    with pytest.raises(hp.UnsupportedModelError, match=reason) as refused:
+        hp.prune_heads(model, {"encoder.0.self": [1]})
+    assert "ToyAttention" in str(refused.value) and "headprune_toy" in str(refused.value)
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert model.config.to_dict() == config
+    with torch.no_grad():
+        assert torch.equal(model(**_x()).logits, logits)
+
+
+def test_trusting_an_unverified_family_skips_the_net():
+    model = _toy("gate")
+    hp.prune_heads(model, {"encoder.0.self": [1]}, verify=False)  # the user's call: no refusal
+    assert hp.kept_heads(model)["encoder.0.self"] == [0, 2, 3]
+
+
+def test_prune_heads_is_atomic_when_slicing_fails_half_way(monkeypatch):
+    for family in ("bert", "llama", "t5", "gpt2"):
+        model = build(family)
+        x = inputs(family)
+        sites = hp.find_sites(model)
+        hp.prune_heads(model, {sites[0].name: [0]})  # a model pruned before: its records must survive too
+        before, records = _state(model), copy.deepcopy(hp.kept_heads(model))
+        classes = {name: type(m) for name, m in model.named_modules()}
+        with torch.no_grad():
+            want = model(**x).logits
+        real, calls = surgery._slice_site, []
+
+        def failing(*args, calls=calls, real=real, **kwargs):
+            calls.append(1)
+            if len(calls) == 2:
+                raise RuntimeError("injected failure")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(surgery, "_slice_site", failing)
+        plan = {s.name: [0] for s in sites[:3]}  # site 0 sliced, site 1 fails, site 2 never reached
+        with pytest.raises(RuntimeError, match="injected failure"):
+            hp.prune_heads(model, plan)
+        monkeypatch.setattr(surgery, "_slice_site", real)
+        after = model.state_dict()
+        assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before), family
+        assert hp.kept_heads(model) == records
+        assert {name: type(m) for name, m in model.named_modules()} == classes
+        with torch.no_grad():
+            assert torch.equal(model(**x).logits, want), family
+        hp.prune_heads(model, plan)  # and the restored model can still be pruned
+        assert [len(v) for v in hp.kept_heads(model).values()][:3] == [s.num_heads - 2 for s in sites[:1]] + [
+            s.num_heads - 1 for s in sites[1:3]]
+
+
+def test_a_removed_site_failure_restores_the_whole_site(monkeypatch):
+    model = build("bert")
+    x = inputs("bert")
+    before = _state(model)
+    with torch.no_grad():
+        want = model(**x).logits
+    real = surgery._remove_site
+
+    def failing(model_, site):
+        real(model_, site)
+        raise RuntimeError("injected after removal")
+
+    monkeypatch.setattr(surgery, "_remove_site", failing)
+    with pytest.raises(RuntimeError, match="injected after removal"):
+        hp.prune_heads(model, {"encoder.1.self": [0, 1, 2, 3]})
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    with torch.no_grad():
+        assert torch.equal(model(**x).logits, want)
+    assert len(hp.find_sites(model)) == 2
