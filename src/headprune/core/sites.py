@@ -135,6 +135,11 @@ def find_sites(model: nn.Module) -> list[Site]:
     if model_type in _REFUSED:
         raise UnsupportedModelError(f"model of class {type(model).__name__} ({model_type}) is not supported: "
                                     f"{_REFUSED[model_type]}; supported families: {', '.join(SUPPORTED_FAMILIES)}")
+    quantized = sorted({type(m).__name__ for m in model.modules() if "quantiz" in type(m).__module__})
+    if quantized or getattr(getattr(model, "config", None), "quantization_config", None):
+        what = ", ".join(quantized) or "quantization_config"
+        raise UnsupportedModelError(f"model of class {type(model).__name__} is quantized ({what}); headprune prunes "
+                                    "float models: prune first, then quantize")
     sites: list[Site] = []
     seen: set[int] = set()
     for path, module in model.named_modules():
@@ -240,17 +245,20 @@ def _layer(path: str) -> int:
 
 
 def _kind(model: nn.Module, path: str, module: nn.Module) -> str:
+    """What the block does: ``cross`` (attends to another sequence), ``decoder`` (causal) or ``encoder``.
+
+    The module's own flags decide first (``is_cross_attention``; ``is_causal`` or ``is_decoder`` set to
+    True, on it or on its BERT-style core), then its path, then the config: a BERT built with ``is_decoder=True``
+    lives under ``encoder`` but is causal, and XGLM's causal stack has no ``decoder`` in its path."""
     parts = path.split(".")
-    if getattr(module, "is_cross_attention", False) or any(p in _CROSS_NAMES for p in parts):
+    if getattr(module, "is_cross_attention", False) or any(p in _CROSS_NAMES or "cross" in p.lower() for p in parts):
         return "cross"
+    for owner in (module, getattr(module, "self", None)):  # False is not conclusive: some decoders mask instead
+        if getattr(owner, "is_causal", None) is True or getattr(owner, "is_decoder", None) is True:
+            return "decoder"
     if "decoder" in parts:
         return "decoder"
     if "encoder" in parts:
         return "encoder"
     config = getattr(model, "config", None)
-    if getattr(module, "is_causal", False) or getattr(config, "is_decoder", False):
-        return "decoder"
-    core = getattr(module, "self", None)
-    if core is not None and getattr(core, "is_causal", False):
-        return "decoder"
-    return "encoder"
+    return "decoder" if getattr(config, "is_decoder", False) else "encoder"
