@@ -203,3 +203,39 @@ def test_a_removed_site_failure_restores_the_whole_site(monkeypatch):
     with torch.no_grad():
         assert torch.equal(model(**x).logits, want)
     assert len(hp.find_sites(model)) == 2
+
+
+def _stablelm(kv_heads: int):
+    torch.manual_seed(0)
+    config = T.StableLmConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads,
+                              intermediate_size=37, max_position_embeddings=64, qk_layernorm=True, vocab_size=64,
+                              pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    return T.StableLmForCausalLM(config).eval()
+
+
+def test_per_head_norms_are_sliced_with_their_heads():
+    """StableLM's qk_layernorm holds one LayerNorm per head: the kept heads keep their own norms."""
+    model = _stablelm(kv_heads=4)
+    norms = model.model.layers[0].self_attn.q_layernorm.norms
+    weights = [norm.weight.detach().clone() + i for i, norm in enumerate(norms)]  # tell the norms apart
+    with torch.no_grad():
+        for norm, w in zip(norms, weights, strict=True):
+            norm.weight.copy_(w)
+    x = {"input_ids": torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(0))}
+    plan = {"decoder.0.self": [0, 2], "decoder.1.self": [1]}
+    with torch.no_grad(), hp.masked(model, hp.mask_from_heads(model, plan)):
+        want = model(**x).logits
+    hp.prune_heads(model, plan)
+    with torch.no_grad():
+        got = model(**x).logits
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    kept = model.model.layers[0].self_attn.q_layernorm.norms
+    assert len(kept) == 2 and all(torch.equal(k.weight, weights[h]) for k, h in zip(kept, (1, 3), strict=True))
+
+
+def test_per_kv_head_norms_under_grouped_query_attention_are_refused_untouched():
+    model = _stablelm(kv_heads=2)
+    before = _state(model)
+    with pytest.raises(hp.UnsupportedModelError, match="one module per key/value head"):
+        hp.prune_heads(model, {"decoder.0.self": [0, 1]})
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

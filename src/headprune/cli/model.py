@@ -43,25 +43,25 @@ def prune(
     drop: str = typer.Option(None, "--drop", help="Heads to remove, as JSON "
                              '{"site": \\[head indices among the site\'s current heads]} or a path to such a file.'),
     heads: str = typer.Option(None, "--heads", hidden=True, help="Old name of --drop."),
-    output: Path = typer.Option(..., "-o", "--output", help="Directory to write the pruned model to (must not exist)."),
+    output: Path = typer.Option(..., "-o", "--output",
+                                help="Directory to write the pruned model to (must not exist, or be empty)."),
     trust_unverified: bool = typer.Option(False, "--trust-unverified", help="Skip the check that surgery is exact "
                                           "for this model's class (refused families): check the result yourself."),
 ):
     """Physically remove heads and save the smaller model (safetensors + kept heads in config.json)."""
-    from ..core.io import load_model, load_tokenizer, save_pruned
+    from ..core.io import check_output_dir, load_model, load_tokenizer, save_pruned
     from ..core.surgery import prune_heads
 
     if (drop is None) == (heads is None):
         raise HeadpruneError("give the heads to remove with --drop (exactly once); e.g. "
                              '--drop \'{"encoder.0.self": [0, 3]}\'')
     dropped = json_arg(drop, "--drop") if drop is not None else json_arg(heads, "--heads")
-    if output.exists():
-        raise HeadpruneError(f"--output {str(output)!r} already exists; choose a new directory")
+    check_output_dir(output)  # refused before any work; save_pruned checks again and writes atomically
     model = load_model(model_dir)
     before = sum(p.numel() for p in model.parameters())
     prune_heads(model, dropped, verify=not trust_unverified)
     after = sum(p.numel() for p in model.parameters())
-    save_pruned(model, output, tokenizer=load_tokenizer(model_dir))
+    save_pruned(model, output, tokenizer=load_tokenizer(model_dir))  # complete, or no output at all
     typer.echo(f"pruned {model_dir} -> {output}: {before:,} -> {after:,} parameters ({after / before:.1%})")
 
 

@@ -1,9 +1,13 @@
 """Save and load models: safetensors weights + the config, which carries the kept heads.
 
-A pruned model is saved like any Hugging Face model (``config.json`` with ``headprune_kept_heads``
-and ``headprune_original_heads``, ``model.safetensors``). Loading builds the model from its config,
-replays the kept heads on it (so the smaller shapes exist) and then loads the weights. No pickle
-anywhere. Models and tokenizers come from local directories only, never from a hub.
+:func:`save_pruned` writes a Hugging Face model directory atomically (into a temporary sibling,
+renamed into place at the end). A pruned model's directory has the layout described in
+:mod:`.checkpoint`: the kept heads in ``config.json``, weights under a name plain transformers does
+not read, and a marker that makes ``from_pretrained`` fail loudly, naming
+:func:`headprune.load_pruned`. :func:`load_pruned` loads it through transformers' own
+``from_pretrained`` with the kept heads replayed on the freshly built model, so key conversions,
+tied weights, dtype and attention implementation are transformers'. No pickle anywhere; models
+and tokenizers come from local directories only, never from a hub, and never with custom code.
 """
 
 from __future__ import annotations
@@ -14,65 +18,86 @@ from pathlib import Path
 
 import torch
 import transformers
-from safetensors.torch import load_file
 from torch import nn
 
-from ..errors import ConfigError, PlanError
+from ..errors import ConfigError, DataError, PlanError, UnsupportedModelError
 from ..provenance import __version__
-from .surgery import KEPT_KEY, LEGACY_KEYS, ORIGINAL_KEY, config_record, keep_heads
+from .checkpoint import (
+    atomic_directory,
+    check_output_dir,
+    finish_layout,
+    from_pretrained_pruned,
+    pruned_record,
+    read_config,
+    weight_files,
+)
+from .surgery import KEPT_KEY, config_record
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-WEIGHTS = "model.safetensors"
-INDEX = "model.safetensors.index.json"
+__all__ = ["save_pruned", "load_pruned", "load_model", "load_tokenizer", "check_output_dir"]
 
 
 def save_pruned(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
-    """Write ``model`` (pruned or not) and optionally its tokenizer to directory ``path``."""
-    path = Path(path)
+    """Write ``model`` (pruned or not) and optionally its tokenizer to the new directory ``path``.
+
+    ``path`` must not exist or be an empty directory. The directory appears only once complete: a
+    failure half way (a full disk) leaves nothing behind. An unpruned model is saved exactly as
+    ``save_pretrained`` does; a pruned one in headprune's layout (load it with :func:`load_pruned`).
+    The attention implementation is recorded in ``config.json`` so loading keeps it.
+    """
+    path = check_output_dir(path)
     model.config.headprune_version = __version__
-    model.save_pretrained(path)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(path)
+    pruned = bool(config_record(model.config, KEPT_KEY))
+    with atomic_directory(path) as tmp:
+        model.save_pretrained(tmp)
+        finish_layout(tmp, model, pruned)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
     return path
 
 
-def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | None = None) -> nn.Module:
-    """Load a model written by :func:`save_pruned` (or any HF directory): shapes rebuilt, weights loaded.
+def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | str | None = None,
+                device: torch.device | str | None = None, attn_implementation: str | None = None) -> nn.Module:
+    """Load a model written by :func:`save_pruned` (or any local Hugging Face directory), in eval mode.
 
-    ``model_class`` defaults to the config's first architecture (e.g. ``BertForSequenceClassification``).
+    ``model_class`` defaults to the config's first architecture (e.g. ``BertForSequenceClassification``);
+    ``dtype`` and ``attn_implementation`` default to what the model was saved with; ``device``
+    (default CPU) is where the model ends up. A pruned directory is built from its config, its kept
+    heads are replayed, and transformers' ``from_pretrained`` loads the weights into it; anything
+    that does not fit raises a typed error naming the directory. Unpruned directories go through
+    plain ``from_pretrained`` with these arguments. Custom code (``auto_map``) and quantized models
+    are refused.
     """
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise PlanError(f"path {str(path)!r} has no config.json; expected a directory written by save_pruned")
-    config = transformers.AutoConfig.from_pretrained(path)
+    raw = read_config(path)
+    kept, original = pruned_record(raw, path)
+    try:
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise UnsupportedModelError(f"config.json in {str(path)!r} cannot be loaded by transformers "
+                                    f"{transformers.__version__}: {str(e).strip().splitlines()[0]}") from None
     cls = model_class or _architecture(config, path)
-    kept = config_record(config, KEPT_KEY)
-    original = config_record(config, ORIGINAL_KEY)
-    if not kept:
-        return cls.from_pretrained(path, dtype=dtype) if dtype else cls.from_pretrained(path)
-    for key in (KEPT_KEY, ORIGINAL_KEY, *LEGACY_KEYS.values()):
-        if hasattr(config, key):
-            delattr(config, key)
-    from transformers.initialization import no_init_weights
-
-    with no_init_weights():
-        model = cls._from_config(config)
-    keep_heads(model, kept, original)
-    state = _read_weights(path)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    tied = set(getattr(model, "all_tied_weights_keys", None) or {})
-    unsaved = [k for k in missing if k in set(getattr(model, "_keys_to_ignore_on_save", None) or ())]
-    missing = [k for k in missing if k not in tied and k not in unsaved]
-    if missing or unexpected:
-        raise PlanError(f"weights in {str(path)!r} do not fit the kept heads: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    for key in unsaved:  # never saved by design (e.g. Marian's sinusoidal positions): rebuilt as at construction
-        model._init_weights(model.get_submodule(key.rsplit(".", 1)[0]))
-    model.tie_weights()
-    model.to(dtype or next(iter(state.values())).dtype)
-    model.eval()
-    return model
+    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
+        raise ConfigError(f"model_class={cls!r}; allowed: a transformers PreTrainedModel class")
+    kwargs: dict = {"trust_remote_code": False}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    weights = weight_files(path, required=bool(kept))
+    if kept:
+        model = from_pretrained_pruned(cls, path, config, kept, original, weights, strict=model_class is None,
+                                       **kwargs)
+    else:
+        try:
+            model = cls.from_pretrained(path, config=config, **kwargs)
+        except OSError as e:  # no weights file transformers knows
+            raise DataError(f"cannot load weights from {str(path)!r}: {str(e).strip().splitlines()[0]}") from None
+    if device is not None:
+        model.to(device)
+    return model.eval()
 
 
 def _architecture(config, path: Path) -> type:
@@ -84,20 +109,8 @@ def _architecture(config, path: Path) -> type:
     raise PlanError(f"config in {str(path)!r} names no known architecture ({names}); pass model_class=")
 
 
-def _read_weights(path: Path) -> dict[str, torch.Tensor]:
-    if (path / WEIGHTS).is_file():
-        return load_file(path / WEIGHTS)
-    if (path / INDEX).is_file():
-        files = sorted(set(json.loads((path / INDEX).read_text())["weight_map"].values()))
-        state: dict[str, torch.Tensor] = {}
-        for name in files:
-            state.update(load_file(path / name))
-        return state
-    raise PlanError(f"no {WEIGHTS} or {INDEX} in {str(path)!r}")
-
-
 def load_model(model_dir: str | Path, *, model_class: type | None = None) -> nn.Module:
-    """A model from a local directory: pruned ones get their kept heads replayed; eval mode, float32."""
+    """A model from a local directory: pruned ones get their kept heads replayed; eval mode, saved dtype."""
     path = Path(model_dir)
     if not path.is_dir():
         raise ConfigError(f"model directory {str(path)!r} does not exist; expected a local Hugging Face model "
@@ -111,10 +124,19 @@ def load_model(model_dir: str | Path, *, model_class: type | None = None) -> nn.
 
 
 def load_tokenizer(model_dir: str | Path):
-    """The directory's tokenizer, or None when it has none."""
+    """The directory's tokenizer, or None when it has none. Never runs code from the directory."""
     from transformers import AutoTokenizer
 
     path = Path(model_dir)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")):
         return None
-    return AutoTokenizer.from_pretrained(path)
+    settings = path / "tokenizer_config.json"
+    if settings.is_file():
+        try:
+            custom = json.loads(settings.read_text(encoding="utf-8")).get("auto_map")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError):
+            custom = None  # AutoTokenizer gives its own error
+        if custom:
+            raise UnsupportedModelError(f"tokenizer in {str(path)!r} needs custom code (tokenizer_config.json "
+                                        "auto_map); headprune never runs code from a model directory")
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)

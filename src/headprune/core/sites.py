@@ -110,6 +110,21 @@ def kv_of_heads(site: Site) -> list[int]:
     return seen
 
 
+def head_lists(site: Site) -> list[tuple[nn.Module, str, str]]:
+    """Module lists inside the attention with one module per head, as (parent, attribute, side): side
+    ``"query"`` (one per query head) or ``"kv"`` (one per key/value head under GQA), e.g. StableLM's
+    per-head LayerNorms. Surgery keeps the entries of the kept heads."""
+    found = []
+    for parent in site.attention.modules():
+        for attr, child in parent.named_children():
+            if isinstance(child, nn.ModuleList) and len(child) > 1:
+                if len(child) == site.num_heads:
+                    found.append((parent, attr, "query"))
+                elif len(child) == site.num_kv_heads:
+                    found.append((parent, attr, "kv"))
+    return found
+
+
 def site_params(site: Site) -> int:
     """Parameters of the site's q/k/v/o projections (a fused projection counted once)."""
     modules = {id(m): m for m in (site.q.module, site.k.module, site.v.module, site.o)}

@@ -37,7 +37,7 @@ from torch import nn
 from ..errors import PlanError
 from .masking import is_masked
 from .runtime import BiasOnly, RemovedAttention, RepeatHeads, T5PrunedAttention, swap_class
-from .sites import Projection, Site, find_sites, is_conv1d, kv_of_heads, out_features
+from .sites import Projection, Site, find_sites, head_lists, is_conv1d, kv_of_heads, out_features
 from .verify import verify_surgery
 
 KEPT_KEY = "headprune_kept_heads"  # config attribute: KeptHeads of the model
@@ -246,6 +246,7 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
     for extra in site.meta.get("extras", []):
         _select_out(extra, q_rows)
     _select_in(site.o, q_rows)
+    _slice_head_lists(site, keep, kept_kv, repeated=any(c != group for c in counts))
     n = len(keep)
     for attr in ("num_heads", "num_attention_heads", "n_heads"):
         if isinstance(getattr(attn, attr, None), int):
@@ -255,10 +256,27 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
             setattr(attn, attr, n * hd)
     if isinstance(getattr(attn, "num_key_value_groups", None), int):
         attn.num_key_value_groups = group
+    for attr in ("num_key_value_heads", "num_kv_heads"):  # key/value heads the attention now sees
+        if isinstance(getattr(attn, attr, None), int) and site.meta.get("fused") != "interleaved":
+            setattr(attn, attr, n // group)
     if site.meta.get("fused") == "blocks":
         attn.split_size = n * hd
     if _is_t5(attn):
         _t5_take_heads(model, attn, kept_original)
+
+
+def _slice_head_lists(site: Site, keep: list[int], kept_kv: list[int], *, repeated: bool) -> None:
+    """Keep the per-head modules (e.g. per-head norms) of the kept heads."""
+    for parent, attr, side in head_lists(site):
+        old = getattr(parent, attr)
+        if side == "kv" and repeated:
+            raise PlanError(f"{site.name}: {type(parent).__name__}.{attr} holds one module per key/value head and the "
+                            "plan keeps query heads unevenly across key/value heads; allowed: a plan that keeps the "
+                            "same number of query heads per key/value head")
+        new = nn.ModuleList([old[h] for h in (keep if side == "query" else kept_kv)])
+        setattr(parent, attr, new)
+        if getattr(parent, "num_heads", None) == len(old):
+            parent.num_heads = len(new)
 
 
 def _slice_kv(attn, proj: Projection, kv_rows, kept_kv, counts, group, hd) -> None:

@@ -39,7 +39,7 @@ from torch import nn
 from ..errors import HeadpruneError, UnsupportedModelError
 from .masking import mask_from_heads, masked
 from .runtime import RepeatHeads
-from .sites import Site, find_sites
+from .sites import Site, find_sites, head_lists
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
               "num_decoder_layers")
@@ -61,6 +61,7 @@ class Verdict:
     attention_classes: list[str]
     exact: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    transient: bool = False  # a check failed for a reason of the machine (e.g. a full disk): not cached
 
     @property
     def ok(self) -> bool:
@@ -95,13 +96,16 @@ def check_model(model: nn.Module) -> Verdict:
     key = _key(model, small_config)
     if _ACTIVE[0]:
         return Verdict(family, type(model).__name__, classes, exact=["(inside a verification)"])
-    if key not in _VERDICTS:
+    verdict = _VERDICTS.get(key)
+    if verdict is None:
         _ACTIVE[0] += 1
         try:
-            _VERDICTS[key] = _check_copy(model, small_config, family, classes)
+            verdict = _check_copy(model, small_config, family, classes)
         finally:
             _ACTIVE[0] -= 1
-    verdict = copy.deepcopy(_VERDICTS[key])
+        if not verdict.transient:
+            _VERDICTS[key] = verdict
+    verdict = copy.deepcopy(verdict)
     verdict.problems = scan + verdict.problems
     return verdict
 
@@ -116,15 +120,15 @@ def per_head_parameters(sites: list[Site]) -> list[str]:
         if _is_t5(site.attention):
             handled.add(id(site.attention.relative_attention_bias) if site.attention.has_relative_attention_bias
                         else -1)
+        lists = {id(getattr(parent, attr)) for parent, attr, _ in head_lists(site)}  # sliced by surgery
         heads = {site.num_heads, site.num_kv_heads} - {1}
         widths = {site.num_heads * site.head_dim, site.num_kv_heads * site.head_dim}
         found = []
         for name, module in site.attention.named_modules():
             if id(module) in handled or any(id(m) in handled for m in _ancestors(site.attention, name)):
                 continue
-            if isinstance(module, nn.ModuleList) and len(module) in heads:
-                found.append(f"{name} (a list of {len(module)} modules)")
-                continue
+            if id(module) in lists or any(id(m) in lists for m in _ancestors(site.attention, name)):
+                continue  # one module per head: surgery keeps the kept heads' entries (their sizes are per head_dim)
             tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
             for pname, t in tensors:
                 if pname in ROTARY_NAMES or t.dim() == 0:
@@ -204,6 +208,9 @@ def _check_copy(model: nn.Module, config, family: str, classes: list[str]) -> Ve
     for name, check in checks:
         try:
             problem = check()
+        except OSError as e:  # the machine (disk, memory), not the model: say so, and do not remember it
+            verdict.transient = True
+            problem = f"{type(e).__name__}: {e}"
         except Exception as e:  # any failure of surgery or of the pruned model means "not exact"
             problem = f"{type(e).__name__}: {e}"
         if problem == "skip":
