@@ -106,6 +106,15 @@ def _x():
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def _assert_pruned_equals_masked(model, x: dict, plan: dict) -> None:
+    with torch.no_grad(), hp.masked(model, hp.mask_from_heads(model, plan)):
+        want = model(**x).logits
+    hp.prune_heads(model, plan)
+    with torch.no_grad():
+        got = model(**x).logits
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
 def _state(model) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -116,12 +125,7 @@ def test_an_unseen_family_with_the_usual_layout_is_exact():
     assert verdict.ok, verdict.problems
     assert {"batched mask", "pruned == masked", "save/load"} <= set(verdict.exact)
     x, plan = _x(), {"encoder.0.self": [1, 2], "encoder.1.self": [0, 1, 2, 3]}
-    with torch.no_grad(), hp.masked(model, hp.mask_from_heads(model, plan)):
-        want = model(**x).logits
-    hp.prune_heads(model, plan)
-    with torch.no_grad():
-        got = model(**x).logits
-    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    _assert_pruned_equals_masked(model, x, plan)
 
 
 @pytest.mark.parametrize("variant, reason", [
@@ -223,12 +227,7 @@ def test_per_head_norms_are_sliced_with_their_heads():
             norm.weight.copy_(w)
     x = {"input_ids": torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(0))}
     plan = {"decoder.0.self": [0, 2], "decoder.1.self": [1]}
-    with torch.no_grad(), hp.masked(model, hp.mask_from_heads(model, plan)):
-        want = model(**x).logits
-    hp.prune_heads(model, plan)
-    with torch.no_grad():
-        got = model(**x).logits
-    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    _assert_pruned_equals_masked(model, x, plan)
     kept = model.model.layers[0].self_attn.q_layernorm.norms
     assert len(kept) == 2 and all(torch.equal(k.weight, weights[h]) for k, h in zip(kept, (1, 3), strict=True))
 
