@@ -194,7 +194,7 @@ def _check_copy(model: nn.Module, config, family: str, classes: list[str]) -> Ve
     try:
         small = _build(type(model), config, getattr(model.config, "_attn_implementation", None))
         sites = find_sites(small)
-        x = _inputs(small)
+        x = example_batch(small)
     except HeadpruneError as e:
         verdict.problems.append(f"the shrunk copy cannot be checked: {e}")
         return verdict
@@ -232,7 +232,7 @@ def _build(cls: type, config, attn: str | None) -> nn.Module:
     return model.float().eval()
 
 
-def _inputs(model: nn.Module, batch: int = 3, length: int = 7) -> dict:
+def example_batch(model: nn.Module, batch: int = 3, length: int = 7) -> dict:
     """Random inputs with the last example padded (left for causal LMs, right otherwise)."""
     g = torch.Generator().manual_seed(1)
     name = getattr(model, "main_input_name", "input_ids")
