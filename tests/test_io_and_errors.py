@@ -129,3 +129,27 @@ def test_pruning_a_model_whose_config_another_pruned_model_shares_is_refused():
         hp.prune_heads(second, {"encoder.1.self": [0]})
     after = second.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # refused before any change
+
+
+def test_nan_weights_are_refused_by_scoring_and_evaluation():
+    from headprune.evaluation import Classification
+
+    model = build("bert")
+    with torch.no_grad():
+        model.bert.encoder.layer[1].attention.self.query.weight[0, 0] = float("nan")
+    x = inputs("bert")
+    x["labels"] = torch.tensor([0, 1, 2])
+    with pytest.raises(hp.DataError, match="NaN or inf"):
+        hp.head_importance(model, [x])
+    with pytest.raises(hp.DataError, match="NaN or inf"):
+        hp.fisher_information(model, [x])
+
+    class Words:  # a tokenizer-free evaluator input: token ids as text
+        pad_token_id = 0
+
+        def __call__(self, texts, text_pair=None, truncation=True, max_length=None):
+            return {"input_ids": [[1] + [3 + len(w) % 60 for w in t.split()] for t in texts]}
+
+    task = Classification(Words(), (["a bb ccc", "dd e"], ["0", "1"]), config=model.config)
+    with pytest.raises(hp.DataError, match="logits hold NaN or inf"):
+        task.evaluate(model)

@@ -39,14 +39,22 @@ class ToyAttention(nn.Module):
         width = self.num_heads * self.head_dim
         self.q_proj, self.k_proj = nn.Linear(config.hidden_size, width), nn.Linear(config.hidden_size, width)
         self.v_proj, self.o_proj = nn.Linear(config.hidden_size, width), nn.Linear(width, config.hidden_size)
-        if config.variant == "gate":  # a per-head parameter surgery does not know
+        if config.variant == "gate":  # a per-head parameter: surgery keeps the kept heads' entries
             self.head_gate = nn.Parameter(torch.linspace(0.5, 1.5, self.num_heads))
+        if config.variant == "qnorm":  # a norm over all heads' queries at once: no subset of heads can keep it
+            self.q_norm = nn.LayerNorm(width)
+        if config.variant == "mix":  # "talking heads": every head's scores mix into every other's
+            self.mix = nn.Parameter(torch.eye(self.num_heads) + 0.3)
 
     def forward(self, hidden_states, attention_mask=None):
         b, t, _ = hidden_states.shape
         heads = self.config.num_attention_heads if self.config.variant == "config_heads" else self.num_heads
-        q, k, v = (p(hidden_states).view(b, t, heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj, self.v_proj))
+        queries = self.q_norm(self.q_proj(hidden_states)) if self.config.variant == "qnorm" else self.q_proj(hidden_states)
+        q, k, v = (x.view(b, t, heads, -1).transpose(1, 2) for x in (queries, self.k_proj(hidden_states),
+                                                                    self.v_proj(hidden_states)))
         scores = q @ k.transpose(-1, -2) / self.head_dim**0.5  # [B, H, T, T]
+        if self.config.variant == "mix":
+            scores = torch.einsum("gh,bhst->bgst", self.mix, scores)
         if attention_mask is not None:
             scores = scores.masked_fill(attention_mask[:, None, None, :] == 0, -1e9)
         z = scores.softmax(-1) @ v  # [B, H, T, hd]
@@ -119,8 +127,9 @@ def _state(model) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
-def test_an_unseen_family_with_the_usual_layout_is_exact():
-    model = _toy("plain")
+@pytest.mark.parametrize("variant", ["plain", "gate"])
+def test_an_unseen_family_with_the_usual_layout_is_exact(variant):
+    model = _toy(variant)
     verdict = check_model(model)
     assert verdict.ok, verdict.problems
     assert {"batched mask", "pruned == masked", "save/load"} <= set(verdict.exact)
@@ -129,7 +138,8 @@ def test_an_unseen_family_with_the_usual_layout_is_exact():
 
 
 @pytest.mark.parametrize("variant, reason", [
-    ("gate", r"per-head or whole-width tensors surgery does not slice: head_gate \(4,\)"),
+    ("qnorm", r"per-head or whole-width tensors surgery does not slice: q_norm.weight \(32,\)"),
+    ("mix", "pruned == masked"),  # sliced as per-head, but heads mix: caught by running the shrunk copy
     ("config_heads", "pruned == masked"),  # invisible to the scan: caught by running the shrunk copy
 ])
 def test_an_unseen_family_that_surgery_would_break_is_refused_untouched(variant, reason):
@@ -148,7 +158,7 @@ def test_an_unseen_family_that_surgery_would_break_is_refused_untouched(variant,
 
 
 def test_trusting_an_unverified_family_skips_the_net():
-    model = _toy("gate")
+    model = _toy("qnorm")
     hp.prune_heads(model, {"encoder.0.self": [1]}, verify=False)  # the user's call: no refusal
     assert hp.kept_heads(model)["encoder.0.self"] == [0, 2, 3]
 
@@ -232,9 +242,39 @@ def test_per_head_norms_are_sliced_with_their_heads():
     assert len(kept) == 2 and all(torch.equal(k.weight, weights[h]) for k, h in zip(kept, (1, 3), strict=True))
 
 
-def test_per_kv_head_norms_under_grouped_query_attention_are_refused_untouched():
-    model = _stablelm(kv_heads=2)
-    before = _state(model)
-    with pytest.raises(hp.UnsupportedModelError, match="one module per key/value head"):
-        hp.prune_heads(model, {"decoder.0.self": [0, 1]})
-    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+def test_per_kv_head_norms_follow_an_uneven_grouped_query_plan():
+    """Query heads kept unevenly across key/value heads: a key/value head seen twice brings its own norm."""
+    torch.manual_seed(0)
+    model = T.StableLmForCausalLM(T.StableLmConfig(
+        hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=37,
+        max_position_embeddings=64, qk_layernorm=True, vocab_size=64, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2)).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            for i, norm in enumerate(layer.self_attn.k_layernorm.norms):
+                norm.weight.add_(i)  # tell the key/value heads' norms apart
+    x = {"input_ids": torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(0))}
+    _assert_pruned_equals_masked(model, x, {"decoder.0.self": [0], "decoder.1.self": [1, 4, 5]})
+    assert [(s.num_heads, s.num_kv_heads) for s in hp.find_sites(model)] == [(5, 2), (3, 2)]
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2])
+def test_per_head_tensors_sinks_and_norm_weights_are_sliced(kv_heads):
+    """gpt-oss's attention sinks [heads] and Cohere's q/k norm weights [heads, head_dim]."""
+    common = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=kv_heads,
+                  max_position_embeddings=64, vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    models = [T.CohereForCausalLM(T.CohereConfig(intermediate_size=37, use_qk_norm=True, **common)),
+              T.GptOssForCausalLM(T.GptOssConfig(head_dim=8, intermediate_size=32, num_local_experts=4,
+                                                 num_experts_per_tok=2, sliding_window=4,
+                                                 layer_types=["sliding_attention", "full_attention"], **common))]
+    x = {"input_ids": torch.randint(3, 64, (2, 6), generator=torch.Generator().manual_seed(0))}
+    for model in models:
+        model.eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() <= 2 and p.shape[0] == 4 and p.shape[-1] in (4, 8):
+                    p.copy_(torch.randn_like(p))  # per-head values that differ from head to head
+        _assert_pruned_equals_masked(model, x, {"decoder.0.self": [1, 2], "decoder.1.self": [0]})
+    sinks = models[1].model.layers[0].self_attn.sinks
+    assert sinks.shape == (2,)

@@ -28,7 +28,8 @@ from .runtime import RepeatHeads
 KINDS = ("encoder", "decoder", "cross")
 SUPPORTED_FAMILIES = (
     "BERT", "RoBERTa", "ELECTRA", "DistilBERT", "GPT-2", "Llama", "Qwen2", "Mistral", "BART", "Marian", "T5",
-    "and any model whose attention modules expose q/k/v/o projections and a head size",
+    "and other models whose attention modules expose q/k/v/o projections and a head size (surgery is verified "
+    "on a shrunk copy first; README: Families)",
 )
 
 # (query, key, value, output) child names of an attention module that holds all four projections.
@@ -122,6 +123,43 @@ def head_lists(site: Site) -> list[tuple[nn.Module, str, str]]:
                     found.append((parent, attr, "query"))
                 elif len(child) == site.num_kv_heads:
                     found.append((parent, attr, "kv"))
+    return found
+
+
+POSITION_BUFFERS = ("inv_freq", "cos_cached", "sin_cached", "original_inv_freq", "embed_positions")  # not heads
+
+
+def head_tensors(site: Site) -> list[tuple[nn.Module, str, int, str]]:
+    """Parameters / buffers of the attention module itself with one entry per head along one dimension,
+    as (module, name, dim, side): e.g. gpt-oss's attention sinks ``[heads]`` or Cohere's per-head
+    q/k norm weights ``[heads, head_dim]`` (inside a norm module of the attention). ``side`` is
+    ``"query"`` or ``"kv"`` (one per key/value head, under GQA). Projections, per-head module lists
+    and T5's bias table are handled elsewhere; surgery keeps the kept heads' entries of these."""
+    skip = {id(m) for m in (site.q.module, site.k.module, site.v.module, site.o, *site.meta.get("extras", []))}
+    skip |= {id(getattr(m, "base", None)) for m in (site.k.module, site.v.module)}
+    skip |= {id(getattr(parent, attr)) for parent, attr, _ in head_lists(site)}
+    if hasattr(site.attention, "relative_attention_bias"):
+        skip.add(id(site.attention.relative_attention_bias))
+    found = []
+    for path, module in site.attention.named_modules():
+        parts = path.split(".") if path else []
+        chain, owner = [site.attention], site.attention
+        for p in parts:
+            owner = getattr(owner, p)
+            chain.append(owner)
+        if any(id(m) in skip for m in chain):
+            continue
+        tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
+        for name, t in tensors:
+            if name in POSITION_BUFFERS or t.dim() == 0:
+                continue
+            for dim, size in enumerate(t.shape):
+                if size == site.num_heads and size > 1:
+                    found.append((module, name, dim, "query"))
+                    break
+                if size == site.num_kv_heads and size > 1:
+                    found.append((module, name, dim, "kv"))
+                    break
     return found
 
 

@@ -37,7 +37,16 @@ from torch import nn
 from ..errors import PlanError
 from .masking import is_masked
 from .runtime import BiasOnly, RemovedAttention, RepeatHeads, T5PrunedAttention, swap_class
-from .sites import Projection, Site, find_sites, head_lists, is_conv1d, kv_of_heads, out_features
+from .sites import (
+    Projection,
+    Site,
+    find_sites,
+    head_lists,
+    head_tensors,
+    is_conv1d,
+    kv_of_heads,
+    out_features,
+)
 from .verify import verify_surgery
 
 KEPT_KEY = "headprune_kept_heads"  # config attribute: KeptHeads of the model
@@ -246,7 +255,9 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
     for extra in site.meta.get("extras", []):
         _select_out(extra, q_rows)
     _select_in(site.o, q_rows)
-    _slice_head_lists(site, keep, kept_kv, repeated=any(c != group for c in counts))
+    seen_kv = [kept_kv[j] for j, c in enumerate(counts) for _ in range(c // group)]  # what the attention sees
+    _slice_head_lists(site, keep, seen_kv)
+    _slice_head_tensors(site, keep, seen_kv)
     n = len(keep)
     for attr in ("num_heads", "num_attention_heads", "n_heads"):
         if isinstance(getattr(attn, attr, None), int):
@@ -254,6 +265,8 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
     for attr in ("all_head_size", "inner_dim"):
         if isinstance(getattr(attn, attr, None), int):
             setattr(attn, attr, n * hd)
+    if getattr(attn, "embed_dim", None) == site.num_heads * hd:
+        attn.embed_dim = n * hd  # the heads' width: some families reshape their output by it (XGLM, MVP, TrOCR)
     if isinstance(getattr(attn, "num_key_value_groups", None), int):
         attn.num_key_value_groups = group
     for attr in ("num_key_value_heads", "num_kv_heads"):  # key/value heads the attention now sees
@@ -265,18 +278,28 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
         _t5_take_heads(model, attn, kept_original)
 
 
-def _slice_head_lists(site: Site, keep: list[int], kept_kv: list[int], *, repeated: bool) -> None:
-    """Keep the per-head modules (e.g. per-head norms) of the kept heads."""
+def _slice_head_lists(site: Site, keep: list[int], seen_kv: list[int]) -> None:
+    """Keep the per-head modules (e.g. StableLM's per-head norms) of the kept heads; a key/value head the
+    attention sees twice (uneven GQA, :class:`RepeatHeads`) gets a copy of its module."""
     for parent, attr, side in head_lists(site):
         old = getattr(parent, attr)
-        if side == "kv" and repeated:
-            raise PlanError(f"{site.name}: {type(parent).__name__}.{attr} holds one module per key/value head and the "
-                            "plan keeps query heads unevenly across key/value heads; allowed: a plan that keeps the "
-                            "same number of query heads per key/value head")
-        new = nn.ModuleList([old[h] for h in (keep if side == "query" else kept_kv)])
+        order = keep if side == "query" else seen_kv
+        new = nn.ModuleList([old[h] if order.index(h) == i else copy.deepcopy(old[h]) for i, h in enumerate(order)])
         setattr(parent, attr, new)
         if getattr(parent, "num_heads", None) == len(old):
             parent.num_heads = len(new)
+
+
+def _slice_head_tensors(site: Site, keep: list[int], seen_kv: list[int]) -> None:
+    """Keep the kept heads' entries of per-head tensors (sinks, per-head norm weights), in the order the
+    attention sees its heads (a key/value head seen twice under uneven GQA is repeated)."""
+    for module, name, dim, side in head_tensors(site):
+        old = getattr(module, name)
+        idx = torch.tensor(keep if side == "query" else seen_kv, dtype=torch.long, device=old.device)
+        if name in module._parameters:
+            _set(module, name, old.index_select(dim, idx))
+        else:
+            module._buffers[name] = old.index_select(dim, idx).contiguous()
 
 
 def _slice_kv(attn, proj: Projection, kv_rows, kept_kv, counts, group, hd) -> None:

@@ -39,7 +39,7 @@ from torch import nn
 from ..errors import HeadpruneError, UnsupportedModelError
 from .masking import mask_from_heads, masked
 from .runtime import RepeatHeads
-from .sites import Site, find_sites, head_lists
+from .sites import POSITION_BUFFERS, Site, find_sites, head_lists, head_tensors
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
               "num_decoder_layers")
@@ -49,7 +49,6 @@ SMALL_LAYERS, SMALL_FFN, SMALL_VOCAB = 2, 16, 96
 TOKEN_KEYS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 2,
               "sep_token_id": 2, "cls_token_id": 1, "unk_token_id": 3, "mask_token_id": 3}
 RTOL = 1e-4  # of the largest output compared; inexact surgery differs by 1e-2 .. 1e0
-ROTARY_NAMES = ("inv_freq", "cos_cached", "sin_cached", "original_inv_freq", "embed_positions")  # positions, not heads
 
 
 @dataclass
@@ -121,6 +120,7 @@ def per_head_parameters(sites: list[Site]) -> list[str]:
             handled.add(id(site.attention.relative_attention_bias) if site.attention.has_relative_attention_bias
                         else -1)
         lists = {id(getattr(parent, attr)) for parent, attr, _ in head_lists(site)}  # sliced by surgery
+        sliced = {(id(module), name) for module, name, _, _ in head_tensors(site)}  # sliced by surgery too
         heads = {site.num_heads, site.num_kv_heads} - {1}
         widths = {site.num_heads * site.head_dim, site.num_kv_heads * site.head_dim}
         found = []
@@ -131,7 +131,7 @@ def per_head_parameters(sites: list[Site]) -> list[str]:
                 continue  # one module per head: surgery keeps the kept heads' entries (their sizes are per head_dim)
             tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
             for pname, t in tensors:
-                if pname in ROTARY_NAMES or t.dim() == 0:
+                if pname in POSITION_BUFFERS or t.dim() == 0 or (id(module), pname) in sliced:
                     continue
                 if any(d in heads for d in t.shape) or (module is not site.attention and any(d in widths for d in t.shape)):
                     found.append(f"{(name + '.') if name else ''}{pname} {tuple(t.shape)}")

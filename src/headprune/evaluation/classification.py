@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from ..checks import check_int
 from ..errors import ConfigError, DataError
-from .base import EvalResult, check_strings, check_unbatched, mask_context
+from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
 from .batching import length_buckets, pad_rows
 from .data import ClassificationData, check_limit, encode_labels
 from .metrics import accuracy_from_confusion, confusion_matrix, f1_from_confusion, matthews_from_confusion
@@ -104,6 +104,7 @@ class Classification:
                     raise ConfigError(f"model output logits of shape {tuple(logits.shape)}; classification needs "
                                       f"[batch, >= {max(self.num_labels, 2)} labels] (a ...ForSequenceClassification)")
                 gold = torch.tensor([self.label_ids[i] for i in idx])
+                check_finite(logits, "logits")
                 pred[idx] = logits.argmax(-1).numpy()
                 loss[idx] = F.cross_entropy(logits.float(), gold, reduction="none").double().numpy()
                 tokens += int(inputs["attention_mask"].sum())

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..errors import ConfigError, DataError
-from .base import EvalResult, check_unbatched, mask_context
+from .base import EvalResult, check_finite, check_unbatched, mask_context
 from .metrics import perplexity
 
 
@@ -71,6 +71,7 @@ class LanguageModelling:
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
                 token_nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), batch["input_ids"][:, 1:],
                                             reduction="none")  # [B, T-1]
+                check_finite(token_nll, "token losses")
                 nll.append(token_nll.sum(-1).double())
                 tokens.append(torch.full((token_nll.shape[0],), token_nll.shape[1]))
         seconds = time.perf_counter() - start

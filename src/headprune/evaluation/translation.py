@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ..checks import check_int
 from ..errors import ConfigError, DataError
 from ..extras import require
-from .base import EvalResult, check_strings, check_unbatched, mask_context
+from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
 from .batching import length_buckets, pad_rows
 from .data import ParallelData, check_limit
 from .metrics import bleu_statistics
@@ -112,6 +112,8 @@ class Translation:
         BLEU, CHRF = metrics.BLEU, metrics.CHRF
 
         _check(model, mask, "Translation.evaluate")
+        for name, p in model.named_parameters():  # generate turns NaN into plausible-looking tokens
+            check_finite(p.detach(), f"parameter {name}")
         buckets = self._buckets(limit)
         n = sum(len(b) for b in buckets)
         hyps: list[str] = [""] * n

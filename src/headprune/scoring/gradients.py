@@ -22,7 +22,7 @@ from tqdm.auto import tqdm
 
 from ..core.inputs import batch_size, model_inputs, rows_with_tokens
 from ..core.masking import HeadMask, masked, ones_mask
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 
 LossFn = Callable[[object, Mapping[str, torch.Tensor]], torch.Tensor]  # (outputs, batch) -> [B]
 
@@ -49,6 +49,10 @@ def gradient_sums(
             totals[name] = part if name not in totals else totals[name] + part
     if count == 0:
         raise ConfigError("batches: no example had anything to score (empty input or all padding)")
+    bad = [name for name, t in totals.items() if not bool(torch.isfinite(t).all())]
+    if bad:  # never pick heads from NaN scores
+        raise DataError(f"scores of sites {bad} are NaN or inf: the model's weights or the batches' values are not "
+                        "finite, so no head can be ranked; allowed: a model and inputs with finite values")
     return totals, count
 
 
