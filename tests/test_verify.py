@@ -278,3 +278,13 @@ def test_per_head_tensors_sinks_and_norm_weights_are_sliced(kv_heads):
         _assert_pruned_equals_masked(model, x, {"decoder.0.self": [1, 2], "decoder.1.self": [0]})
     sinks = models[1].model.layers[0].self_attn.sinks
     assert sinks.shape == (2,)
+
+
+def test_loading_a_pruned_model_of_a_family_that_is_not_exact_is_refused(tmp_path):
+    model = _toy("mix")
+    hp.prune_heads(model, {"encoder.0.self": [1]}, verify=False)  # pruned on trust
+    hp.save_pruned(model, tmp_path / "m")
+    with pytest.raises(hp.UnsupportedModelError, match="cannot run exactly"):
+        hp.load_pruned(tmp_path / "m", model_class=ToyForSequenceClassification)
+    loaded = hp.load_pruned(tmp_path / "m", model_class=ToyForSequenceClassification, verify=False)
+    assert hp.kept_heads(loaded)["encoder.0.self"] == [0, 2, 3]

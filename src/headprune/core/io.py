@@ -32,6 +32,7 @@ from .checkpoint import (
     weight_files,
 )
 from .surgery import KEPT_KEY, config_record
+from .verify import check_model
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -59,7 +60,8 @@ def save_pruned(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
 
 
 def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | str | None = None,
-                device: torch.device | str | None = None, attn_implementation: str | None = None) -> nn.Module:
+                device: torch.device | str | None = None, attn_implementation: str | None = None,
+                verify: bool = True) -> nn.Module:
     """Load a model written by :func:`save_pruned` (or any local Hugging Face directory), in eval mode.
 
     ``model_class`` defaults to the config's first architecture (e.g. ``BertForSequenceClassification``);
@@ -68,7 +70,8 @@ def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
     heads are replayed, and transformers' ``from_pretrained`` loads the weights into it; anything
     that does not fit raises a typed error naming the directory. Unpruned directories go through
     plain ``from_pretrained`` with these arguments. Custom code (``auto_map``) and quantized models
-    are refused.
+    are refused. A pruned model is then checked like one about to be pruned (:mod:`.verify`: the
+    family may not be exact under this environment's transformers); ``verify=False`` skips that.
     """
     path = Path(path)
     raw = read_config(path)
@@ -90,6 +93,11 @@ def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
     if kept:
         model = from_pretrained_pruned(cls, path, config, kept, original, weights, strict=model_class is None,
                                        **kwargs)
+        if verify:
+            verdict = check_model(model)
+            if not verdict.ok:
+                raise UnsupportedModelError(f"{str(path)!r} holds a pruned model that headprune cannot run exactly "
+                                            f"with transformers {transformers.__version__}: {verdict.error()}")
     else:
         try:
             model = cls.from_pretrained(path, config=config, **kwargs)

@@ -41,7 +41,8 @@ _QKVO_NAMES = (
 )
 _HEAD_DIM_ATTRS = ("head_dim", "attention_head_size", "key_value_proj_dim", "head_size")
 _BERT_QKV = (("query", "key", "value"), ("query_proj", "key_proj", "value_proj"))  # BERT, ViT / DeBERTa
-_PER_HEAD_EXTRAS = ("pos_key_proj", "pos_query_proj")  # DeBERTa's relative-position projections
+_PER_HEAD_EXTRAS = ("pos_key_proj", "pos_query_proj",  # DeBERTa's relative-position projections
+                    "query_global", "key_global", "value_global")  # Longformer's projections for global tokens
 # Families whose heads meet biases built outside the attention module (ALiBi) or whose fused layout
 # differs from the names: refused rather than silently pruned wrong.
 _REFUSED = {"bloom": "ALiBi biases are built for all heads outside the attention modules",
