@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_configs  # noqa: E402  (beside this script)
 
 import headprune as hp  # noqa: E402
-from headprune.core import verify  # noqa: E402
+from headprune.core import trial, verify  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "families.json"
@@ -174,7 +174,7 @@ def _survey(model_type: str, class_name: str | None, build_limit: float, check_l
             return dict(verdict="no attention sites", reason=no_sites(model))
         return dict(verdict="skipped", reason=f"the tiny config still has {params / 1e6:.1f}M parameters")
     try:
-        x = verify.example_batch(model)  # the inputs the checks use; if headprune cannot make them, it refuses below
+        x = trial.example_batch(model)  # the inputs the checks use; if headprune cannot make them, it refuses below
     except Exception:
         x = None
     try:

@@ -16,6 +16,8 @@ import inspect
 import torch
 from torch import nn
 
+from .calls import TEMPLATES, fill
+
 
 class RepeatHeads(nn.Module):
     """Key/value projection of a grouped-query site whose kept query heads are unevenly spread.
@@ -95,7 +97,8 @@ def _arguments(module: nn.Module, args: tuple, kwargs: dict) -> dict:
     return arguments
 
 
-CACHE_ARGUMENTS = ("past_key_values", "past_key_value", "layer_past")  # names attention forwards give the cache
+CACHE_ARGUMENTS = ("past_key_values", "past_key_value", "layer_past", "cache")  # names attention forwards give the cache
+SOURCE_ARGUMENTS = ("key_value_states", "encoder_hidden_states", "kv")  # ... and the attended sequence (cross)
 LAYER_ATTRIBUTES = ("layer_idx", "layer_id")  # names attention modules give their index in the cache
 
 
@@ -117,18 +120,25 @@ def layer_index(module: nn.Module) -> int:
 
 
 class RemovedAttention(nn.Module):
-    """Forward of a site with no heads: no projections, no attention; cache bookkeeping only."""
+    """Forward of a site with no heads: no projections, no attention; cache bookkeeping only.
+
+    Arguments and results follow the family's :class:`~.calls.CallTemplate` when the safety net has
+    recorded one (otherwise ``hidden_states`` in, ``(out, None)`` out, as most families do)."""
 
     def forward(self, *args, **kwargs):
         a = _arguments(self, args, kwargs)
-        hidden = a["hidden_states"]  # [B, T, d]
-        source = a.get("key_value_states", a.get("encoder_hidden_states"))
+        template = TEMPLATES.get(type(self)._hp_base) if self._hp_style != "t5" else None
+        hidden = a[template.hidden] if template is not None else a["hidden_states"]  # [B, T, d]
+        source = next((a[n] for n in SOURCE_ARGUMENTS if a.get(n) is not None), None)
         cache = cache_argument(a)
         bias = t5_bias_to_pass(self, a.get("position_bias"), hidden, cache) if self._hp_style == "t5" else None
         _keep_cache_in_step(self, cache, hidden, source)  # after the bias: it reads the past length
         if self._hp_style == "bert":
-            return hidden.new_zeros(*hidden.shape[:-1], 0), None  # output.dense is BiasOnly
-        out = self.headprune_out(hidden[..., :0])
+            out = hidden.new_zeros(*hidden.shape[:-1], 0)  # output.dense is BiasOnly
+        else:
+            out = self.headprune_out(hidden[..., :0])
+        if template is not None:
+            return fill(template, out, a, self)
         return (out, bias, None) if self._hp_style == "t5" else (out, None)
 
 
@@ -158,6 +168,14 @@ def _keep_cache_in_step(module, cache, hidden: torch.Tensor, source: torch.Tenso
 
 
 # ---------------------------------------------------------------- T5's shared position bias
+
+def shares_t5_bias(attn: nn.Module) -> bool:
+    """T5-style attention: one relative-position bias for all heads, computed by the first layer and
+    passed to the others as ``position_bias`` (UMT5's per-layer tables are plain per-head tensors)."""
+    base = getattr(type(attn), "_hp_base", type(attn))
+    return (hasattr(attn, "relative_attention_num_buckets") and hasattr(attn, "compute_bias")
+            and "position_bias" in inspect.signature(base.forward).parameters)
+
 
 def t5_bias_to_pass(attn, position_bias, hidden, cache):
     """The whole-head bias this layer passes on: the one it got, or the one its table computes."""

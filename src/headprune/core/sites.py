@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from .runtime import RepeatHeads
+from .runtime import RepeatHeads, shares_t5_bias
 
 KINDS = ("encoder", "decoder", "cross")
 SUPPORTED_FAMILIES = (
@@ -139,8 +139,8 @@ def head_tensors(site: Site) -> list[tuple[nn.Module, str, int, str]]:
     skip = {id(m) for m in (site.q.module, site.k.module, site.v.module, site.o, *site.meta.get("extras", []))}
     skip |= {id(getattr(m, "base", None)) for m in (site.k.module, site.v.module)}
     skip |= {id(getattr(parent, attr)) for parent, attr, _ in head_lists(site)}
-    if hasattr(site.attention, "relative_attention_bias"):
-        skip.add(id(site.attention.relative_attention_bias))
+    if shares_t5_bias(site.attention):  # T5's table: surgery takes each layer's rows of the shared bias
+        skip.add(id(getattr(site.attention, "relative_attention_bias", None)))
     found = []
     for path, module in site.attention.named_modules():
         parts = path.split(".") if path else []

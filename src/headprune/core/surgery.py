@@ -36,7 +36,7 @@ from torch import nn
 
 from ..errors import PlanError
 from .masking import is_masked
-from .runtime import BiasOnly, RemovedAttention, RepeatHeads, T5PrunedAttention, swap_class
+from .runtime import BiasOnly, RemovedAttention, RepeatHeads, T5PrunedAttention, shares_t5_bias, swap_class
 from .sites import (
     Projection,
     Site,
@@ -274,7 +274,7 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
             setattr(attn, attr, n // group)
     if site.meta.get("fused") == "blocks":
         attn.split_size = n * hd
-    if _is_t5(attn):
+    if shares_t5_bias(attn):
         _t5_take_heads(model, attn, kept_original)
 
 
@@ -345,7 +345,7 @@ def _remove_site(model: nn.Module, site: Site) -> None:
         style = "bert"
     else:
         attn.headprune_out = BiasOnly(bias, out)
-        style = "t5" if _is_t5(attn) else "standard"
+        style = "t5" if shares_t5_bias(attn) else "standard"
     for proj in {id(m): m for m in (site.q.module, site.k.module, site.v.module, *site.meta.get("extras", []))}.values():
         _delete_child(attn, proj)
     if not site.meta.get("bert_style"):
@@ -363,10 +363,6 @@ def _delete_child(parent: nn.Module, child: nn.Module) -> None:
 
 
 # ---------------------------------------------------------------- T5's shared position bias
-
-def _is_t5(attn: nn.Module) -> bool:
-    return hasattr(attn, "relative_attention_num_buckets") and hasattr(attn, "compute_bias")
-
 
 def _t5_take_heads(model: nn.Module, attn: nn.Module, kept_original: list[int]) -> None:
     attn._hp_kept = list(kept_original)

@@ -1,0 +1,70 @@
+"""Sites that lose every head, in families whose attention is called and answers differently:
+XLM (``input``, a 1-tuple, ``cache``), MobileBERT (``query_tensor``), GPT-NeoX-Japanese (returns
+its separate output bias), UMT5 (a bias table per layer, 2 outputs). Pruned == masked, forward and
+cached generate; the removed forward follows what the family's attention returns."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers as T
+
+import headprune as hp
+
+C = dict(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+BUILD = {
+    "xlm": lambda: T.XLMWithLMHeadModel(T.XLMConfig(emb_dim=32, n_layers=2, n_heads=4, max_position_embeddings=64,
+                                                    **C)),
+    "mobilebert": lambda: T.MobileBertForSequenceClassification(T.MobileBertConfig(
+        hidden_size=32, embedding_size=16, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+        intra_bottleneck_size=16, true_hidden_size=16, max_position_embeddings=64, **C)),
+    "gpt_neox_japanese": lambda: T.GPTNeoXJapaneseForCausalLM(T.GPTNeoXJapaneseConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_multiple_size=1,
+        max_position_embeddings=64, **C)),
+    "umt5": lambda: T.UMT5ForConditionalGeneration(T.UMT5Config(
+        d_model=32, d_kv=8, d_ff=37, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+        decoder_start_token_id=0, vocab_size=64, pad_token_id=0, eos_token_id=2)),
+}
+
+
+def _build(family):
+    torch.manual_seed(0)
+    return BUILD[family]().eval()
+
+
+def _inputs(model):
+    g = torch.Generator().manual_seed(3)
+    x = {"input_ids": torch.randint(3, 64, (2, 6), generator=g), "attention_mask": torch.ones(2, 6, dtype=torch.long)}
+    if model.config.is_encoder_decoder:
+        x["decoder_input_ids"] = torch.randint(3, 64, (2, 4), generator=g)
+    return x
+
+
+@pytest.mark.parametrize("family", list(BUILD))
+def test_emptied_sites_equal_masking(family):
+    model = _build(family)
+    sites = hp.find_sites(model)
+    plan = {sites[0].name: list(range(sites[0].num_heads)), sites[-1].name: [1, 2]}
+    x = _inputs(model)
+    with torch.no_grad(), hp.masked(model, hp.mask_from_heads(model, plan)):
+        want = model(**x).logits
+    hp.prune_heads(model, plan)
+    assert sites[0].name not in {s.name for s in hp.find_sites(model)}  # the site is gone, not kept empty
+    with torch.no_grad():
+        got = model(**x).logits
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max(), family
+
+
+@pytest.mark.parametrize("family", ["xlm", "gpt_neox_japanese", "umt5"])
+def test_emptied_sites_keep_cached_generate_identical(family):
+    model = _build(family)
+    sites = hp.find_sites(model)
+    plan = {sites[0].name: list(range(sites[0].num_heads))}
+    x = {k: v for k, v in _inputs(model).items() if k in ("input_ids", "attention_mask")}
+    kw = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, use_cache=True, pad_token_id=0)
+    with torch.no_grad(), hp.masked(model, hp.mask_from_heads(model, plan)):
+        want = model.generate(**x, **kw)
+    hp.prune_heads(model, plan)
+    with torch.no_grad():
+        got = model.generate(**x, **kw)
+    assert torch.equal(got, want), family
