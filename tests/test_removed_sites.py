@@ -10,6 +10,7 @@ import torch
 import transformers as T
 
 import headprune as hp
+from test_more_families import _inputs
 
 C = dict(vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 BUILD = {
@@ -30,14 +31,6 @@ BUILD = {
 def _build(family):
     torch.manual_seed(0)
     return BUILD[family]().eval()
-
-
-def _inputs(model):
-    g = torch.Generator().manual_seed(3)
-    x = {"input_ids": torch.randint(3, 64, (2, 6), generator=g), "attention_mask": torch.ones(2, 6, dtype=torch.long)}
-    if model.config.is_encoder_decoder:
-        x["decoder_input_ids"] = torch.randint(3, 64, (2, 4), generator=g)
-    return x
 
 
 @pytest.mark.parametrize("family", list(BUILD))
