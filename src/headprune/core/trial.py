@@ -52,9 +52,12 @@ def run_trial(cls: type, config, attn: str | None) -> Trial:
         verdict.problems.append(f"the shrunk copy cannot be built or run ({type(e).__name__}: {e})")
         return verdict
     try:
-        record_templates(small, sites, x)
+        ran = record_templates(small, sites, x)
     except Exception as e:  # the unpruned copy cannot run: nothing below could
         verdict.problems.append(f"the shrunk copy cannot run ({type(e).__name__}: {e})")
+        return verdict
+    if idle := [s.name for s in sites if s.name not in ran]:  # e.g. a vision tower fed text only
+        verdict.problems.append(f"sites {idle} do not run on the example inputs, so their surgery cannot be checked")
         return verdict
     checks = [("batched mask", lambda: _check_batched_mask(small, sites, x)),
               ("pruned == masked", lambda: _check_plans(small, config, sites, x)),
@@ -77,11 +80,13 @@ def run_trial(cls: type, config, attn: str | None) -> Trial:
     return verdict
 
 
-def record_templates(model: nn.Module, sites: list[Site], x: dict) -> None:
+def record_templates(model: nn.Module, sites: list[Site], x: dict) -> set[str]:
     """Run ``model`` once and record how each attention class is called and what it returns
-    (:mod:`.calls`), for the forward of sites that lose every head."""
+    (:mod:`.calls`), for the forward of sites that lose every head. Returns the names of the sites
+    that ran."""
     projected: dict[int, list[torch.Tensor]] = {id(s.attention): [] for s in sites}
     calls: dict[type, tuple] = {}
+    ran: set[str] = set()
     handles = []
     for site in sites:
         cls = type(site.attention)
@@ -89,6 +94,7 @@ def record_templates(model: nn.Module, sites: list[Site], x: dict) -> None:
             lambda m, a, y, key=id(site.attention): projected[key].append(y)))
 
         def capture(module, args, kwargs, output, cls=cls, site=site):
+            ran.add(site.name)
             if cls not in calls:
                 calls[cls] = (module, args, kwargs, output, list(projected[id(module)]), site.meta.get("bert_style", False))
 
@@ -104,6 +110,7 @@ def record_templates(model: nn.Module, sites: list[Site], x: dict) -> None:
             TEMPLATES[cls] = template
         else:
             TEMPLATES.pop(cls, None)
+    return ran
 
 
 def _build(cls: type, config, attn: str | None) -> nn.Module:
@@ -127,13 +134,14 @@ def example_batch(model: nn.Module, batch: int = 3, length: int = 7) -> dict:
         return {"pixel_values": torch.randn(batch, getattr(config, "num_channels", 3), size, size, generator=g)}
     if name != "input_ids":
         raise UnsupportedModelError(f"cannot build example inputs for main input {name!r}")
-    vocab = config.vocab_size
+    vocab = getattr(config, "vocab_size", None) or model.get_input_embeddings().num_embeddings  # composite configs
+    pad = getattr(config, "pad_token_id", None) or 0
     ids = torch.randint(4, vocab, (batch, length), generator=g)
     mask = torch.ones(batch, length, dtype=torch.long)
     if _causal(model):
-        ids[-1, :2], mask[-1, :2] = config.pad_token_id or 0, 0
+        ids[-1, :2], mask[-1, :2] = pad, 0
     else:
-        ids[-1, -2:], mask[-1, -2:] = config.pad_token_id or 0, 0
+        ids[-1, -2:], mask[-1, -2:] = pad, 0
     x = {"input_ids": ids, "attention_mask": mask}
     if getattr(config, "is_encoder_decoder", False):
         x["decoder_input_ids"] = torch.randint(4, vocab, (batch, 5), generator=g)
@@ -226,7 +234,7 @@ def _check_generate(model: nn.Module, config, sites: list[Site], x: dict) -> str
     attn = getattr(model.config, "_attn_implementation", None)
     inputs = {k: v for k, v in x.items() if k in ("input_ids", "attention_mask")}
     kw = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, num_beams=1, use_cache=True,
-              output_scores=True, return_dict_in_generate=True, pad_token_id=config.pad_token_id or 0)
+              output_scores=True, return_dict_in_generate=True, pad_token_id=getattr(config, "pad_token_id", None) or 0)
     for plan in _plans(sites)[:2]:
         with torch.no_grad(), masked(model, mask_from_heads(sites, plan)):
             want = model.generate(**inputs, **kw)
