@@ -5,6 +5,7 @@ matplotlib is imported only when a figure is drawn, so the table costs no plotti
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,19 +16,48 @@ if TYPE_CHECKING:
 
 
 def bench_table(result: BenchResult) -> str:
-    """Plain-text table: examples/s (IQR), latency, measured speed-up, FLOP limit, efficiency."""
+    """Plain-text table: examples/s (IQR), latency, measured speed-up (IQR of the paired ratios), FLOP
+    limit, efficiency; ``!`` marks a noisy speed-up; a footer says how each column is computed."""
     head = (f"{'model':<22} {'batch':>5} {'examples/s':>11} {'IQR':>15} {'latency ms':>10} "
-            f"{'speed-up':>8} {'FLOP limit':>10} {'efficiency':>10}")
+            f"{'speed-up':>9} {'ratio IQR':>13} {'FLOP limit':>10} {'efficiency':>10}")
     lines = [head, "-" * len(head)]
     ups = {(s["model"], s["batch"]): s for s in result.speedups}
     for r in result.runs:
         s = ups.get((r["model"], r["batch"]))
-        up = f"{s['measured']:>7.3f}x {s['flop_limit']:>9.3f}x {_two_decimals(s['efficiency']):>10}" if s else \
-            f"{'-':>8} {'-':>10} {'-':>10}"
+        if s:
+            spread = f"{s['measured_q25']:.3f}-{s['measured_q75']:.3f}"
+            mark = "!" if s.get("noisy") else " "
+            up = (f"{s['measured']:>7.3f}x{mark} {spread:>13} {s['flop_limit']:>9.3f}x "
+                  f"{_two_decimals(s['efficiency']):>10}")
+        else:
+            up = f"{'-':>9} {'-':>13} {'-':>10} {'-':>10}"
         iqr = f"{r['examples_per_s_q25']:.1f}-{r['examples_per_s_q75']:.1f}"
         lines.append(f"{r['model']:<22} {r['batch']:>5} {r['examples_per_s']:>11.2f} {iqr:>15} "
                      f"{1e3 * r['latency_s']:>10.2f} {up}")
-    return "\n".join(lines)
+    notes = ["examples/s = batch / median round time (IQR over rounds). speed-up = median over the same rounds "
+             "of the paired ratio reference time / model time (ratio IQR: its quartiles); it can differ from the "
+             "ratio of the examples/s columns. FLOP limit = reference FLOPs / model FLOPs (2 x matmul multiply-"
+             "accumulates); efficiency = (speed-up - 1) / (FLOP limit - 1)."]
+    if any(s.get("noisy") for s in result.speedups):
+        limit = result.settings.get("noisy_times", 0.1)
+        notes.append("! noisy: the ratio IQR is wider than the speed-up's distance from 1, or a model's round "
+                     f"times vary by more than {limit:.0%} (IQR / median): the speed-up cannot be read.")
+    return "\n".join(lines + [""] + [textwrap.fill(n, width=len(head)) for n in notes])
+
+
+def bench_warnings(result: BenchResult) -> list[str]:
+    """One line per noisy speed-up: the spread that makes it unreadable and what to do about it."""
+    out, limit = [], result.settings.get("noisy_times", 0.1)
+    for s in result.speedups:
+        if not s.get("noisy"):
+            continue
+        rel = s.get("times_relative_iqr", {})
+        out.append(f"warning: {s['model']} vs {s['reference']} at batch {s['batch']}: speed-up "
+                   f"{s['measured']:.3f}x is too noisy to read (paired ratios' IQR {s['measured_q25']:.3f}-"
+                   f"{s['measured_q75']:.3f}; IQR / median of the round times: {s['reference']} "
+                   f"{rel.get('reference', 0):.0%}, {s['model']} {rel.get('model', 0):.0%}, limit {limit:.0%}); "
+                   "rerun with more --repeats, a longer --min-repeat-s or fewer --threads, on a quieter machine")
+    return out
 
 
 def bench_plot(result: BenchResult, path: str | Path) -> Path:

@@ -7,7 +7,10 @@ Timing: every model gets the same inputs; untimed warm-up calls, then rounds in 
 runs once, in the order A B, B A, A B, ... (``alternate=True``), so slow drift of the machine hits
 all models alike. Each round's time is the mean over ``calls`` forwards (chosen so that a repeat lasts
 at least ``min_repeat_s``). Reported: median and quartiles over rounds; the measured speed-up is the
-median over rounds of the paired ratio reference time / model time, beside the FLOP limit.
+median over rounds of the paired ratio reference time / model time, beside the FLOP limit; the
+examples/s columns and the speed-up come from the same rounds. A speed-up is flagged ``noisy`` when
+the IQR of its paired ratios is wider than its distance from 1 (it cannot tell faster from slower) or
+either model's round times have an IQR above :data:`NOISY_TIMES` of their median.
 ``cpu_s`` / ``measured_cpu`` are the same from process CPU time: a diagnostic that other processes
 disturb less than wall-clock time (but OpenMP threads spin while they wait, so it is not pure work).
 
@@ -37,10 +40,11 @@ from ..core.surgery import DroppedHeads, original_heads
 from ..errors import ConfigError
 from ..provenance import versions
 from ..selection.lowest import lowest_heads
-from .figures import bench_plot, bench_table
+from .figures import bench_plot, bench_table, bench_warnings
 from .machine import loadavg, machine_info, peak_rss_delta
 
 PRUNE_ORDERS = ("index", "random")
+NOISY_TIMES = 0.10  # a model's round times with IQR / median above this are too noisy to read a speed-up from
 
 
 def fraction_plan(model: nn.Module, fraction: float, *, order: str = "index", seed: int = 0) -> DroppedHeads:
@@ -111,8 +115,13 @@ class BenchResult:
         return found[0]
 
     def table(self) -> str:
-        """Plain-text table: examples/s (IQR), latency, measured speed-up, FLOP limit, efficiency."""
+        """Plain-text table: examples/s (IQR), latency, measured speed-up (IQR), FLOP limit, efficiency;
+        a footer says how each is computed."""
         return bench_table(self)
+
+    def warnings(self) -> list[str]:
+        """One line per speed-up too noisy to be read (``noisy``), saying how noisy and what to do."""
+        return bench_warnings(self)
 
     def plot(self, path: str | Path) -> Path:
         """PNG: examples/s vs batch size per model (IQR bars); measured speed-up vs FLOP limit."""
@@ -156,6 +165,7 @@ def benchmark(models: Mapping[str, nn.Module], *, batch_sizes: Sequence[int] = (
             speedups.append(_speedup(name, ref, b, times, info))
     settings_dict = {**asdict(settings), "batch_sizes": list(settings.batch_sizes),
                      "repeats": {str(b): settings.repeats_for(b) for b in settings.batch_sizes}, "reference": refs,
+                     "noisy_times": NOISY_TIMES,
                      "flop_kind": "FLOPs = 2 x multiply-accumulates of matmuls (Linear + QK^T + AV)"}
     machine = {**machine_info(), "loadavg_start": load_start, "loadavg_end": loadavg()}
     return BenchResult(settings_dict, machine, versions(), info, runs, speedups, time.perf_counter() - start)
@@ -184,9 +194,9 @@ def _bench_batch(models, batch: int, s: BenchSettings, times: dict, progress: bo
         for i in range(max(s.warmup, 1 if s.memory else 0)):
             for n in names:
                 if i == 0 and s.memory:
-                    mem[n], (first[n], _) = peak_rss_delta(lambda n=n: _time(models[n], inputs[n], 1))
+                    mem[n], (first[n], _) = peak_rss_delta(lambda n=n: time_forward(models[n], inputs[n], 1))
                 else:
-                    first[n], _ = _time(models[n], inputs[n], 1)
+                    first[n], _ = time_forward(models[n], inputs[n], 1)
         fastest = min(first.values(), default=0.0)
         calls = max(1, math.ceil(s.min_repeat_s / fastest)) if fastest > 0 else 1
         rounds = s.repeats_for(batch)
@@ -196,7 +206,7 @@ def _bench_batch(models, batch: int, s: BenchSettings, times: dict, progress: bo
             times[(n, batch)] = {"wall": [], "cpu": []}
         for step in order:
             for n in step:
-                wall, cpu = _time(models[n], inputs[n], calls)
+                wall, cpu = time_forward(models[n], inputs[n], calls)
                 times[(n, batch)]["wall"].append(wall)
                 times[(n, batch)]["cpu"].append(cpu)
         if progress:
@@ -216,7 +226,7 @@ def _bench_batch(models, batch: int, s: BenchSettings, times: dict, progress: bo
     return out
 
 
-def _time(model: nn.Module, inputs: dict, calls: int) -> tuple[float, float]:
+def time_forward(model: nn.Module, inputs: dict, calls: int) -> tuple[float, float]:
     """(wall-clock, process CPU) seconds of one forward, means over ``calls`` (garbage collection paused)."""
     enabled = gc.isenabled()
     gc.disable()
@@ -238,10 +248,18 @@ def _speedup(name: str, ref: str, batch: int, times: dict, info: dict) -> dict:
     measured = statistics.median(paired)
     limit = info[ref]["flops_per_example"] / max(info[name]["flops_per_example"], 1)
     eff = (measured - 1) / (limit - 1) if abs(limit - 1) > 1e-9 else None
+    spread = {"model": _relative_iqr(t["wall"]), "reference": _relative_iqr(ref_t["wall"])}
+    noisy = q75 - q25 > abs(measured - 1) or max(spread.values()) > NOISY_TIMES
     return {"model": name, "reference": ref, "batch": batch, "measured": measured, "measured_q25": q25,
-            "measured_q75": q75, "ratio_of_medians": statistics.median(ref_t["wall"])
-            / statistics.median(t["wall"]), "measured_cpu": statistics.median(paired_cpu),
-            "flop_limit": limit, "efficiency": eff}
+            "measured_q75": q75, "measured_iqr": q75 - q25, "times_relative_iqr": spread, "noisy": noisy,
+            "ratio_of_medians": statistics.median(ref_t["wall"]) / statistics.median(t["wall"]),
+            "measured_cpu": statistics.median(paired_cpu), "flop_limit": limit, "efficiency": eff}
+
+
+def _relative_iqr(values: list[float]) -> float:
+    q25, q75 = _quartiles(values)
+    med = statistics.median(values)
+    return (q75 - q25) / med if med > 0 else 0.0
 
 
 def _quartiles(values: list[float]) -> tuple[float, float]:

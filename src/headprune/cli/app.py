@@ -7,6 +7,7 @@ written when the input is refused.
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 from pathlib import Path
 
@@ -56,3 +57,39 @@ def json_arg(value: str, name: str) -> dict:
     if not isinstance(data, dict):
         raise HeadpruneError(f"{name}: expected a JSON object mapping site -> head indices, got {type(data).__name__}")
     return data
+
+
+def echo_headline(run_dir: Path, report: Path | None = None) -> None:
+    """The headline rows of the run's results.json as an aligned two-column table, then the report's path."""
+    path = Path(run_dir) / "results.json"
+    rows = json.loads(path.read_text()).get("headline", []) if path.is_file() else []
+    cells = [(str(label), f"{value:.4g}" if isinstance(value, float) else str(value)) for label, value in rows]
+    width = max((len(label) for label, _ in cells), default=0)
+    for label, value in cells:
+        typer.echo(f"{label:<{width}}  {value}")
+    if report is not None:
+        typer.echo(f"report: {report}")
+
+
+def escape_help(typer_app: typer.Typer) -> None:
+    """Rich markup swallows ``[...]`` in help texts (``{"site": [heads]}`` would read ``{"site": }``):
+    escape every command's, argument's, option's and group's help once, after all commands are registered,
+    so help texts are written as they should read."""
+    from rich.markup import escape
+
+    def once(obj, attr: str = "help") -> None:
+        if getattr(obj, attr, None) and not getattr(obj, "_headprune_escaped", False):
+            setattr(obj, attr, escape(getattr(obj, attr)))
+            obj._headprune_escaped = True
+
+    once(typer_app.info)
+    for command in typer_app.registered_commands:
+        if command.help is None and command.callback is not None:
+            command.help = inspect.getdoc(command.callback)
+        once(command)
+        for param in inspect.signature(command.callback).parameters.values():
+            if isinstance(param.default, (typer.models.OptionInfo, typer.models.ArgumentInfo)):
+                once(param.default)
+    for group in typer_app.registered_groups:
+        once(group)
+        escape_help(group.typer_instance)

@@ -33,7 +33,8 @@ def bench(
     repeats: int = typer.Option(_D.repeats, "--repeats", help="Timed rounds per batch size (models alternate A B, B A, ...)."),
     min_repeat_s: float = typer.Option(_D.min_repeat_s, "--min-repeat-s", help="Forwards per round so a round lasts this long."),
     prune_fraction: float = typer.Option(None, "--prune-fraction",
-                                         help="Also bench a copy of each model with this fraction of heads removed."),
+                                         help="Also bench a copy of each model with this fraction of heads removed "
+                                              "(default: none)."),
     prune_order: str = typer.Option("index", "--prune-order",
                                     help="Which heads --prune-fraction removes: 'index' (lowest indices of every "
                                          "site, even) or 'random' (seeded, global, uneven)."),
@@ -89,8 +90,9 @@ def bench(
     (output / "bench.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     result.plot(output / "bench.png")
     typer.echo(result.table())
-    typer.echo(f"FLOPs = 2 x matmul multiply-accumulates; speed-up = median over rounds of reference time / model "
-               f"time; efficiency = (speed-up - 1) / (FLOP limit - 1). {torch.get_num_threads()} torch threads.")
+    typer.echo(f"{torch.get_num_threads()} torch threads.")
+    for line in result.warnings():
+        typer.echo(line, err=True)
     typer.echo(f"wrote {output / 'bench.json'} and {output / 'bench.png'}")
 
 

@@ -11,8 +11,21 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
-from .app import app, friendly
-from .options import DATA, DATA2, MINSITE, SEED, TASK, TaskFlags, TaskSetup, with_flags
+from .app import app, echo_headline, friendly
+from .options import (
+    DATA,
+    DATA2,
+    MINSITE,
+    PROGRESS,
+    QUIET,
+    TASK,
+    TaskFlags,
+    TaskSetup,
+    calib_limit_option,
+    check_calib_limit,
+    show_progress,
+    with_flags,
+)
 
 DEFAULT_SEQ_LEN = 128
 METHOD_HELP = ("ih (the paper's I_h), fisher (diagonal Fisher), fisher+rearrange (+ per-site swaps), "
@@ -27,17 +40,21 @@ def compress_command(
     task: str = TASK, data: str = DATA, data2: Path = DATA2,
     calib_data: str = typer.Option(None, "--calib-data", help="Calibration data for scores and tuning (default: "
                                    "--data, refused unless --allow-same-data): must not overlap --data."),
-    calib_data2: Path = typer.Option(None, "--calib-data2", help="Translation: target file of --calib-data."),
-    calib_limit: int = typer.Option(512, "--calib-limit", help="Calibration examples used (the first N)."),
+    calib_data2: Path = typer.Option(None, "--calib-data2", help="Translation: target file of --calib-data "
+                                     "(default: none)."),
+    calib_limit: int = calib_limit_option("--calib-data", "for scores and tuning"),
     allow_same_data: bool = typer.Option(False, "--allow-same-data", help="Allow calibrating on the evaluation data."),
-    keep: float = typer.Option(None, "--keep", help="Share of heads to keep (0..1)."),
-    keep_heads: int = typer.Option(None, "--keep-heads", help="Number of heads to keep."),
-    flops: float = typer.Option(None, "--flops", help="Share of the attention heads' FLOPs to keep (0..1)."),
+    keep: float = typer.Option(None, "--keep", help="Share of heads to keep (0..1); required: exactly one of "
+                               "--keep, --keep-heads, --flops."),
+    keep_heads: int = typer.Option(None, "--keep-heads", help="Number of heads to keep (or --keep, --flops: one "
+                                   "is required)."),
+    flops: float = typer.Option(None, "--flops", help="Share of the attention heads' FLOPs to keep, 0..1 (or --keep, "
+                                "--keep-heads: one is required)."),
     method: str = typer.Option("fisher+tune", "--method", help=METHOD_HELP),
     min_per_site: int = MINSITE,
     seq_len: int = typer.Option(None, "--seq-len", help=f"Tokens per example for FLOPs and timing (default "
                                 f"{DEFAULT_SEQ_LEN}, at most the model's positions)."),
-    tgt_len: int = typer.Option(None, "--tgt-len", help="Encoder-decoders: decoder tokens (default --seq-len)."),
+    tgt_len: int = typer.Option(None, "--tgt-len", help="Encoder-decoders: decoder tokens (default: --seq-len)."),
     damping: float = typer.Option(1e-2, "--damping", help="fisher+tune: ridge towards unit scales (relative)."),
     tune_target: str = typer.Option("residual", "--tune-target", help="fisher+tune: what each site reproduces: "
                                     "residual (the stream after it, Kwon et al.) or output (its projection's)."),
@@ -46,10 +63,11 @@ def compress_command(
     bench_batch: int = typer.Option(16, "--bench-batch", help="Batch size of the speed measurement."),
     bench_repeats: int = typer.Option(5, "--bench-repeats", help="Timed rounds of the speed measurement."),
     no_bench: bool = typer.Option(False, "--no-bench", help="Skip the speed measurement."),
-    seed: int = SEED,
+    seed: int = typer.Option(0, "--seed", help="Seed of --method random."),
     output: Path = typer.Option(..., "-o", "--output", help="New directory: the pruned model, compress.json, "
                                 "report.html."),
-    progress: bool = typer.Option(False, "--progress", help="Show progress bars."),
+    quiet: bool = QUIET,
+    progress: bool = PROGRESS,
     trust_unverified: bool = typer.Option(False, "--trust-unverified", help="Skip the check that surgery is exact "
                                           "for this model's class (refused families): check the result yourself."),
     *, flags: TaskFlags,
@@ -74,8 +92,8 @@ def compress_command(
                           "result; allowed: a disjoint file (e.g. a train split), or --allow-same-data")
     if calib_data2 is not None and calib_data is None:
         raise ConfigError("--calib-data2 needs --calib-data")
-    if isinstance(calib_limit, bool) or calib_limit < 1:
-        raise ConfigError(f"--calib-limit {calib_limit}; allowed: an integer >= 1")
+    check_calib_limit(calib_limit)
+    bars = show_progress(quiet, progress)
     if not no_bench and (bench_batch < 1 or bench_repeats < 1):
         raise ConfigError(f"--bench-batch {bench_batch} --bench-repeats {bench_repeats}; allowed: integers >= 1")
     for path in [p for p in (data, calib) if not str(p).startswith("builtin:")]:
@@ -94,5 +112,6 @@ def compress_command(
                  "calib_n": len(calib_ev)}
     report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=settings, signature=signature,
                           bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
-                          verify=not trust_unverified, progress=progress)
+                          verify=not trust_unverified, progress=bars)
+    echo_headline(output)
     typer.echo(f"compressed {model_dir} -> {output}; report: {report}")

@@ -9,7 +9,7 @@ import typer
 
 from ..errors import ConfigError
 from .app import app, friendly, json_arg
-from .options import DATA2, TaskFlags, with_flags
+from .options import DATA2, PROGRESS, QUIET, TaskFlags, TaskSetup, show_progress, with_flags
 
 
 def _heads_off(heads_off: str | None) -> dict[str, list[int]]:
@@ -29,38 +29,33 @@ def evaluate(
     data: str = typer.Option(..., "--data", help="TSV/CSV/JSONL file or datasets directory; translation: the source "
                              "file or one source/target table; lm: a text file, or 'builtin:pydoc'."),
     data2: Path = DATA2,
-    split: str = typer.Option(None, "--split", help="Split of a datasets directory (classification)."),
+    split: str = typer.Option(None, "--split", help="Split of a datasets directory (classification; default: "
+                              "the only one; required when there are several)."),
     max_length: int = typer.Option(None, "--max-length", help="Truncate inputs (default 128; translation 256)."),
     max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="Translation: generation bound "
                                        "(default min(1.5 * source length + 10, 256))."),
     block_size: int = typer.Option(128, "--block-size", help="LM: tokens per block."),
-    heads_off: str = typer.Option(None, "--heads-off", help='Mask these heads: JSON {"site": \\[heads]} or a file.'),
+    heads_off: str = typer.Option(None, "--heads-off", help='Mask these heads: JSON {"site": [heads]} or a file '
+                                  "(default: none, the full model)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
-    progress: bool = typer.Option(False, "--progress", help="Show a progress bar."),
+    quiet: bool = QUIET,
+    progress: bool = PROGRESS,
     *, flags: TaskFlags,
 ):
     """Evaluate a model on a task: corpus score, examples/s and the signature that reproduces it."""
-    from ..core.io import load_model, load_tokenizer
     from ..core.masking import mask_from_heads
-    from ..evaluation.build import TASKS, build_task
+    from ..evaluation.build import check_task
     from ..provenance import versions
 
-    if task not in TASKS:
-        raise ConfigError(f"--task {task!r}; allowed: {', '.join(TASKS)}")
+    check_task(task)
     off = _heads_off(heads_off)  # refuse bad JSON before loading anything
-    model = load_model(model_dir)
-    if task == "lm" and not type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")):
-        raise ConfigError(f"--task lm needs a causal language model; {str(model_dir)!r} holds a "
-                          f"{type(model).__name__}; allowed: a ...ForCausalLM or ...LMHeadModel")
-    tokenizer = load_tokenizer(model_dir)
-    if tokenizer is None:
-        raise ConfigError(f"model directory {str(model_dir)!r} has no tokenizer (tokenizer.json, "
-                          "tokenizer_config.json, vocab.txt or spiece.model)")
-    evaluator = build_task(task, tokenizer, model.config, data=data, data2=data2, columns=flags.columns(),
-                           limit=flags.limit, batch_size=flags.batch_size, metric=flags.metric, max_length=max_length,
-                           beams=flags.beams, max_new_tokens=max_new_tokens, block_size=block_size, split=split)
+    bars = show_progress(quiet, progress)
+    t = TaskSetup(model_dir, task, flags)  # refuses a model without the task's head before reading data
+    model = t.model
+    evaluator = t.on(data, data2, max_length=max_length, max_new_tokens=max_new_tokens, block_size=block_size,
+                     split=split)
     mask = mask_from_heads(model, off) if off else None
-    result = evaluator.evaluate(model, mask, progress=progress)
+    result = evaluator.evaluate(model, mask, progress=bars)
     out = result.to_dict()
     extra = dict(out.pop("extra"))
     extra.pop("hypotheses", None)

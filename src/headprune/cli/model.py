@@ -40,8 +40,8 @@ def sites(
 @friendly
 def prune(
     model_dir: Path = typer.Argument(..., help="Model directory to prune."),
-    drop: str = typer.Option(None, "--drop", help="Heads to remove, as JSON "
-                             '{"site": \\[head indices among the site\'s current heads]} or a path to such a file.'),
+    drop: str = typer.Option(None, "--drop", help="Heads to remove (required), as JSON "
+                             '{"site": [head indices among the site\'s current heads]} or a path to such a file.'),
     heads: str = typer.Option(None, "--heads", hidden=True, help="Old name of --drop."),
     output: Path = typer.Option(..., "-o", "--output",
                                 help="Directory to write the pruned model to (must not exist, or be empty)."),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 import typing
 from pathlib import Path
 
@@ -21,20 +22,50 @@ from ..errors import ConfigError
 TASK = typer.Option(..., "--task", help="classification, translation or lm.")
 DATA = typer.Option(..., "--data", help="Data file (TSV/CSV/JSONL/datasets dir; translation: source file or table; "
                     "lm: text file or 'builtin:pydoc').")
-DATA2 = typer.Option(None, "--data2", help="Translation: target file, line-aligned with --data.")
-SEED = typer.Option(0, "--seed", help="Seed (bootstrap, random order).")
+DATA2 = typer.Option(None, "--data2", help="Translation: target file, line-aligned with --data (default: none, "
+                     "--data is then one source/target table).")
+SEED = typer.Option(0, "--seed", help="Seed of the bootstrap and of the random order.")
 OUT = typer.Option(..., "-o", "--output", help="Run directory (rerun the same command to resume).")
 FRESH = typer.Option(False, "--fresh", help="Start over in an existing run directory.")
 MINSITE = typer.Option(0, "--min-per-site", help="Keep at least this many heads in every site.")
-TEXT = typer.Option(None, "--text-column", help="Classification text column (name or position).")
-PAIR = typer.Option(None, "--text-pair-column", help="Second text column of pair tasks.")
-LABEL = typer.Option(None, "--label-column", help="Classification label column.")
-SRC = typer.Option(None, "--source-column", help="Translation table: source column.")
-TGT = typer.Option(None, "--target-column", help="Translation table: target column.")
-LIMIT = typer.Option(None, "--limit", help="Only the first N examples (lm: N blocks).")
+TEXT = typer.Option(None, "--text-column", help="Classification text column, a name or a position (default: "
+                    "guessed from common names, e.g. sentence).")
+PAIR = typer.Option(None, "--text-pair-column", help="Second text column of pair tasks (default: guessed, e.g. "
+                    "sentence2; none for single texts).")
+LABEL = typer.Option(None, "--label-column", help="Classification label column (default: guessed, e.g. label).")
+SRC = typer.Option(None, "--source-column", help="Translation table: source column (default: source or src, or "
+                   "the first of two columns).")
+TGT = typer.Option(None, "--target-column", help="Translation table: target column (default: target or tgt, or "
+                   "the second of two columns).")
+LIMIT = typer.Option(None, "--limit", help="Only the first N examples of --data (lm: N blocks; default: all).")
 BATCH = typer.Option(None, "--batch-size", help="Batch size (default 32; lm 8).")
 METRIC = typer.Option(None, "--metric", help="Classification: accuracy (default), f1 or matthews.")
 BEAMS = typer.Option(1, "--beams", help="Translation: beam size (1 = greedy).")
+CALIB_LIMIT = 256  # the first N examples of a calibration or choice data set
+QUIET = typer.Option(False, "--quiet", "-q", help="No progress bars (default: bars on stderr when it is a terminal).")
+PROGRESS = typer.Option(False, "--progress", hidden=True, help="Progress bars even when stderr is not a terminal.")
+
+
+def calib_limit_option(flag: str, use: str):
+    """``--calib-limit``: the same flag, default and meaning wherever a second data set calibrates or chooses."""
+    return typer.Option(CALIB_LIMIT, "--calib-limit", help=f"Use only the first N examples of {flag} ({use}; lm: N "
+                        "blocks); --limit applies to --data only.")
+
+
+def check_calib_limit(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"--calib-limit {value}; allowed: an integer >= 1")
+    return value
+
+
+def show_progress(quiet: bool, forced: bool, stream=None) -> bool:
+    """Bars by default when ``stream`` (stderr) is a terminal; ``--quiet`` turns them off, ``--progress`` on."""
+    if quiet and forced:
+        raise ConfigError("--quiet and --progress both given; allowed: at most one of them")
+    if forced or quiet:
+        return forced
+    isatty = getattr(sys.stderr if stream is None else stream, "isatty", None)
+    return bool(isatty and isatty())
 
 
 @dataclasses.dataclass
@@ -67,7 +98,7 @@ class SweepFlags(Flags):
     """Which sites a sweep covers and how its significance is tested."""
 
     sites: str = dataclasses.field(default=typer.Option(None, "--sites", help="Comma-separated site names or kinds "
-                                   "(encoder, decoder, cross)."))
+                                   "(encoder, decoder, cross); default: every site."))
     alpha: float = dataclasses.field(default=typer.Option(0.01, "--alpha", help="Significance level for the flag."))
     resamples: int = dataclasses.field(default=typer.Option(1000, "--resamples", help="Bootstrap resamples."))
     seed: int = dataclasses.field(default=SEED)
@@ -122,11 +153,17 @@ def comma_list(value: str | None) -> list[str] | None:
     return None if not value else [s.strip() for s in value.split(",") if s.strip()]
 
 
-def load_model_dir(model_dir: Path):
-    """(model, tokenizer) of a model directory; a directory without a tokenizer is refused."""
+def load_model_dir(model_dir: Path, task: str | None = None):
+    """(model, tokenizer) of a model directory; a directory without a tokenizer is refused, and so is a
+    model without the head ``task`` needs (one line naming its class and what to do)."""
     from ..core.io import load_model, load_tokenizer
+    from ..evaluation.build import check_model, check_task
 
+    if task is not None:
+        check_task(task)
     model = load_model(model_dir)
+    if task is not None:
+        check_model(task, model, str(model_dir))
     tokenizer = load_tokenizer(model_dir)
     if tokenizer is None:
         raise ConfigError(f"model directory {str(model_dir)!r} has no tokenizer (tokenizer.json, "
@@ -134,17 +171,34 @@ def load_model_dir(model_dir: Path):
     return model, tokenizer
 
 
+def check_checkpoint(model_dir: Path, task: str) -> None:
+    """:func:`headprune.evaluation.build.check_model` from ``config.json`` alone (no weights loaded)."""
+    import transformers
+
+    from ..evaluation.build import check_model
+
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    arch = (getattr(config, "architectures", None) or [None])[0]
+    cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
+    if isinstance(cls, type):
+        check_model(task, cls, str(model_dir), config=config)
+
+
 class TaskSetup:
-    """A loaded model and the task flags shared by a command; ``on(data)`` builds an evaluator."""
+    """A loaded model, checked to have the head ``task`` needs, and the task flags shared by a command;
+    ``on(data)`` builds an evaluator. Every command that evaluates goes through it, so a wrong model is
+    refused before any data is read or anything is written."""
 
     def __init__(self, model_dir: Path, task: str, flags: TaskFlags):
-        self.model, self.tokenizer = load_model_dir(model_dir)
+        self.model, self.tokenizer = load_model_dir(model_dir, task)
         self.task, self.flags = task, flags
 
-    def on(self, data: str, data2=None, *, limit: int | None = None):
+    def on(self, data: str, data2=None, *, limit: int | None = None, **options):
+        """The evaluator of ``data``: ``limit`` (default ``--limit``) its first N examples; ``options`` go
+        to :func:`headprune.evaluation.build.build_task` (max_length, split, ...)."""
         from ..evaluation.build import build_task
 
         f = self.flags
         return build_task(self.task, self.tokenizer, self.model.config, data=data, data2=data2,
                           columns=f.columns(), limit=f.limit if limit is None else limit, batch_size=f.batch_size,
-                          metric=f.metric, beams=f.beams)
+                          metric=f.metric, beams=f.beams, **options)

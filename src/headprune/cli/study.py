@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
-from .app import app, friendly
+from .app import app, echo_headline, friendly
 from .options import (
     DATA,
     DATA2,
@@ -23,9 +23,14 @@ from .options import (
     SweepFlags,
     TaskFlags,
     TaskSetup,
+    calib_limit_option,
+    check_calib_limit,
+    check_checkpoint,
     comma_list,
     with_flags,
 )
+
+MODEL = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune).")
 
 
 def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int) -> dict:
@@ -36,7 +41,7 @@ def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: in
 @app.command("ablate")
 @friendly
 @with_flags(flags=TaskFlags, sweep=SweepFlags)
-def ablate(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = DATA, data2: Path = DATA2,
+def ablate(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Path = DATA2,
            output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags, sweep: SweepFlags):
     """One head masked at a time, with significance (paper 3.2, Table 1, Fig. 1)."""
     from ..experiments.study import run_ablation
@@ -46,38 +51,43 @@ def ablate(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = 
     ev = t.on(data, data2)
     report = run_ablation(t.model, ev, output, signature=_signature(model_dir, task, data, data2, ev, sweep.seed),
                           sites=sweep.site_list(), settings=settings, fresh=fresh)
-    typer.echo(f"report: {report}")
+    echo_headline(output, report)
 
 
 @app.command("all-but-one")
 @friendly
 @with_flags(flags=TaskFlags, sweep=SweepFlags)
-def all_but_one(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = DATA, data2: Path = DATA2,
+def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Path = DATA2,
                 choose_data: str = typer.Option(None, "--choose-data", help="Choose the kept head on this split "
-                                                "(paper App. A); the score is reported on --data."),
-                choose_data2: Path = typer.Option(None, "--choose-data2", help="Translation: target of --choose-data."),
+                                                "(paper App. A; default: none, on --data itself); the score is "
+                                                "reported on --data."),
+                choose_data2: Path = typer.Option(None, "--choose-data2", help="Translation: target of --choose-data (default: none)."),
+                calib_limit: int = calib_limit_option("--choose-data", "the split the kept head is chosen on"),
                 output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags, sweep: SweepFlags):
     """Keep only one head per site, try each, report the best (paper 3.3, Tables 2-3; App. A, Tables 5-6)."""
     from ..experiments.study import run_all_but_one
 
     settings = sweep.settings()
+    check_calib_limit(calib_limit)
+    if choose_data2 is not None and choose_data is None:
+        raise ConfigError("--choose-data2 needs --choose-data")
     t = TaskSetup(model_dir, task, flags)
     ev = t.on(data, data2)
-    choose = t.on(choose_data, choose_data2) if choose_data else None
+    choose = t.on(choose_data, choose_data2, limit=calib_limit) if choose_data else None
     sig = _signature(model_dir, task, data, data2, ev, sweep.seed)
     if choose_data:
-        sig["choose_data"] = choose_data
+        sig.update(choose_data=choose_data, choose_n=len(choose))
     report = run_all_but_one(t.model, ev, output, choose_on=choose, signature=sig, sites=sweep.site_list(),
                              settings=settings, fresh=fresh)
-    typer.echo(f"report: {report}")
+    echo_headline(output, report)
 
 
 @app.command("cross-domain")
 @friendly
 @with_flags(flags=TaskFlags, sweep=SweepFlags)
-def cross_domain(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = DATA, data2: Path = DATA2,
+def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Path = DATA2,
                  data_b: str = typer.Option(..., "--data-b", help="The second dataset (e.g. out-of-domain)."),
-                 data2_b: Path = typer.Option(None, "--data2-b", help="Translation: target of --data-b."),
+                 data2_b: Path = typer.Option(None, "--data2-b", help="Translation: target of --data-b (default: none)."),
                  names: str = typer.Option("in-domain,out-of-domain", "--names", help="Names of the two datasets."),
                  output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags, sweep: SweepFlags):
     """One-head ablation on two datasets and the Pearson r of the score changes (paper 3.4, Fig. 2)."""
@@ -93,7 +103,7 @@ def cross_domain(model_dir: Path = typer.Argument(...), task: str = TASK, data: 
     sig = {**_signature(model_dir, task, data, data2, ev_a, sweep.seed), "data_b": data_b, "n_b": len(ev_b)}
     report = run_cross_domain(t.model, ev_a, ev_b, output, names=pair, signature=sig, sites=sweep.site_list(),
                               settings=settings, fresh=fresh)
-    typer.echo(f"report: {report}")
+    echo_headline(output, report)
 
 
 def _curve_settings(orders: str, step: float, seeds: int, kinds: str | None, min_per_site: int):
@@ -115,32 +125,38 @@ ORDERS = typer.Option("importance,oracle,random", "--orders", help="Comma-separa
                       "score and tune on --calib-data).")
 STEP = typer.Option(0.1, "--step", help="Share of heads pruned per step.")
 SEEDS = typer.Option(3, "--seeds", help="Random order: number of seeds.")
-KINDS = typer.Option(None, "--kind", help="Prune only this attention kind: encoder, decoder, cross (paper Fig. 4).")
+KINDS = typer.Option(None, "--kind", help="Prune only this attention kind: encoder, decoder, cross (paper Fig. 4; "
+                     "default: all kinds).")
 
 
 @app.command("curve")
 @friendly
 @with_flags(flags=TaskFlags)
-def curve(model_dir: Path = typer.Argument(...), task: str = TASK, data: str = DATA, data2: Path = DATA2,
-          calib_data: str = typer.Option(None, "--calib-data", help="Data for I_h (default: --data)."),
-          calib_data2: Path = typer.Option(None, "--calib-data2", help="Translation: target of --calib-data."),
+def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Path = DATA2,
+          calib_data: str = typer.Option(None, "--calib-data", help="Data for I_h and the Fisher orders (default: "
+                                         "the evaluated --data examples)."),
+          calib_data2: Path = typer.Option(None, "--calib-data2", help="Translation: target of --calib-data (default: none)."),
+          calib_limit: int = calib_limit_option("--calib-data", "for I_h and the Fisher orders"),
           oracle_from: Path = typer.Option(None, "--oracle-from", help="Take the oracle order from this "
-                                           "`headprune ablate` run directory instead of recomputing it."),
+                                           "`headprune ablate` run directory (default: none, computed here by a one-head ablation)."),
           orders: str = ORDERS, step: float = STEP, seeds: int = SEEDS, kind: str = KINDS, min_per_site: int = MINSITE,
           output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags):
     """Pruning curves in I_h, oracle and random order (paper 4.2, 5, App. B; Figs. 3, 4, 6)."""
     from ..experiments.study import oracle_from_run, run_curves
 
     settings = _curve_settings(orders, step, seeds, kind, min_per_site)
+    check_calib_limit(calib_limit)
+    if calib_data2 is not None and calib_data is None:
+        raise ConfigError("--calib-data2 needs --calib-data")
     oracle = oracle_from_run(oracle_from) if oracle_from and "oracle" in settings.orders else None
     t = TaskSetup(model_dir, task, flags)
     ev = t.on(data, data2)
-    calib = t.on(calib_data, calib_data2) if calib_data else ev
+    calib = t.on(calib_data, calib_data2, limit=calib_limit) if calib_data else ev
     sig = {**_signature(model_dir, task, data, data2, ev, 0), "importance_data": calib_data or data,
-           "oracle_from": str(oracle_from) if oracle else None}
+           "importance_n": len(calib), "oracle_from": str(oracle_from) if oracle else None}
     report = run_curves(t.model, ev, output, settings=settings, importance_batches=calib.batches, signature=sig,
                         oracle=oracle, fresh=fresh)
-    typer.echo(f"report: {report}")
+    echo_headline(output, report)
 
 
 @app.command("dynamics")
@@ -157,18 +173,25 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
         if not (path / "config.json").is_file():
             raise ConfigError(f"checkpoint {str(path)!r} is not a model directory (no config.json)")
     epochs = [_epoch(p, i) for i, p in enumerate(checkpoints, start=1)]
+    order = sorted(zip(epochs, checkpoints, strict=True))
+    first = TaskSetup(order[0][1], task, flags)  # checked, and its data read, before anything is written
+    ready = {order[0][1]: (first.model, first.on(data, data2))}
+    del first
+    for _, path in order[1:]:
+        check_checkpoint(path, task)  # from config.json alone: the weights load when their epoch comes
 
     def loader(path):
         def load():
+            if path in ready:
+                return ready.pop(path)
             t = TaskSetup(path, task, flags)
             return t.model, t.on(data, data2)
         return load
 
     sig = {"model": [str(p) for p in checkpoints], "task": task, "data": data, "split": Path(data).name,
            "n": flags.limit, "seed": 0, "command": " ".join(sys.argv[1:])}
-    order = sorted(zip(epochs, checkpoints, strict=True))
     report = run_dynamics([(e, loader(p)) for e, p in order], output, settings=settings, signature=sig, fresh=fresh)
-    typer.echo(f"report: {report}")
+    echo_headline(output, report)
 
 
 def _epoch(path: Path, position: int) -> int:
@@ -182,4 +205,4 @@ def report(run_dir: Path = typer.Argument(..., help="A run directory written by 
     """(Re)build report.html of a run directory from its results.json and figures."""
     from ..report import build_report
 
-    typer.echo(f"report: {build_report(run_dir)}")
+    echo_headline(run_dir, build_report(run_dir))

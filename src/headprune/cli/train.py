@@ -11,17 +11,24 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
+from ..train import ClassifierTrainSettings, TranslationTrainSettings
 from .app import app, friendly
-from .options import LABEL, LIMIT, PAIR, SEED, SRC, TEXT, TGT, column
+from .options import LABEL, PAIR, SRC, TEXT, TGT, column
 
 train_app = typer.Typer(no_args_is_help=True, help="Fine-tune a classifier or train a translation model.")
 app.add_typer(train_app, name="train")
 
-EPOCHS = typer.Option(None, "--epochs", help="Epochs (default: the settings' default).")
-BATCH = typer.Option(None, "--batch-size", help="Training batch size.")
-LR = typer.Option(None, "--lr", help="Peak learning rate.")
-MAXLEN = typer.Option(None, "--max-length", help="Truncate examples to this many tokens.")
-THREADS = typer.Option(None, "--threads", help="torch threads (default: torch's).")
+_C, _T, _I = ClassifierTrainSettings(), TranslationTrainSettings(), TranslationTrainSettings.iwslt()  # defaults
+
+
+def _both(small, iwslt) -> str:
+    return f"default {small}" if small == iwslt else f"default {small}; --preset iwslt {iwslt}"
+
+
+THREADS = typer.Option(None, "--threads", help="torch threads (default: torch's own choice).")
+SEED = typer.Option(0, "--seed", help="Seed of the initial weights (the new head; a translation model's weights) "
+                    "and of the batch order and dropout of every epoch.")
+LIMIT = typer.Option(None, "--limit", help="Only the first N training examples (default: all).")
 OUT = typer.Option(..., "-o", "--output", help="Output directory (epoch-k checkpoints, final/, train_log.jsonl).")
 
 
@@ -43,11 +50,17 @@ def _threads(threads: int | None) -> None:
 def classifier(
     model_dir: Path = typer.Argument(..., help="Pretrained encoder directory (a fresh classification head is added)."),
     data: str = typer.Option(..., "--data", help="Training data (TSV/CSV/JSONL/datasets dir)."),
-    eval_data: str = typer.Option(None, "--eval-data", help="Evaluation data, scored after every epoch."),
-    eval_limit: int = typer.Option(None, "--eval-limit", help="Only the first N evaluation examples."),
+    eval_data: str = typer.Option(None, "--eval-data", help="Evaluation data, scored after every epoch (default: "
+                                  "none)."),
+    eval_limit: int = typer.Option(None, "--eval-limit", help="Only the first N evaluation examples (default: all)."),
     text_column: str = TEXT, text_pair_column: str = PAIR, label_column: str = LABEL, limit: int = LIMIT,
-    epochs: int = EPOCHS, batch_size: int = BATCH, lr: float = LR, max_length: int = MAXLEN, seed: int = SEED,
-    threads: int = THREADS, output: Path = OUT,
+    epochs: int = typer.Option(None, "--epochs", help=f"Epochs (default {_C.epochs})."),
+    batch_size: int = typer.Option(None, "--batch-size", help=f"Training batch size (default {_C.batch_size})."),
+    lr: float = typer.Option(None, "--lr", help=f"Peak learning rate of AdamW, after a linear warm-up over "
+                             f"{_C.warmup_ratio:.0%} of the steps, then linear decay (default {_C.lr:g})."),
+    max_length: int = typer.Option(None, "--max-length", help="Truncate each example (pair) to this many tokens, "
+                                   f"special tokens included (default {_C.max_length})."),
+    seed: int = SEED, threads: int = THREADS, output: Path = OUT,
 ):
     """Fine-tune a pretrained encoder for (pair) classification."""
     from ..core.io import load_tokenizer
@@ -82,21 +95,33 @@ def classifier(
 @friendly
 def translation(
     data: str = typer.Option(..., "--data", help="Source file (or a two-column table)."),
-    data2: Path = typer.Option(None, "--data2", help="Target file, line-aligned with --data."),
-    eval_data: str = typer.Option(None, "--eval-data", help="Evaluation source file (BLEU after every epoch)."),
-    eval_data2: Path = typer.Option(None, "--eval-data2", help="Evaluation target file."),
-    eval_limit: int = typer.Option(None, "--eval-limit", help="Only the first N evaluation pairs."),
+    data2: Path = typer.Option(None, "--data2", help="Target file, line-aligned with --data (default: none, --data "
+                               "is a two-column table)."),
+    eval_data: str = typer.Option(None, "--eval-data", help="Evaluation source file, BLEU after every epoch "
+                                  "(default: none)."),
+    eval_data2: Path = typer.Option(None, "--eval-data2", help="Evaluation target file (default: none)."),
+    eval_limit: int = typer.Option(None, "--eval-limit", help="Only the first N evaluation pairs (default: all)."),
     source_column: str = SRC, target_column: str = TGT, limit: int = LIMIT,
     preset: str = typer.Option("small", "--preset", help="small (3+3 layers x 4 heads, d 256) or iwslt "
                                "(6+6 layers x 8 heads, d 512, the paper's IWSLT shape)."),
-    layers: int = typer.Option(None, "--layers", help="Encoder and decoder layers."),
-    heads: int = typer.Option(None, "--heads", help="Attention heads."),
-    d_model: int = typer.Option(None, "--d-model", help="Model width."),
-    ffn_dim: int = typer.Option(None, "--ffn-dim", help="Feed-forward width."),
-    vocab_size: int = typer.Option(None, "--vocab-size", help="Joint BPE vocabulary size."),
-    warmup_steps: int = typer.Option(None, "--warmup-steps", help="Linear warm-up steps before inverse-sqrt decay."),
-    epochs: int = EPOCHS, batch_size: int = BATCH, lr: float = LR, max_length: int = MAXLEN, seed: int = SEED,
-    threads: int = THREADS, output: Path = OUT,
+    layers: int = typer.Option(None, "--layers", help="Encoder and decoder layers, each "
+                               f"({_both(_T.encoder_layers, _I.encoder_layers)})."),
+    heads: int = typer.Option(None, "--heads", help="Attention heads per site "
+                              f"({_both(_T.attention_heads, _I.attention_heads)})."),
+    d_model: int = typer.Option(None, "--d-model", help=f"Model width ({_both(_T.d_model, _I.d_model)})."),
+    ffn_dim: int = typer.Option(None, "--ffn-dim", help=f"Feed-forward width ({_both(_T.ffn_dim, _I.ffn_dim)})."),
+    vocab_size: int = typer.Option(None, "--vocab-size", help="Joint BPE vocabulary size "
+                                   f"({_both(_T.vocab_size, _I.vocab_size)})."),
+    warmup_steps: int = typer.Option(None, "--warmup-steps", help="Linear warm-up steps before inverse-sqrt decay "
+                                     f"({_both(_T.warmup_steps, _I.warmup_steps)})."),
+    epochs: int = typer.Option(None, "--epochs", help=f"Epochs ({_both(_T.epochs, _I.epochs)})."),
+    batch_size: int = typer.Option(None, "--batch-size", help=f"Sentence pairs per batch (default {_T.batch_size}; "
+                                   f"--preset iwslt: batches of up to {_I.max_tokens} tokens instead)."),
+    lr: float = typer.Option(None, "--lr", help=f"Peak learning rate ({_both(f'{_T.lr:g}', f'{_I.lr:g}')})."),
+    max_length: int = typer.Option(None, "--max-length", help="Longest training pair in tokens, </s> included: longer "
+                                   "pairs are skipped, not truncated; evaluation sources are truncated to it and it "
+                                   f"bounds the generated length (default {_T.max_length})."),
+    seed: int = SEED, threads: int = THREADS, output: Path = OUT,
 ):
     """Train an encoder-decoder translation model from scratch (tokenizer trained here too)."""
     from ..evaluation.data import load_parallel

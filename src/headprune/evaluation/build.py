@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from ..errors import ConfigError
@@ -11,6 +12,9 @@ from .lm import LanguageModelling
 from .translation import Translation
 
 TASKS = ("classification", "translation", "lm")
+CAUSAL = ("ForCausalLM", "LMHeadModel")  # class-name suffixes of causal language models
+CLASSIFIER = "ForSequenceClassification"
+HEADS = ("classifier", "score", "classification_head")  # where other classes keep a classifier
 PYDOC = "builtin:pydoc"  # data value for the English prose shipped with CPython (pydoc_data)
 COLUMNS = ("text_column", "text_pair_column", "label_column", "source_column", "target_column")
 
@@ -21,8 +25,7 @@ def build_task(task: str, tokenizer, config, *, data: str, data2: Path | None = 
                block_size: int = 128, split: str | None = None):
     """The evaluator of ``task`` on ``data`` (all checks raise HeadpruneError; flags that do not apply
     to the task are refused by name)."""
-    if task not in TASKS:
-        raise ConfigError(f"--task {task!r}; allowed: {', '.join(TASKS)}")
+    check_task(task)
     columns = {k: (columns or {}).get(k) for k in COLUMNS}
     text_cols = {k: columns[k] for k in ("text_column", "text_pair_column", "label_column")}
     pair_cols = {k: columns[k] for k in ("source_column", "target_column")}
@@ -39,6 +42,78 @@ def build_task(task: str, tokenizer, config, *, data: str, data2: Path | None = 
     _refuse(task, data2=data2, **text_cols, **pair_cols, metric=metric, split=split, max_new_tokens=max_new_tokens)
     texts = python_docs_text() if data == PYDOC else load_text(data)
     return LanguageModelling(tokenizer, texts, block_size=block_size, batch_size=batch_size or 8, max_blocks=limit)
+
+
+def check_task(task: str) -> None:
+    if task not in TASKS:
+        raise ConfigError(f"--task {task!r}; allowed: {', '.join(TASKS)}")
+
+
+def check_model(task: str, model, source: str = "the model", *, config=None) -> None:
+    """Refuse, in one line naming the model's class and what to do, a model without the head ``task``
+    needs: classification a sequence classifier, translation an encoder-decoder with ``generate``, lm a
+    causal LM. ``model`` is a model, or a model class with its ``config``; call it before reading data."""
+    check_task(task)
+    cls = model if isinstance(model, type) else type(model)
+    name = cls.__name__
+    config = config if config is not None else getattr(model, "config", None)
+    enc_dec = bool(getattr(config, "is_encoder_decoder", False))
+    causal = name.endswith(CAUSAL)
+    if task == "classification":
+        if name.endswith(CLASSIFIER) or (not (enc_dec or causal) and _has_classifier(model, config)):
+            return
+        need = "a sequence classifier (a ...ForSequenceClassification)"
+    elif task == "translation":
+        if enc_dec and not name.endswith(CLASSIFIER) and callable(getattr(cls, "generate", None)):
+            return
+        need = "an encoder-decoder that generates (e.g. MarianMTModel, a ...ForConditionalGeneration)"
+    else:
+        if causal:
+            return
+        need = "a causal language model (a ...ForCausalLM or ...LMHeadModel)"
+    raise ConfigError(f"--task {task} needs {need}; {source!r} holds a {name} ({_what(name, enc_dec, causal)}); "
+                      + _advice(task, name, enc_dec, causal, source))
+
+
+def _has_classifier(model, config) -> bool:
+    """An instance whose classifier module ends in a Linear with ``config.num_labels`` outputs."""
+    import torch.nn as nn
+
+    if isinstance(model, type) or not getattr(config, "num_labels", None):
+        return False
+    for attr in HEADS:
+        linears = [m for m in getattr(getattr(model, attr, None), "modules", list)() if isinstance(m, nn.Linear)]
+        if linears and linears[-1].out_features == config.num_labels:
+            return True
+    return False
+
+
+def _what(name: str, enc_dec: bool, causal: bool) -> str:
+    if causal:
+        return "a causal language model"
+    if name.endswith(CLASSIFIER):
+        return "a sequence classifier"
+    if enc_dec:
+        return "an encoder-decoder"
+    if name.endswith("ForMaskedLM"):
+        return "a masked language model without a classification head"
+    if "For" not in name:
+        return "a pretrained base model without a task head"
+    return "a model without a sequence-classification head"
+
+
+def _advice(task: str, name: str, enc_dec: bool, causal: bool, source: str) -> str:
+    """What to do instead: the task this model does fit, and how to make a model that fits ``task``."""
+    fits = ("lm" if causal else "classification" if name.endswith(CLASSIFIER) else "translation" if enc_dec
+            else None)
+    other = f"it fits --task {fits}" if fits and fits != task else ""
+    make = {"classification": "fine-tune a classification head on it first: headprune train classifier "
+                              f"{shlex.quote(source)} --data TRAIN.tsv -o OUT, then use OUT/final",
+            "translation": "train one: headprune train translation --data SRC --data2 TGT -o OUT",
+            "lm": "use a causal LM checkpoint (e.g. GPT-2, Llama, Qwen2)"}[task]
+    if other and task == "classification":
+        make = "a classifier: fine-tune a pretrained encoder with headprune train classifier"
+    return f"{other}; for this task, {make}" if other else make
 
 
 def _refuse(task: str, **given: object) -> None:

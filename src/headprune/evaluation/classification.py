@@ -46,6 +46,8 @@ class Classification:
             raise ConfigError("give exactly one of config= (the model's config, for its label2id) or "
                               "label2id={label: id}")
         texts, labels, pairs, source = _unpack(data)
+        if label2id is None:
+            _check_label_count(labels, config, source)
         self.label_ids = encode_labels(labels, config if label2id is None else label2id)
         self.num_labels = int(getattr(config, "num_labels", 0) or 0) if label2id is None else len(label2id)
         self.num_labels = max(self.num_labels, max(self.label_ids) + 1)
@@ -137,6 +139,18 @@ def _unpack(data: Any) -> tuple[list[str], list, list[str] | None, str]:
     if pairs is not None and len(check_strings("text_pairs", pairs)) != len(texts):
         raise DataError(f"text_pairs: {len(pairs)} entries for {len(texts)} texts; allowed: one per text")
     return texts, [str(x) for x in labels], None if pairs is None else list(pairs), "in-memory"
+
+
+def _check_label_count(labels, config, source: str) -> None:
+    """More distinct labels in the data than the classifier has outputs: refused, naming both counts."""
+    n_model = int(getattr(config, "num_labels", 0) or 0)
+    found = sorted({str(x) for x in labels or []}, key=lambda x: (len(x), x))
+    if n_model and len(found) > n_model:
+        shown = ", ".join(f"{x!r:.24}" for x in found[:6]) + (", ..." if len(found) > 6 else "")
+        raise ConfigError(f"the data {source!r} has {len(found)} distinct labels ({shown}) but the model "
+                          f"classifies into num_labels={n_model}; allowed: data with at most {n_model} labels (is "
+                          "the label column right?), or a classifier trained on these labels (headprune train "
+                          "classifier)")
 
 
 def _pad_id(tokenizer) -> int:

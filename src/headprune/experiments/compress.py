@@ -73,7 +73,7 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     if speed is not None:
         up = speed.speedups[0]
         headline.append([f"speed-up at batch {bench_batch} (FLOP limit {up['flop_limit']:.2f}x)",
-                         f"{up['measured']:.2f}x"])
+                         f"{up['measured']:.2f}x" + (" (noisy)" if up.get("noisy") else "")])
     run.write_json("results.json", {
         "title": f"Compressed with {settings.method} ({_budget(settings)})", "experiment": "compress",
         "metric": metric, "headline": headline, "signature": sig,
