@@ -130,6 +130,15 @@ def head_lists(site: Site) -> list[tuple[nn.Module, str, str]]:
 POSITION_BUFFERS = ("inv_freq", "cos_cached", "sin_cached", "original_inv_freq", "embed_positions")  # not heads
 
 
+def ancestors(root: nn.Module, name: str) -> list[nn.Module]:
+    """``root``, the modules on the path to its submodule ``name``, and that submodule."""
+    out, module = [], root
+    for part in (name.split(".") if name else [])[:-1]:
+        out.append(module)
+        module = getattr(module, part)
+    return out + ([module] if name else [])
+
+
 def head_tensors(site: Site) -> list[tuple[nn.Module, str, int, str]]:
     """Parameters / buffers of the attention module itself with one entry per head along one dimension,
     as (module, name, dim, side): e.g. gpt-oss's attention sinks ``[heads]`` or Cohere's per-head
@@ -143,12 +152,7 @@ def head_tensors(site: Site) -> list[tuple[nn.Module, str, int, str]]:
         skip.add(id(getattr(site.attention, "relative_attention_bias", None)))
     found = []
     for path, module in site.attention.named_modules():
-        parts = path.split(".") if path else []
-        chain, owner = [site.attention], site.attention
-        for p in parts:
-            owner = getattr(owner, p)
-            chain.append(owner)
-        if any(id(m) in skip for m in chain):
+        if id(module) in skip or any(id(m) in skip for m in ancestors(site.attention, path)):
             continue
         tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
         for name, t in tensors:

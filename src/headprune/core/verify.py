@@ -30,7 +30,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from .runtime import RepeatHeads, shares_t5_bias
-from .sites import POSITION_BUFFERS, Site, find_sites, head_lists, head_tensors
+from .sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_lists, head_tensors
 from .trial import run_trial
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
@@ -118,9 +118,9 @@ def per_head_parameters(sites: list[Site]) -> list[str]:
         widths = {site.num_heads * site.head_dim, site.num_kv_heads * site.head_dim}
         found = []
         for name, module in site.attention.named_modules():
-            if id(module) in handled or any(id(m) in handled for m in _ancestors(site.attention, name)):
+            if id(module) in handled or any(id(m) in handled for m in ancestors(site.attention, name)):
                 continue
-            if id(module) in lists or any(id(m) in lists for m in _ancestors(site.attention, name)):
+            if id(module) in lists or any(id(m) in lists for m in ancestors(site.attention, name)):
                 continue  # one module per head: surgery keeps the kept heads' entries (their sizes are per head_dim)
             tensors = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
             for pname, t in tensors:
@@ -178,12 +178,3 @@ def _key(model: nn.Module, small_config) -> str:
         options.pop(k, None)
     impl = getattr(model.config, "_attn_implementation", None)
     return json.dumps([type(model).__name__, impl, transformers.__version__, options], sort_keys=True, default=str)
-
-
-def _ancestors(root: nn.Module, name: str) -> list[nn.Module]:
-    parts = name.split(".") if name else []
-    out, module = [], root
-    for p in parts[:-1]:
-        module = getattr(module, p)
-        out.append(module)
-    return out
