@@ -1,4 +1,4 @@
-"""The core works without the optional ``study`` dependencies (scipy, sacrebleu, matplotlib).
+"""The core works without the optional ``study`` dependencies (scipy, sacrebleu, matplotlib, datasets).
 
 A fresh interpreter hides those packages before ``headprune`` is imported, then runs the README's
 path end to end (sites, mask, I_h, surgery, save/load, compress) plus the CLI import, and checks
@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent(
     import importlib.abc
     import sys
 
-    BLOCKED = ("scipy", "sacrebleu", "matplotlib")
+    BLOCKED = ("scipy", "sacrebleu", "matplotlib", "datasets")
     assert not [m for m in sys.modules if m.partition(".")[0] in BLOCKED], "imported before the block"
 
 

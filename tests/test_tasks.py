@@ -245,7 +245,7 @@ def test_translation_order_loss_and_importance(sets, tok):
 
 
 @pytest.mark.parametrize("make, error, message", [
-    (lambda tok, d: Classification(tok, d), ConfigError, "exactly one of config="),
+    (lambda tok, d: Classification(tok, d), ConfigError, "give config="),
     (lambda tok, d: Classification(tok, d, config=bert(tok, 3).config, metric="f1"), ConfigError, "has 3 labels"),
     (lambda tok, d: Classification(tok, d, label2id={"0": 0, "1": 1}, metric="auc"), ConfigError, "metric='auc'"),
     (lambda tok, d: Classification(tok, d, label2id={"0": 0, "1": 1}, batch_size=0), ConfigError, "batch_size=0"),
@@ -322,7 +322,7 @@ def test_cli_evaluate_matches_the_library(shared, sets, tok, model_dirs):
 @pytest.mark.parametrize("args, message", [
     (["--task", "classification", "--data", "{shared}/sst2/nope.tsv"], "does not exist"),
     (["--task", "classification", "--data", "{shared}/sst2/dev.tsv", "--label-column", "gold"],
-     "label_column='gold': no such column"),
+     "--label-column 'gold': no such column"),  # the CLI's flag, not the library's label_column='gold
     (["--task", "classification", "--data", "{shared}/sst2/dev.tsv", "--label-column", "sentence"],
      "distinct labels"),  # every sentence a label: more than the model's num_labels=2
     (["--task", "classify", "--data", "{shared}/sst2/dev.tsv"], "--task 'classify'; allowed: classification"),
@@ -331,8 +331,8 @@ def test_cli_evaluate_matches_the_library(shared, sets, tok, model_dirs):
      "unknown site 'encoder.7.self'"),
     (["--task", "classification", "--data", "{shared}/sst2/dev.tsv", "--heads-off", '{"encoder.0.self": 1}'],
      "allowed: a list of head indices"),
-    (["--task", "classification", "--data", "{shared}/sst2/dev.tsv", "--limit", "0"], "limit=0"),
-    (["--task", "classification", "--data", "{shared}/sst2/dev.tsv", "--metric", "bleu"], "metric='bleu'"),
+    (["--task", "classification", "--data", "{shared}/sst2/dev.tsv", "--limit", "0"], "--limit 0 must be"),
+    (["--task", "classification", "--data", "{shared}/sst2/dev.tsv", "--metric", "bleu"], "--metric 'bleu'; allowed"),
     (["--task", "translation", "--data", "{shared}/" + EN, "--data2", "{shared}/sst2/dev.tsv"],
      "parallel files differ in length"),
     (["--task", "lm", "--data", "builtin:pydoc"], "--task lm needs a causal language model"),

@@ -42,6 +42,7 @@ from .errors import (
     SiteError,
     UnsupportedModelError,
 )
+from .evaluation.texts import text_batches
 from .extras import MissingDependencyError
 from .provenance import __version__
 from .scoring import fisher_information, head_importance, mask_gradients, normalize_per_site
@@ -57,4 +58,5 @@ __all__ = [
     "DroppedHeads", "KeptHeads", "prune_heads", "keep_heads", "kept_heads", "original_heads", "fold_scales",
     "save_pruned", "load_pruned", "load_model",
     "compress", "CompressResult", "CompressSettings", "plan_heads", "score_heads",
+    "text_batches",
 ]

@@ -12,6 +12,7 @@ import typer
 
 from ..errors import ConfigError
 from .app import app, echo_headline, friendly
+from .dataflags import split_option
 from .options import (
     DATA,
     DATA2,
@@ -42,6 +43,7 @@ def compress_command(
                                    "--data, refused unless --allow-same-data): must not overlap --data."),
     calib_data2: Path = typer.Option(None, "--calib-data2", help="Translation: target file of --calib-data "
                                      "(default: none)."),
+    calib_split: str = split_option("--calib-data", "; without --calib-data: this split of --data"),
     calib_limit: int = calib_limit_option("--calib-data", "for scores and tuning"),
     allow_same_data: bool = typer.Option(False, "--allow-same-data", help="Allow calibrating on the evaluation data."),
     keep: float = typer.Option(None, "--keep", help="Share of heads to keep (0..1); required: exactly one of "
@@ -87,9 +89,11 @@ def compress_command(
     if output.exists():
         raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
     calib = calib_data or data
-    if same_data(data, calib) and not allow_same_data:
+    calib_split = flags.split if calib_split is None and calib_data is None else calib_split
+    if same_data(data, calib) and calib_split == flags.split and not allow_same_data:
         raise ConfigError(f"--calib-data {calib!r} is the evaluation data --data; calibrating on it overstates the "
-                          "result; allowed: a disjoint file (e.g. a train split), or --allow-same-data")
+                          "result; allowed: a disjoint file or split (e.g. a train split; --calib-split for a datasets "
+                          "directory), or --allow-same-data")
     if calib_data2 is not None and calib_data is None:
         raise ConfigError("--calib-data2 needs --calib-data")
     check_calib_limit(calib_limit)
@@ -105,9 +109,11 @@ def compress_command(
         limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
         settings = replace(settings, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
     ev = t.on(data, data2)
-    calib_ev = t.on(calib, calib_data2 if calib_data else data2, limit=calib_limit)
+    calib_ev = t.on(calib, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
+                    split=calib_split)
     signature = {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
                  "split": Path(data).name, "n": len(ev),
+                 **{k: v for k, v in (("data_split", flags.split), ("calib_split", calib_split)) if v},
                  "calib_data": [calib] + ([str(calib_data2 or data2)] if (calib_data2 or data2) else []),
                  "calib_n": len(calib_ev)}
     report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=settings, signature=signature,

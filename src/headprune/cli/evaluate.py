@@ -29,8 +29,6 @@ def evaluate(
     data: str = typer.Option(..., "--data", help="TSV/CSV/JSONL file or datasets directory; translation: the source "
                              "file or one source/target table; lm: a text file, or 'builtin:pydoc'."),
     data2: Path = DATA2,
-    split: str = typer.Option(None, "--split", help="Split of a datasets directory (classification; default: "
-                              "the only one; required when there are several)."),
     max_length: int = typer.Option(None, "--max-length", help="Truncate inputs (default 128; translation 256)."),
     max_new_tokens: int = typer.Option(None, "--max-new-tokens", help="Translation: generation bound "
                                        "(default min(1.5 * source length + 10, 256))."),
@@ -52,8 +50,7 @@ def evaluate(
     bars = show_progress(quiet, progress)
     t = TaskSetup(model_dir, task, flags)  # refuses a model without the task's head before reading data
     model = t.model
-    evaluator = t.on(data, data2, max_length=max_length, max_new_tokens=max_new_tokens, block_size=block_size,
-                     split=split)
+    evaluator = t.on(data, data2, max_length=max_length, max_new_tokens=max_new_tokens, block_size=block_size)
     mask = mask_from_heads(model, off) if off else None
     result = evaluator.evaluate(model, mask, progress=bars)
     out = result.to_dict()

@@ -70,9 +70,11 @@ def prune(
 def demo(
     output: Path = typer.Option(Path("runs/demo"), "-o", "--output", help="Run directory."),
     quick: bool = typer.Option(False, "--quick", help="A tiny random model instead of the real one (seconds)."),
+    fresh: bool = typer.Option(False, "--fresh", help="Start over in a run directory that holds a different run "
+                               "(e.g. --quick after the real demo)."),
 ):
     """The built-in default: a real pretrained model scored, pruned and saved, with a report."""
     from ..experiments.demo import run_demo
 
-    path = run_demo(output, quick=quick)
+    path = run_demo(output, quick=quick, fresh=fresh)
     typer.echo(f"done: {path}")

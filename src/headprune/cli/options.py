@@ -18,6 +18,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
+from .dataflags import LABEL_MAP, in_cli_terms, parse_label_map, split_option
 
 TASK = typer.Option(..., "--task", help="classification, translation or lm.")
 DATA = typer.Option(..., "--data", help="Data file (TSV/CSV/JSONL/datasets dir; translation: source file or table; "
@@ -86,6 +87,8 @@ class TaskFlags(Flags):
     batch_size: int = dataclasses.field(default=BATCH)
     metric: str = dataclasses.field(default=METRIC)
     beams: int = dataclasses.field(default=BEAMS)
+    split: str = dataclasses.field(default=split_option("--data"))
+    label_map: str = dataclasses.field(default=LABEL_MAP)
 
     def columns(self) -> dict:
         """The column flags as library arguments: digits are a position (a headerless file), else a name."""
@@ -192,13 +195,19 @@ class TaskSetup:
     def __init__(self, model_dir: Path, task: str, flags: TaskFlags):
         self.model, self.tokenizer = load_model_dir(model_dir, task)
         self.task, self.flags = task, flags
+        self.label_map = parse_label_map(flags.label_map, self.model.config)
 
-    def on(self, data: str, data2=None, *, limit: int | None = None, **options):
-        """The evaluator of ``data``: ``limit`` (default ``--limit``) its first N examples; ``options`` go
-        to :func:`headprune.evaluation.build.build_task` (max_length, split, ...)."""
+    def on(self, data: str, data2=None, *, limit: int | None = None, flag: str = "--data", split: str | None = None,
+           **options):
+        """The evaluator of ``data``, read through ``flag`` (``--data``, ``--calib-data``, ...: its errors name
+        that data set's flags): ``limit`` (default ``--limit``) its first N examples, ``split`` (default
+        ``--split`` for ``--data``) its split; ``options`` go to :func:`headprune.evaluation.build.build_task`."""
         from ..evaluation.build import build_task
 
         f = self.flags
-        return build_task(self.task, self.tokenizer, self.model.config, data=data, data2=data2,
-                          columns=f.columns(), limit=f.limit if limit is None else limit, batch_size=f.batch_size,
-                          metric=f.metric, beams=f.beams, **options)
+        split = f.split if flag == "--data" and split is None else split
+        with in_cli_terms(flag):
+            return build_task(self.task, self.tokenizer, self.model.config, data=data, data2=data2,
+                              columns=f.columns(), limit=f.limit if limit is None else limit,
+                              batch_size=f.batch_size, metric=f.metric, beams=f.beams, split=split,
+                              label_map=self.label_map, **options)

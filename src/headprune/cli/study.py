@@ -13,6 +13,7 @@ import typer
 
 from ..errors import ConfigError
 from .app import app, echo_headline, friendly
+from .dataflags import split_option
 from .options import (
     DATA,
     DATA2,
@@ -34,8 +35,10 @@ MODEL = typer.Argument(..., help="A Hugging Face model directory (or one written
 
 
 def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int) -> dict:
+    chosen = getattr(evaluator, "signature", {}).get("split")  # a datasets directory's split, when given
     return {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
-            "split": Path(data).name, "n": len(evaluator), "seed": seed, "command": " ".join(sys.argv[1:])}
+            "split": Path(data).name, **({"data_split": chosen} if chosen else {}), "n": len(evaluator),
+            "seed": seed, "command": " ".join(sys.argv[1:])}
 
 
 @app.command("ablate")
@@ -62,6 +65,7 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
                                                 "(paper App. A; default: none, on --data itself); the score is "
                                                 "reported on --data."),
                 choose_data2: Path = typer.Option(None, "--choose-data2", help="Translation: target of --choose-data (default: none)."),
+                choose_split: str = split_option("--choose-data", "; without --choose-data: this split of --data"),
                 calib_limit: int = calib_limit_option("--choose-data", "the split the kept head is chosen on"),
                 output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags, sweep: SweepFlags):
     """Keep only one head per site, try each, report the best (paper 3.3, Tables 2-3; App. A, Tables 5-6)."""
@@ -73,10 +77,13 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
         raise ConfigError("--choose-data2 needs --choose-data")
     t = TaskSetup(model_dir, task, flags)
     ev = t.on(data, data2)
-    choose = t.on(choose_data, choose_data2, limit=calib_limit) if choose_data else None
+    choose = (t.on(choose_data or data, choose_data2 if choose_data else data2, limit=calib_limit,
+                   flag="--choose-data", split=choose_split) if choose_data or choose_split else None)
     sig = _signature(model_dir, task, data, data2, ev, sweep.seed)
-    if choose_data:
-        sig.update(choose_data=choose_data, choose_n=len(choose))
+    if choose is not None:
+        sig.update(choose_data=choose_data or data, choose_n=len(choose))
+        if choose_split:
+            sig.update(choose_split=choose_split)
     report = run_all_but_one(t.model, ev, output, choose_on=choose, signature=sig, sites=sweep.site_list(),
                              settings=settings, fresh=fresh)
     echo_headline(output, report)
@@ -88,6 +95,7 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
 def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Path = DATA2,
                  data_b: str = typer.Option(..., "--data-b", help="The second dataset (e.g. out-of-domain)."),
                  data2_b: Path = typer.Option(None, "--data2-b", help="Translation: target of --data-b (default: none)."),
+                 split_b: str = split_option("--data-b"),
                  names: str = typer.Option("in-domain,out-of-domain", "--names", help="Names of the two datasets."),
                  output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags, sweep: SweepFlags):
     """One-head ablation on two datasets and the Pearson r of the score changes (paper 3.4, Fig. 2)."""
@@ -99,8 +107,9 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
     settings = sweep.settings()
     t = TaskSetup(model_dir, task, flags)
     ev_a = t.on(data, data2)
-    ev_b = t.on(data_b, data2_b)
-    sig = {**_signature(model_dir, task, data, data2, ev_a, sweep.seed), "data_b": data_b, "n_b": len(ev_b)}
+    ev_b = t.on(data_b, data2_b, flag="--data-b", split=split_b)
+    sig = {**_signature(model_dir, task, data, data2, ev_a, sweep.seed), "data_b": data_b, "n_b": len(ev_b),
+           **({"split_b": split_b} if split_b else {})}
     report = run_cross_domain(t.model, ev_a, ev_b, output, names=pair, signature=sig, sites=sweep.site_list(),
                               settings=settings, fresh=fresh)
     echo_headline(output, report)
@@ -136,6 +145,7 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
           calib_data: str = typer.Option(None, "--calib-data", help="Data for I_h and the Fisher orders (default: "
                                          "the evaluated --data examples)."),
           calib_data2: Path = typer.Option(None, "--calib-data2", help="Translation: target of --calib-data (default: none)."),
+          calib_split: str = split_option("--calib-data", "; without --calib-data: this split of --data"),
           calib_limit: int = calib_limit_option("--calib-data", "for I_h and the Fisher orders"),
           oracle_from: Path = typer.Option(None, "--oracle-from", help="Take the oracle order from this "
                                            "`headprune ablate` run directory (default: none, computed here by a one-head ablation)."),
@@ -151,8 +161,10 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
     oracle = oracle_from_run(oracle_from) if oracle_from and "oracle" in settings.orders else None
     t = TaskSetup(model_dir, task, flags)
     ev = t.on(data, data2)
-    calib = t.on(calib_data, calib_data2, limit=calib_limit) if calib_data else ev
+    calib = (t.on(calib_data or data, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
+                  split=calib_split) if calib_data or calib_split else ev)
     sig = {**_signature(model_dir, task, data, data2, ev, 0), "importance_data": calib_data or data,
+           **({"importance_split": calib_split} if calib_split else {}),
            "importance_n": len(calib), "oracle_from": str(oracle_from) if oracle else None}
     report = run_curves(t.model, ev, output, settings=settings, importance_batches=calib.batches, signature=sig,
                         oracle=oracle, fresh=fresh)
@@ -189,6 +201,7 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
         return load
 
     sig = {"model": [str(p) for p in checkpoints], "task": task, "data": data, "split": Path(data).name,
+           **({"data_split": flags.split} if flags.split else {}),
            "n": flags.limit, "seed": 0, "command": " ".join(sys.argv[1:])}
     report = run_dynamics([(e, loader(p)) for e, p in order], output, settings=settings, signature=sig, fresh=fresh)
     echo_headline(output, report)

@@ -13,6 +13,7 @@ import typer
 from ..errors import ConfigError
 from ..train import ClassifierTrainSettings, TranslationTrainSettings
 from .app import app, friendly
+from .dataflags import in_cli_terms, parse_label_map, split_option
 from .options import LABEL, PAIR, SRC, TEXT, TGT, column
 
 train_app = typer.Typer(no_args_is_help=True, help="Fine-tune a classifier or train a translation model.")
@@ -36,6 +37,17 @@ def _options(**values) -> dict:
     return {k: v for k, v in values.items() if v is not None}
 
 
+def _label_map(value: str | None) -> dict[str, int] | None:
+    """``--label-map`` of a new classifier: integer ids 0..N-1, every one used (one output per id)."""
+    mapping = parse_label_map(value)
+    if mapping is not None:
+        missing = sorted(set(range(max(mapping.values()) + 1)) - set(mapping.values()))
+        if missing:
+            raise ConfigError(f"--label-map {value!r} leaves out ids {missing}; allowed: ids 0..N-1 without gaps "
+                              "(a new classifier has one output per id)")
+    return mapping
+
+
 def _threads(threads: int | None) -> None:
     if threads is not None:
         if threads < 1:
@@ -54,6 +66,10 @@ def classifier(
                                   "none)."),
     eval_limit: int = typer.Option(None, "--eval-limit", help="Only the first N evaluation examples (default: all)."),
     text_column: str = TEXT, text_pair_column: str = PAIR, label_column: str = LABEL, limit: int = LIMIT,
+    split: str = split_option("--data"), eval_split: str = split_option("--eval-data"),
+    label_map: str = typer.Option(None, "--label-map", help="The data's labels as the new classifier's ids 0..N-1, "
+                                  "LABEL=ID pairs, e.g. negative=0,positive=1 (default: the labels sorted, "
+                                  "numbers by value, words alphabetically)."),
     epochs: int = typer.Option(None, "--epochs", help=f"Epochs (default {_C.epochs})."),
     batch_size: int = typer.Option(None, "--batch-size", help=f"Training batch size (default {_C.batch_size})."),
     lr: float = typer.Option(None, "--lr", help=f"Peak learning rate of AdamW, after a linear warm-up over "
@@ -64,28 +80,37 @@ def classifier(
 ):
     """Fine-tune a pretrained encoder for (pair) classification."""
     from ..core.io import load_tokenizer
-    from ..evaluation.data import load_classification
+    from ..evaluation.data import encode_labels, load_classification
     from ..train import ClassifierTrainSettings, finetune_classifier
 
     cols = dict(text_column=column(text_column), text_pair_column=column(text_pair_column),
                 label_column=column(label_column))
     settings = ClassifierTrainSettings(**_options(epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length),
                                        seed=seed)
-    train = load_classification(data, **cols, limit=limit)
-    if train.labels is None:
-        raise ConfigError(f"--data {data!r} has no labels; training needs a label column")
-    names = sorted(set(train.labels), key=lambda x: (len(x), x))  # "0" < "1" < "10"; words alphabetically
-    index = {name: i for i, name in enumerate(names)}
-    dev = load_classification(eval_data, **cols, limit=eval_limit) if eval_data else None
-    if dev is not None and (unknown := sorted(set(dev.labels or []) - set(names))):
-        raise ConfigError(f"--eval-data {eval_data!r} has labels {unknown} not in the training data ({names})")
+    mapping = _label_map(label_map)
+    with in_cli_terms("--data"):
+        train = load_classification(data, **cols, limit=limit, split=split)
+        if train.labels is None:
+            raise ConfigError(f"--data {data!r} has no labels; training needs a label column")
+        names = sorted(set(train.labels), key=lambda x: (len(x), x))  # "0" < "1" < "10"; words alphabetically
+        index = {name: i for i, name in enumerate(names)}
+        ids = [index[x] for x in train.labels] if mapping is None else encode_labels(train.labels, mapping)
+    with in_cli_terms("--eval-data"):
+        dev = load_classification(eval_data, **cols, limit=eval_limit, split=eval_split) if eval_data else None
+        if dev is not None and dev.labels is None:
+            raise ConfigError(f"--eval-data {eval_data!r} has no labels; scoring each epoch needs a label column")
+        if dev is not None and mapping is None and (unknown := sorted(set(dev.labels or []) - set(names))):
+            raise ConfigError(f"--eval-data {eval_data!r} has labels {unknown} not in the training data ({names})")
+        dev_ids = (None if dev is None else [index[x] for x in dev.labels] if mapping is None
+                   else encode_labels(dev.labels, mapping))
+    if mapping is not None:  # the first label given for each id names it
+        names = [next(k for k, v in mapping.items() if v == i) for i in range(len(set(mapping.values())))]
     tokenizer = load_tokenizer(model_dir)
     _threads(threads)
     result = finetune_classifier(
-        model_dir, tokenizer, train.texts, [index[x] for x in train.labels], settings=settings, output_dir=output,
+        model_dir, tokenizer, train.texts, ids, settings=settings, output_dir=output,
         text_pairs=train.text_pairs, eval_texts=dev.texts if dev else None,
-        eval_labels=[index[x] for x in dev.labels] if dev else None, eval_text_pairs=dev.text_pairs if dev else None,
-        label_names=names)
+        eval_labels=dev_ids, eval_text_pairs=dev.text_pairs if dev else None, label_names=names)
     last = result.log[-1] if result.log else {}
     typer.echo(f"done in {result.seconds:.0f} s: {result.final_dir or result.output_dir}; last epoch: "
                + ", ".join(f"{k} {v:.4g}" for k, v in last.items() if isinstance(v, float)))
@@ -102,6 +127,7 @@ def translation(
     eval_data2: Path = typer.Option(None, "--eval-data2", help="Evaluation target file (default: none)."),
     eval_limit: int = typer.Option(None, "--eval-limit", help="Only the first N evaluation pairs (default: all)."),
     source_column: str = SRC, target_column: str = TGT, limit: int = LIMIT,
+    split: str = split_option("--data"), eval_split: str = split_option("--eval-data"),
     preset: str = typer.Option("small", "--preset", help="small (3+3 layers x 4 heads, d 256) or iwslt "
                                "(6+6 layers x 8 heads, d 512, the paper's IWSLT shape)."),
     layers: int = typer.Option(None, "--layers", help="Encoder and decoder layers, each "
@@ -136,8 +162,10 @@ def translation(
     settings = (TranslationTrainSettings.iwslt(**overrides, seed=seed) if preset == "iwslt"
                 else TranslationTrainSettings(**overrides, seed=seed))
     cols = dict(source_column=column(source_column), target_column=column(target_column))
-    train = load_parallel(data, data2, **cols, limit=limit)
-    dev = load_parallel(eval_data, eval_data2, **cols, limit=eval_limit) if eval_data else None
+    with in_cli_terms("--data"):
+        train = load_parallel(data, data2, **cols, limit=limit, split=split)
+    with in_cli_terms("--eval-data"):
+        dev = load_parallel(eval_data, eval_data2, **cols, limit=eval_limit, split=eval_split) if eval_data else None
     _threads(threads)
     result = train_translation(train.sources, train.targets, settings=settings, output_dir=output,
                                eval_sources=dev.sources if dev else None, eval_targets=dev.targets if dev else None)

@@ -22,9 +22,10 @@ COLUMNS = ("text_column", "text_pair_column", "label_column", "source_column", "
 def build_task(task: str, tokenizer, config, *, data: str, data2: Path | None = None, columns: dict | None = None,
                limit: int | None = None, batch_size: int | None = None, metric: str | None = None,
                max_length: int | None = None, beams: int = 1, max_new_tokens: int | None = None,
-               block_size: int = 128, split: str | None = None):
+               block_size: int = 128, split: str | None = None, label_map: dict | None = None):
     """The evaluator of ``task`` on ``data`` (all checks raise HeadpruneError; flags that do not apply
-    to the task are refused by name)."""
+    to the task are refused by name). ``split``: one split of a datasets directory; ``label_map``
+    ``{label: id}`` (classification): the data's labels as the model's ids."""
     check_task(task)
     columns = {k: (columns or {}).get(k) for k in COLUMNS}
     text_cols = {k: columns[k] for k in ("text_column", "text_pair_column", "label_column")}
@@ -32,16 +33,24 @@ def build_task(task: str, tokenizer, config, *, data: str, data2: Path | None = 
     if task == "classification":
         _refuse(task, data2=data2, **pair_cols, max_new_tokens=max_new_tokens)
         rows = load_classification(data, **text_cols, limit=limit, split=split)
-        return Classification(tokenizer, rows, config=config, metric=metric or "accuracy",
-                              max_length=max_length or 128, batch_size=batch_size or 32)
+        return _signed(Classification(tokenizer, rows, config=config, label2id=label_map, metric=metric or "accuracy",
+                                      max_length=max_length or 128, batch_size=batch_size or 32),
+                       split=split, label_map=label_map)
     if task == "translation":
-        _refuse(task, **text_cols, metric=metric, split=split)
-        pairs = load_parallel(data, data2, **pair_cols, limit=limit)
-        return Translation(tokenizer, pairs, batch_size=batch_size or 32, num_beams=beams,
-                           max_new_tokens=max_new_tokens, max_source_length=max_length or 256)
-    _refuse(task, data2=data2, **text_cols, **pair_cols, metric=metric, split=split, max_new_tokens=max_new_tokens)
+        _refuse(task, **text_cols, metric=metric, label_map=label_map)
+        pairs = load_parallel(data, data2, **pair_cols, limit=limit, split=split)
+        return _signed(Translation(tokenizer, pairs, batch_size=batch_size or 32, num_beams=beams,
+                                   max_new_tokens=max_new_tokens, max_source_length=max_length or 256), split=split)
+    _refuse(task, data2=data2, **text_cols, **pair_cols, metric=metric, split=split, label_map=label_map,
+            max_new_tokens=max_new_tokens)
     texts = python_docs_text() if data == PYDOC else load_text(data)
     return LanguageModelling(tokenizer, texts, block_size=block_size, batch_size=batch_size or 8, max_blocks=limit)
+
+
+def _signed(evaluator, **given):
+    """The evaluator, its signature holding the data settings that were given (split, label map)."""
+    evaluator.signature.update({k: v for k, v in given.items() if v is not None})
+    return evaluator
 
 
 def check_task(task: str) -> None:

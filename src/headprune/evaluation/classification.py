@@ -26,8 +26,9 @@ class Classification:
     """Texts (and optional text pairs) with gold labels; each text is one example.
 
     ``data``: a :class:`headprune.evaluation.data.ClassificationData`, or ``(texts, labels)`` /
-    ``(texts, labels, text_pairs)``. Labels (strings, or ints) become ids through ``config``
-    (a model config's ``label2id``/``id2label``) or ``label2id``; integer strings are taken as ids.
+    ``(texts, labels, text_pairs)``. Labels (strings, or ints) become ids through ``label2id`` when
+    given, else ``config`` (a model config's ``label2id``/``id2label``); integer strings are taken as
+    ids. With both, ``config`` gives the number of labels and ``label2id`` must map into it.
     Texts are truncated to ``max_length`` tokens and batched by length.
 
     The score is ``metric``; ``extra`` holds accuracy, matthews and (two classes only) f1 = F1 of
@@ -42,14 +43,17 @@ class Classification:
             raise ConfigError(f"metric={metric!r}; allowed: {', '.join(METRICS)}")
         check_int("max_length", max_length, 2)
         check_int("batch_size", batch_size, 1)
-        if (config is None) == (label2id is None):
-            raise ConfigError("give exactly one of config= (the model's config, for its label2id) or "
-                              "label2id={label: id}")
+        if config is None and label2id is None:
+            raise ConfigError("give config= (the model's config, for its label2id) or label2id={label: id} "
+                              "(or both: the model's number of labels from config, the ids from label2id)")
         texts, labels, pairs, source = _unpack(data)
+        model_labels = int(getattr(config, "num_labels", 0) or 0) if config is not None else 0
         if label2id is None:
             _check_label_count(labels, config, source)
-        self.label_ids = encode_labels(labels, config if label2id is None else label2id)
-        self.num_labels = int(getattr(config, "num_labels", 0) or 0) if label2id is None else len(label2id)
+            self.label_ids = encode_labels(labels, config)
+        else:
+            self.label_ids = encode_labels(labels, label2id, num_labels=model_labels or None)
+        self.num_labels = model_labels or len(label2id)
         self.num_labels = max(self.num_labels, max(self.label_ids) + 1)
         if metric == "f1" and self.num_labels != 2:
             raise ConfigError(f"metric='f1' is the F1 of class 1 of a binary task; this task has "

@@ -172,29 +172,36 @@ def _text(table: Any, number: int, record: Any, key: int | str, name: str) -> st
     return value
 
 
-def encode_labels(labels: Sequence[str] | None, config_or_label2id: Any) -> list[int]:
+def encode_labels(labels: Sequence[str] | None, config_or_label2id: Any, *,
+                  num_labels: int | None = None) -> list[int]:
     """Label strings -> ids via a transformers config's `label2id` (case-insensitive) or a mapping.
 
     A label that is not a name but an integer string ("0", "1") is taken as the id itself and must
-    lie in 0..num_labels-1 (`config.num_labels`, or the mapping's size).
+    lie in 0..num_labels-1 (`num_labels`, else `config.num_labels`, else the mapping's size). Labels
+    that map to nothing are refused together, each named with its count and first row.
     """
     if labels is None:
         raise DataError("labels is None: the data has no label column; pass label_column= when loading")
     if isinstance(config_or_label2id, Mapping):
-        label2id, num_labels = dict(config_or_label2id), len(config_or_label2id)
+        label2id, known = dict(config_or_label2id), len(config_or_label2id)
     elif hasattr(config_or_label2id, "label2id") or hasattr(config_or_label2id, "id2label"):
         # transformers 5 may leave label2id None when only id2label was given: use both directions
         id2label = getattr(config_or_label2id, "id2label", None) or {}
         label2id = {**{str(name): int(i) for i, name in id2label.items()},
                     **(getattr(config_or_label2id, "label2id", None) or {})}
-        num_labels = int(getattr(config_or_label2id, "num_labels", None) or len(label2id))
+        known = int(getattr(config_or_label2id, "num_labels", None) or len(label2id))
     else:
         raise DataError(
             f"config_or_label2id={type(config_or_label2id).__name__} must be a transformers config or a "
             "mapping {label: id}"
         )
+    checked = num_labels is not None or not isinstance(config_or_label2id, Mapping)  # a bare mapping sets the ids
+    num_labels = known if num_labels is None else num_labels
     lookup = {str(name).lower(): int(i) for name, i in label2id.items()}
-    ids = []
+    if checked and (wrong := sorted((str(n), i) for n, i in lookup.items() if not 0 <= i < num_labels)):
+        raise DataError(f"label2id maps {wrong[0][0]!r} to id {wrong[0][1]}; allowed: ids 0..{num_labels - 1} "
+                        f"(num_labels={num_labels})")
+    ids, unknown = [], {}  # unknown: label -> [first row, count]
     for row, label in enumerate(labels):
         key = str(label).strip().lower()
         if key in lookup:
@@ -202,10 +209,15 @@ def encode_labels(labels: Sequence[str] | None, config_or_label2id: Any) -> list
         elif re.fullmatch(r"[+-]?\d+", key) and 0 <= int(key) < num_labels:
             ids.append(int(key))
         else:
-            raise DataError(
-                f"unknown label {label!r} at row {row} (0-based); allowed: {sorted(label2id)} "
-                f"or integer ids 0..{num_labels - 1}"
-            )
+            unknown.setdefault(str(label), [row, 0])[1] += 1
+    if unknown:
+        named = [f"{label!r} at row {row} ({count} row{'s' if count > 1 else ''})"
+                 for label, (row, count) in list(unknown.items())[:10]]
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        raise DataError(
+            f"unknown label{'s' if len(unknown) > 1 else ''} {', '.join(named)}{more} (rows 0-based); allowed: "
+            f"{sorted(label2id)} or integer ids 0..{num_labels - 1}; map labels to ids with label2id={{label: id}}"
+        )
     return ids
 
 
@@ -217,16 +229,21 @@ def load_parallel(
     target_column: int | str | None = None,
     limit: int | None = None,
     encoding: str = "utf-8",
+    split: str | None = None,
 ) -> ParallelData:
     """Two line-aligned files (optionally .gz; lines kept as they are, empty ones included), or one
-    table (TSV/CSV/JSONL). A table's columns are named or guessed (source/target, src/tgt); a
-    two-column table without those names is read as headerless: source 0, target 1.
+    table (TSV/CSV/JSONL, or a `datasets.save_to_disk` directory: `split` picks one of its splits).
+    A table's columns are named or guessed (source/target, src/tgt); a two-column table without
+    those names is read as headerless: source 0, target 1.
     """
     check_limit(limit)
     if target_path is None:
-        return _parallel_table(source_path, source_column, target_column, limit, encoding)
+        return _parallel_table(source_path, source_column, target_column, limit, encoding, split)
     if source_column is not None or target_column is not None:
-        raise DataError("source_column/target_column apply to one table file; with target_path give neither")
+        raise DataError("source_column= and target_column= apply to one table file; with target_path= give neither")
+    if split is not None:
+        raise DataError(f"split={split!r} applies to a datasets directory; with target_path= the data are two "
+                        "line-aligned text files")
     counts, kept = [0, 0], ([], [])
     for side, path in enumerate((source_path, target_path)):
         for line in iter_lines(path, encoding):
@@ -244,15 +261,15 @@ def load_parallel(
 
 
 def _parallel_table(path: str | Path, source_column: Any, target_column: Any, limit: int | None,
-                    encoding: str) -> ParallelData:
+                    encoding: str, split: str | None = None) -> ParallelData:
     by_position = _by_position(source_column, target_column)
-    table = open_table(path, encoding=encoding, header=None, by_position=by_position)
+    table = open_table(path, encoding=encoding, header=None, by_position=by_position, split=split)
     if source_column is None and target_column is None:
         named = guess_column(table, ["source", "src"]), guess_column(table, ["target", "tgt"])
         if all(named):
             source_column, target_column = named
         elif len(table.columns) == 2:  # a bare "source<TAB>target" file: the first row is data
-            table = open_table(path, encoding=encoding, header=False, by_position=True)
+            table = open_table(path, encoding=encoding, header=False, by_position=True, split=split)
             source_column, target_column = 0, 1
         else:
             raise DataError(
@@ -260,7 +277,7 @@ def _parallel_table(path: str | Path, source_column: Any, target_column: Any, li
                 "pass source_column= and target_column=, or target_path= for two line-aligned files"
             )
     if source_column is None or target_column is None:
-        raise DataError(f"give both source_column and target_column (got {source_column!r}, {target_column!r})")
+        raise DataError(f"give both source_column= and target_column= (got {source_column!r}, {target_column!r})")
     keys = resolve_column(table, source_column, "source_column"), resolve_column(table, target_column, "target_column")
     sources, targets = [], []
     for number, record in table.rows:

@@ -174,6 +174,9 @@ def read_datasets_dir(path: Path, *, split: str | None) -> Table:
         splits = list(data)
         if split is None and len(splits) == 1:
             split = splits[0]
+        if split is None:
+            raise DataError(f"{describe(path)} holds several splits ({', '.join(splits)}); pass split= with one "
+                            "of them")
         if split not in data:
             raise DataError(f"split={split!r} is not in {describe(path)}; splits present: {', '.join(splits)}")
         data = data[split]
