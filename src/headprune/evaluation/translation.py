@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..checks import check_int
+from ..core.devices import input_device, to_device
 from ..errors import ConfigError, DataError
 from ..extras import require
 from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
@@ -121,7 +122,7 @@ class Translation:
         start = time.perf_counter()
         with mask_context(model, mask):
             for idx in tqdm(buckets, desc="translate", unit="batch", disable=not progress):
-                inputs = self._sources(idx)
+                inputs = to_device(self._sources(idx), input_device(model))
                 out = model.generate(**inputs, num_beams=self.num_beams, do_sample=False, num_return_sequences=1,
                                      max_new_tokens=self._bound(model, inputs["input_ids"].shape[1]))
                 for i, text in zip(idx, self.tokenizer.batch_decode(out, skip_special_tokens=True), strict=True):
@@ -150,11 +151,13 @@ class Translation:
         with mask_context(model, mask):
             for idx, batch in tqdm(zip(buckets, self.batches(limit=limit), strict=True), total=len(buckets),
                                    desc="nll", unit="batch", disable=not progress):
+                batch = to_device(batch, input_device(model))
                 logits = model(**batch).logits  # [B, T, V]
-                token = F.cross_entropy(logits.transpose(1, 2).float(), batch["labels"], ignore_index=-100,
+                labels = batch["labels"].to(logits.device)
+                token = F.cross_entropy(logits.transpose(1, 2).float(), labels, ignore_index=-100,
                                         reduction="none")  # [B, T]
-                nll[idx] = token.sum(-1).double().numpy()
-                count[idx] = (batch["labels"] != -100).sum(-1).numpy()
+                nll[idx] = token.sum(-1).double().cpu().numpy()
+                count[idx] = (labels != -100).sum(-1).cpu().numpy()
         seconds = time.perf_counter() - start
         return EvalResult(metric="nll", score=float(nll.sum() / count.sum()), n=n,
                           per_example={"nll_sum": nll, "tokens": count}, higher_is_better=False,
