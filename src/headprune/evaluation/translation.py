@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from ..checks import check_int
 from ..core.devices import input_device, to_device
+from ..distributed import gather, reduce_arrays, shard, spread
 from ..errors import ConfigError, DataError
 from ..extras import require
 from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
@@ -121,13 +122,19 @@ class Translation:
         tokens = 0
         start = time.perf_counter()
         with mask_context(model, mask):
-            for idx in tqdm(buckets, desc="translate", unit="batch", disable=not progress):
+            for idx in tqdm(list(shard(buckets)), desc="translate", unit="batch", disable=not progress):
                 inputs = to_device(self._sources(idx), input_device(model))
                 out = model.generate(**inputs, num_beams=self.num_beams, do_sample=False, num_return_sequences=1,
                                      max_new_tokens=self._bound(model, inputs["input_ids"].shape[1]))
                 for i, text in zip(idx, self.tokenizer.batch_decode(out, skip_special_tokens=True), strict=True):
                     hyps[i] = text.strip()
                 tokens += int(inputs["attention_mask"].sum()) + int((out[:, 1:] != self.pad_id).sum())
+        if spread():  # under torchrun: every rank's hypotheses
+            parts = gather(({i: hyps[i] for idx in shard(buckets) for i in idx}, tokens))
+            tokens = sum(t for _, t in parts)
+            for done, _ in parts:
+                for i, text in done.items():
+                    hyps[i] = text
         seconds = time.perf_counter() - start
         refs = self.targets[:n]
         bleu = BLEU(tokenize=self.tokenize)
@@ -149,7 +156,7 @@ class Translation:
         nll, count = np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
         start = time.perf_counter()
         with mask_context(model, mask):
-            for idx, batch in tqdm(zip(buckets, self.batches(limit=limit), strict=True), total=len(buckets),
+            for idx, batch in tqdm(list(shard(zip(buckets, self.batches(limit=limit), strict=True))),
                                    desc="nll", unit="batch", disable=not progress):
                 batch = to_device(batch, input_device(model))
                 logits = model(**batch).logits  # [B, T, V]
@@ -158,6 +165,7 @@ class Translation:
                                         reduction="none")  # [B, T]
                 nll[idx] = token.sum(-1).double().cpu().numpy()
                 count[idx] = (labels != -100).sum(-1).cpu().numpy()
+        nll, count = reduce_arrays(nll, count)  # under torchrun: each rank's examples
         seconds = time.perf_counter() - start
         return EvalResult(metric="nll", score=float(nll.sum() / count.sum()), n=n,
                           per_example={"nll_sum": nll, "tokens": count}, higher_is_better=False,

@@ -3,16 +3,23 @@
 A long sweep appends one JSON line per finished unit (a head, a step, an epoch) to ``units.jsonl``
 and flushes it, so a killed run restarted with the same command skips what is done and ends with
 the same results. A directory that holds a run with another signature is refused, never mixed.
+
+Under ``torchrun`` only rank 0 writes the directory; the other ranks read its finished units (to resume)
+and write their copies of tables and figures to a scratch directory removed when the process ends.
 """
 
 from __future__ import annotations
 
+import atexit
 import csv
 import io
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
+from ..distributed import barrier, is_main
 from ..errors import ConfigError
 
 IGNORED_IN_SIGNATURE = ("versions", "command")
@@ -32,11 +39,18 @@ class RunDir:
                               if k not in IGNORED_IN_SIGNATURE and old.get(k) != signature.get(k))
                 raise ConfigError(f"output {str(self.path)!r} holds a different run (differs in {diff}); "
                                   "choose another -o directory or pass --fresh to start over")
-        self.path.mkdir(parents=True, exist_ok=True)
-        if fresh and (self.path / "units.jsonl").exists():
-            (self.path / "units.jsonl").unlink()
-        self.write_json("run.json", {"signature": signature})
+        main = is_main()
+        if main:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if fresh and (self.path / "units.jsonl").exists():
+                (self.path / "units.jsonl").unlink()
+            self.write_json("run.json", {"signature": signature})
+        barrier()  # the other ranks read the units once rank 0 has set the directory up
         self.units = self._read_units()
+        self.main = main
+        if not main:
+            self.path = Path(tempfile.mkdtemp(prefix="headprune-rank-"))
+            atexit.register(shutil.rmtree, self.path, ignore_errors=True)
 
     def _read_units(self) -> dict[str, dict]:
         units: dict[str, dict] = {}
@@ -59,10 +73,11 @@ class RunDir:
 
     def add(self, unit: str, record: dict) -> dict:
         record = {"unit": unit, **record}
-        with open(self.path / "units.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        if self.main:
+            with open(self.path / "units.jsonl", "a") as f:
+                f.write(json.dumps(record) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
         self.units[unit] = record
         return record
 
