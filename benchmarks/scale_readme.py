@@ -1,9 +1,9 @@
-"""The README's figures for GPUs, processes and size, generated from the committed results files.
+"""The README's 1 vs 2 process figures, generated from the committed results file.
 
     python benchmarks/scale_readme.py README.md      # rewrite the block between the scale markers
 
-Reads benchmarks/results/multiprocess_speed.json and benchmarks/results/billion_envelope.json (each
-written by its benchmark); ``tests/test_scale_readme.py`` checks the README holds exactly this text.
+Reads benchmarks/results/multiprocess_speed.json (written by benchmarks/multiprocess_speed.py);
+``tests/test_scale_readme.py`` checks the README holds exactly this text.
 """
 
 from __future__ import annotations
@@ -17,19 +17,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 START, END = "<!-- scale:start -->", "<!-- scale:end -->"
 
 
-def readme_section(speed: dict | None, envelope: dict | None) -> str:
+def readme_section(speed: dict | None) -> str:
     lines = []
-    if envelope is not None:
-        cfg = envelope["config"]
-        lines += [
-            f"- **1B envelope** (`python benchmarks/billion_envelope.py`, `benchmarks/results/billion_envelope.json`): "
-            f"I_h of a Llama-3.2-1B-shaped decoder ({cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
-            f"{cfg['num_attention_heads']} query / {cfg['num_key_value_heads']} key-value heads, "
-            f"{envelope['params'] / 1e9:.2f}B parameters, random weights) over {envelope['sequences']} sequences of "
-            f"{envelope['seq_len']} tokens with `checkpoint={envelope['checkpoint']}`: peak RSS "
-            f"{envelope['peak_rss_bytes'] / 2**30:.2f} GiB = {envelope['peak_rss_over_weights']:.2f} x the float32 "
-            f"weights ({envelope['float32_weight_bytes'] / 2**30:.2f} GiB; goal <= {envelope['goal']}), "
-            f"{envelope['scoring_seconds']:.0f} s on {envelope['machine'].get('cpu_count', '?')} CPU cores."]
     if speed is not None:
         load = speed["machine"].get("loadavg_start") or []
         for name, label in (("importance", f"`importance` over {speed['importance_examples']} examples"),
@@ -57,7 +46,7 @@ def load(name: str) -> dict | None:
 
 
 def current() -> str:
-    return readme_section(load("multiprocess_speed.json"), load("billion_envelope.json"))
+    return readme_section(load("multiprocess_speed.json"))
 
 
 def readme_block(readme: Path) -> str:

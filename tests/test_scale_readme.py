@@ -1,4 +1,4 @@
-"""The README's GPU/process/size figures are what the committed results files say."""
+"""The README's 1 vs 2 process figures are what the committed results file says."""
 
 from __future__ import annotations
 

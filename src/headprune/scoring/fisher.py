@@ -52,7 +52,6 @@ def fisher_information(
     loss_fn: LossFn | None = None,
     mask: Mapping[str, torch.Tensor] | None = None,
     progress: bool = False,
-    checkpoint: bool = False,
 ) -> Fisher:
     """Diagonal and per-site blocks of the empirical Fisher of the head mask over ``batches``.
 
@@ -61,5 +60,5 @@ def fisher_information(
     that [H] mask instead of all ones. Padded rows contribute nothing.
     """
     blocks, n = gradient_sums(model, batches, lambda g: g.T @ g, loss_fn=loss_fn, mask=mask,  # [H, H]
-                              progress=progress, desc="fisher", checkpoint=checkpoint)
+                              progress=progress, desc="fisher")
     return Fisher(diag={k: b.diagonal().clone() for k, b in blocks.items()}, blocks=blocks, n=n)

@@ -25,7 +25,6 @@ from ..core.inputs import batch_size, model_inputs, rows_with_tokens
 from ..core.masking import HeadMask, masked, ones_mask
 from ..distributed import reduce_sums, shard
 from ..errors import ConfigError, DataError
-from .checkpointing import checkpointed
 
 LossFn = Callable[[object, Mapping[str, torch.Tensor]], torch.Tensor]  # (outputs, batch) -> [B]
 
@@ -39,7 +38,6 @@ def gradient_sums(
     mask: Mapping[str, torch.Tensor] | None = None,
     progress: bool = False,
     desc: str = "scoring",
-    checkpoint: bool = False,
 ) -> tuple[dict[str, torch.Tensor], int]:
     """({site: sum over batches of ``reduce(g)``}, examples scored), with ``g`` [n_valid, H] float64 the
     per-example mask gradients of a batch's examples that have anything to score.
@@ -50,7 +48,7 @@ def gradient_sums(
     totals: dict[str, torch.Tensor] = {}
     counts: list[torch.Tensor] = []  # [] per batch, on the device: no synchronisation per batch
     for batch in tqdm(shard(batches), desc=desc, unit="batch", disable=not progress):  # every batch in one process
-        grads, valid = mask_gradients(model, batch, loss_fn=loss_fn, mask=mask, checkpoint=checkpoint)
+        grads, valid = mask_gradients(model, batch, loss_fn=loss_fn, mask=mask)
         counts.append(valid.sum())
         for name, g in grads.items():  # g [B, H]
             part = reduce(g[valid.to(g.device)].to(accumulator_device(g.device), torch.float64))
@@ -69,13 +67,11 @@ def gradient_sums(
 
 def mask_gradients(
     model: nn.Module, batch: Mapping[str, torch.Tensor], *, loss_fn: LossFn | None = None,
-    mask: Mapping[str, torch.Tensor] | None = None, checkpoint: bool = False,
+    mask: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Per-example mask gradients of one batch: ({site: dL_b/dxi [B, H]}, valid [B] bool).
 
     One forward and one backward; parameters are frozen meanwhile; the model runs in eval mode.
-    ``checkpoint``: keep only each block's input and recompute the block in the backward
-    (:mod:`.checkpointing`: much less memory for about one more forward; the same gradients).
     """
     n = batch_size(batch)
     batch = to_device(batch, input_device(model))
@@ -84,8 +80,7 @@ def mask_gradients(
         xi[name] = torch.as_tensor(value, dtype=torch.float32).to(xi[name].device).expand(n, -1).clone()
     for t in xi.values():
         t.requires_grad_(True)
-    with scoring_mode(model), masked(model, xi), torch.enable_grad(), \
-            (checkpointed(model) if checkpoint else nullcontext()):
+    with scoring_mode(model), masked(model, xi), torch.enable_grad():
         outputs = model(**model_inputs(model, batch, labels=loss_fn is not None, cache=False))
         losses, valid = example_losses(model, batch, outputs, loss_fn)
         names = list(xi)

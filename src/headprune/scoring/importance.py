@@ -28,7 +28,6 @@ def head_importance(
     absolute: str = "example",
     mask: Mapping[str, torch.Tensor] | None = None,
     progress: bool = False,
-    checkpoint: bool = False,
 ) -> dict[str, torch.Tensor]:
     """I_h per site: {site name: tensor [num_heads]}.
 
@@ -37,13 +36,10 @@ def head_importance(
     ``normalize``: ``"l2"`` (per site, paper 4.1) or None. ``absolute``: ``"example"`` (exact
     I_h) or ``"batch"`` (|sum over a batch|, the bertology variant). ``mask``: score the model as
     masked by this [num_heads] mask (for iterative pruning); masked heads still get a gradient.
-    ``checkpoint``: activation checkpointing per block (large models: memory about the weights plus one
-    block's activations, for about one more forward; the same scores).
     """
     if normalize not in (None, "l2"):
         raise ConfigError(f"normalize={normalize!r}; allowed: 'l2' or None")
-    total, count = importance_sums(model, batches, loss_fn=loss_fn, absolute=absolute, mask=mask, progress=progress,
-                                   checkpoint=checkpoint)
+    total, count = importance_sums(model, batches, loss_fn=loss_fn, absolute=absolute, mask=mask, progress=progress)
     scores = {name: (t / count).float() for name, t in total.items()}
     return normalize_per_site(scores) if normalize == "l2" else scores
 
@@ -56,7 +52,6 @@ def importance_sums(
     absolute: str = "example",
     mask: Mapping[str, torch.Tensor] | None = None,
     progress: bool = False,
-    checkpoint: bool = False,
 ) -> tuple[dict[str, torch.Tensor], int]:
     """({site: sum over examples of |dL_b/dxi_h|, [H] float64}, examples scored): the sums behind
     :func:`head_importance` (I_h = sum / n), so that sums and counts from several processes or data
@@ -64,8 +59,7 @@ def importance_sums(
     if absolute not in ("example", "batch"):
         raise ConfigError(f"absolute={absolute!r}; allowed: 'example', 'batch'")
     reduce = (lambda g: g.abs().sum(0)) if absolute == "example" else (lambda g: g.sum(0).abs())  # [H]
-    return gradient_sums(model, batches, reduce, loss_fn=loss_fn, mask=mask, progress=progress, desc="importance",
-                         checkpoint=checkpoint)
+    return gradient_sums(model, batches, reduce, loss_fn=loss_fn, mask=mask, progress=progress, desc="importance")
 
 
 def normalize_per_site(scores: Mapping[str, torch.Tensor], eps: float = 1e-20) -> dict[str, torch.Tensor]:
