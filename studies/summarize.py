@@ -112,6 +112,22 @@ def _regenerate(doc: str, match: re.Match, make, kind: str, problems: list[str])
     return f"<!--block:{name}-->\n{want}\n<!--/block-->"
 
 
+def _families(doc: str, text: str, problems: list[str]) -> str:
+    """The README's model-family table (between benchmarks/families.py's markers) against families.json."""
+    start, end = "<!-- families:start -->", "<!-- families:end -->"
+    if start not in text:
+        return text
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import families  # noqa: PLC0415  (imports torch: only when a doc holds the table)
+
+    head, rest = text.split(start, 1)
+    held, tail = rest.split(end, 1)
+    want = families.readme_section(json.loads((ROOT / "benchmarks" / "results" / "families.json").read_text()))
+    if held.strip("\n") != want:
+        problems.append(f"{doc}: the model-family table differs from benchmarks/results/families.json")
+    return f"{head}{start}\n{want}\n{end}{tail}"
+
+
 def check(fix: bool = False, root: Path = ROOT) -> list[str]:
     """Every marker in README.md and REPRODUCTION.md against quotes.py; returns the mismatches (fix: rewrites)."""
     problems: list[str] = []
@@ -120,6 +136,7 @@ def check(fix: bool = False, root: Path = ROOT) -> list[str]:
         text = path.read_text()
         new = QUOTE.sub(lambda m, d=doc: _regenerate(d, m, quotes.quote, "q", problems), text)
         new = BLOCK.sub(lambda m, d=doc: _regenerate(d, m, quotes.block, "block", problems), new)
+        new = _families(doc, new, problems)
         if fix and new != text:
             path.write_text(new)
     return problems

@@ -57,3 +57,14 @@ def test_holm_and_two_sided_derivation_of_committed_rows():
     assert quotes.holm_rows(rows) == [0.024, 0.06, 1.0]
     new = [{"p_value": 0.5, "p_adjusted": 0.7}, {"p_value": 0.1, "p_adjusted": 0.2}]
     assert quotes.holm_rows(new) == [0.7, 0.2]  # rows written by the current code: their own adjusted p
+
+
+def test_the_family_table_is_checked_too(tmp_path):
+    for doc in summarize.DOCS:
+        shutil.copy(ROOT / doc, tmp_path / doc)
+    text = (tmp_path / "README.md").read_text()
+    assert "| `mbart` | MBartForConditionalGeneration | exact |" in text
+    (tmp_path / "README.md").write_text(text.replace("| `mbart` | MBartForConditionalGeneration | exact |",
+                                                     "| `mbart` | MBartForConditionalGeneration | refused |"))
+    assert summarize.check(root=tmp_path) == ["README.md: the model-family table differs from "
+                                              "benchmarks/results/families.json"]
