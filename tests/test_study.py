@@ -74,13 +74,16 @@ def test_ablate_on_real_model_and_data_writes_schema(minilm_dir, tmp_path):
     assert result.exit_code == 0, result.output
     rows = _rows(out / "ablation.csv")
     assert len(rows) == 12 and {r["site"] for r in rows} == {"encoder.5.self"}
-    assert list(rows[0]) == ["site", "kind", "layer", "head", "score", "delta", "damage", "p_value", "significant"]
+    assert list(rows[0]) == ["site", "kind", "layer", "head", "score", "delta", "damage", "p_value", "p_ttest",
+                             "p_mcnemar", "p_bootstrap", "p_adjusted", "ci_low", "ci_high", "significant"]
     results = json.loads((out / "results.json").read_text())
     assert set(results["signature"]) >= {"model", "data", "split", "n", "method", "seed", "versions"}
     assert results["signature"]["n"] == 16
     for r in rows:  # delta is the change of the score, with the base from results.json
         assert float(r["delta"]) == pytest.approx(float(r["score"]) - results["base"])
-        assert 0.0 <= float(r["p_value"]) <= 1.0
+        assert 0.0 <= float(r["p_value"]) <= float(r["p_adjusted"]) <= 1.0  # Holm over the 12 heads
+        assert r["significant"] == str(float(r["p_adjusted"]) < 0.01)
+        assert float(r["ci_low"]) <= float(r["delta"]) + 1e-9 and float(r["delta"]) <= float(r["ci_high"]) + 1e-9
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "One head masked" in html
 

@@ -20,6 +20,7 @@ from headprune.cli import app
 from headprune.errors import ConfigError, DataError
 from headprune.evaluation import Classification, Translation, bleu_from_stats, metrics, significance
 from headprune.evaluation.data import encode_labels, load_classification, load_parallel
+from headprune.evaluation.translation import new_token_bound
 
 SHARED = Path(os.environ.get("HEADPRUNE_SHARED_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
 SETS = {  # name -> (file, metric, rows)
@@ -216,8 +217,7 @@ def test_translation_order_loss_and_importance(sets, tok):
         alone = model.generate(tok(data.sources[3], return_tensors="pt")["input_ids"], max_new_tokens=8,
                                do_sample=False)
     assert one.extra["hypotheses"][3] == tok.decode(alone[0], skip_special_tokens=True).strip()
-    default = Translation(tok, data)
-    assert default._bound(model, 20) == 40 and default._bound(model, 200) == 127  # 1.5 * 20 + 10; positions - 1
+    assert new_token_bound(model, 20) == 40 and new_token_bound(model, 200) == 127  # 1.5 * 20 + 10; positions - 1
 
     task = Translation(tok, data, batch_size=5)
     nll = task.loss(model)

@@ -32,3 +32,7 @@ class DataError(HeadpruneError, ValueError):
 
 class ConfigError(HeadpruneError, ValueError):
     """A setting outside its allowed range."""
+
+
+class VerificationError(HeadpruneError, RuntimeError):
+    """A check of a result failed: e.g. the pruned model does not compute what the masked one did."""

@@ -105,11 +105,17 @@ class SweepFlags(Flags):
     alpha: float = dataclasses.field(default=typer.Option(0.01, "--alpha", help="Significance level for the flag."))
     resamples: int = dataclasses.field(default=typer.Option(1000, "--resamples", help="Bootstrap resamples."))
     seed: int = dataclasses.field(default=SEED)
+    correction: str = dataclasses.field(default=typer.Option(
+        "holm", "--correction", help="Multiplicity control over the sweep: holm (family-wise error) or bh "
+        "(Benjamini-Hochberg, false discovery rate); 'significant' uses the adjusted p."))
 
     def settings(self):
+        from ..errors import ConfigError
         from ..experiments.ablation import SweepSettings
 
-        return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed)
+        if self.correction not in ("holm", "bh"):
+            raise ConfigError(f"--correction {self.correction!r}: allowed: holm, bh")
+        return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed, correction=self.correction)
 
     def site_list(self) -> list[str] | None:
         return comma_list(self.sites)

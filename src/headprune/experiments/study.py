@@ -36,9 +36,22 @@ def _finish(run: RunDir, results: dict) -> Path:
     return build_report(run.path)
 
 
+P_KEYS = ("p_value", "p_ttest", "p_mcnemar", "p_bootstrap", "p_adjusted", "ci_low", "ci_high", "significant")
+
+
+def _csv_rows(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    """``keys`` then the significance columns the rows hold (p_ttest/p_mcnemar for accuracy only)."""
+    wanted = [*keys, *(k for k in P_KEYS if rows and k in rows[0])]
+    return [{k: r.get(k) for k in wanted} for r in rows]
+
+
 def _ablation_csv_rows(rows: list[dict]) -> list[dict]:
-    keys = ("site", "kind", "layer", "head", "score", "delta", "damage", "p_value", "significant")
-    return [{k: r[k] for k in keys} for r in rows]
+    return _csv_rows(rows, ("site", "kind", "layer", "head", "score", "delta", "damage"))
+
+
+def _significant_label(settings: ablation.SweepSettings, n: int, what: str) -> str:
+    name = {"holm": "Holm", "bh": "Benjamini-Hochberg"}[settings.correction]
+    return f"significant: {name}-adjusted p < {settings.alpha} over {n} {what}"
 
 
 def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dict | None = None,
@@ -60,7 +73,8 @@ def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dic
         "title": "One head masked at a time (Michel et al. 2019, 3.2)",
         "experiment": "ablation", "metric": metric, "base": base,
         "headline": [["full model " + metric, format_score(metric, base)], ["heads", len(sweep.rows)],
-                     [f"significant at p < {settings.alpha}", n_sig], ["masking improves the score", better],
+                     [_significant_label(settings, len(sweep.rows), "heads"), n_sig],
+                     ["masking improves the score", better],
                      [f"worst: {worst['site']} head {worst['head']}", format_score(metric, worst["score"])]],
         "rows": sweep.rows,
         "figures": [{"file": "ablation_heatmap.png", "caption": "Change of the score when each head alone is masked."},
@@ -80,14 +94,14 @@ def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=N
     sweep = ablation.all_but_one(model, evaluator, choose_on=choose_on, sites=sites, settings=settings, run=run,
                                  progress=progress)
     metric, base = sweep.base.metric, sweep.base.score
-    keys = ("site", "kind", "layer", "kept_head", "score", "delta", "p_value", "significant", "chosen_on")
-    run.write_csv("all_but_one.csv", [{k: r[k] for k in keys} for r in sweep.rows])
+    run.write_csv("all_but_one.csv", _csv_rows(sweep.rows, ("site", "kind", "layer", "kept_head", "chosen_on", "score",
+                                                             "delta")))
     fig.all_but_one_bars(sweep.rows, base, metric, run.path / "all_but_one.png", settings.alpha)
     return _finish(run, {
         "title": "All heads but one per layer (Michel et al. 2019, 3.3" + (", App. A)" if choose_on else ")"),
         "experiment": "all-but-one", "metric": metric, "base": base, "rows": sweep.rows,
         "headline": [["full model " + metric, format_score(metric, base)], ["sites", len(sweep.rows)],
-                     [f"significant at p < {settings.alpha}", sum(r["significant"] for r in sweep.rows)],
+                     [_significant_label(settings, len(sweep.rows), "sites"), sum(r["significant"] for r in sweep.rows)],
                      ["largest drop", format_score(metric, min(r["delta"] for r in sweep.rows))]],
         "figures": [{"file": "all_but_one.png", "caption": "Score change when each site keeps only its best head."}],
         "tables": [{"title": "Per site", "file": "all_but_one.csv"}],
@@ -106,7 +120,11 @@ def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, out: str | Path
     a, b = result["a"], result["b"]
     run.write_csv("cross_domain.csv", [
         {"site": x["site"], "head": x["head"], f"delta_{names[0]}": x["delta"], f"delta_{names[1]}": y["delta"],
-         f"p_{names[0]}": x["p_value"], f"p_{names[1]}": y["p_value"]} for x, y in zip(a.rows, b.rows, strict=True)])
+         f"p_{names[0]}": x["p_value"], f"p_{names[1]}": y["p_value"],
+         f"p_adjusted_{names[0]}": x["p_adjusted"], f"p_adjusted_{names[1]}": y["p_adjusted"],
+         f"ci_low_{names[0]}": x["ci_low"], f"ci_high_{names[0]}": x["ci_high"],
+         f"ci_low_{names[1]}": y["ci_low"], f"ci_high_{names[1]}": y["ci_high"]}
+        for x, y in zip(a.rows, b.rows, strict=True)])
     metric = a.base.metric
     fig.cross_domain_scatter(a.rows, b.rows, result["pearson_r"], result["p_value"], names, metric,
                              run.path / "cross_domain.png")
