@@ -109,7 +109,8 @@ class SweepFlags(Flags):
     def settings(self):
         from ..experiments.ablation import SweepSettings
 
-        return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed)
+        with in_cli_terms():
+            return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed)
 
     def site_list(self) -> list[str] | None:
         return comma_list(self.sites)

@@ -13,7 +13,7 @@ import typer
 
 from ..errors import ConfigError
 from .app import app, echo_headline, friendly
-from .dataflags import split_option
+from .dataflags import in_cli_terms, split_option
 from .options import (
     DATA,
     DATA2,
@@ -124,9 +124,10 @@ def _curve_settings(orders: str, step: float, seeds: int, kinds: str | None, min
     fractions = sorted({min(1.0, round(i * step, 6)) for i in range(n + 1)} | {1.0})
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}; allowed: >= 1")
-    return CurveSettings(fractions=tuple(fractions), orders=tuple(o.strip() for o in orders.split(",")),
-                         seeds=tuple(range(seeds)), kinds=tuple(comma_list(kinds)) if kinds else None,
-                         min_per_site=min_per_site)
+    with in_cli_terms():
+        return CurveSettings(fractions=tuple(fractions), orders=tuple(o.strip() for o in orders.split(",")),
+                             seeds=tuple(range(seeds)), kinds=tuple(comma_list(kinds)) if kinds else None,
+                             min_per_site=min_per_site)
 
 
 ORDERS = typer.Option("importance,oracle,random", "--orders", help="Comma-separated: importance, "

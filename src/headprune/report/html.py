@@ -32,7 +32,7 @@ def build_report(run_dir: str | Path) -> Path:
     results_path = run_dir / "results.json"
     if not results_path.is_file():
         raise ConfigError(f"run directory {str(run_dir)!r} has no results.json; expected a headprune run directory")
-    results = json.loads(results_path.read_text())
+    results = read_results(results_path)
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(results.get('title', 'headprune'))}</title>",
              f"<style>{CSS}</style></head><body>",
              f"<h1>{_e(results.get('title', 'headprune run'))}</h1>"]
@@ -63,6 +63,19 @@ def build_report(run_dir: str | Path) -> Path:
     tmp.write_text("\n".join(parts))
     tmp.replace(out)
     return out
+
+
+def read_results(path: Path) -> dict:
+    """A run's ``results.json`` as a dict; a malformed one is refused in one line (no traceback)."""
+    try:
+        results = json.loads(Path(path).read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{str(path)!r} is not valid JSON ({getattr(e, 'msg', e)}); allowed: the results.json a "
+                          "headprune command writes (rerun the command to rewrite it)") from None
+    if not isinstance(results, dict):
+        raise ConfigError(f"{str(path)!r} holds a JSON {type(results).__name__}; allowed: the JSON object a "
+                          "headprune command writes")
+    return results
 
 
 def _table(run_dir: Path, spec: dict) -> str:
