@@ -28,6 +28,9 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except (HeadpruneError, OSError) as e:  # OSError: FileNotFoundError, NotADirectoryError, ...
+            from ..experiments.rundir import close_open_runs
+
+            close_open_runs()  # a run refused midway: its lock goes, a directory it made without results too
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None
 

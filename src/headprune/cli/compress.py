@@ -13,6 +13,7 @@ import typer
 from ..errors import ConfigError
 from .app import app, echo_headline, friendly
 from .dataflags import in_cli_terms, split_option
+from .identity import identity
 from .options import (
     DATA,
     DATA2,
@@ -117,7 +118,9 @@ def compress_command(
                  "split": Path(data).name, "n": len(ev),
                  **{k: v for k, v in (("data_split", flags.split), ("calib_split", calib_split)) if v},
                  "calib_data": [calib] + ([str(calib_data2 or data2)] if (calib_data2 or data2) else []),
-                 "calib_n": len(calib_ev)}
+                 "calib_n": len(calib_ev), "calib_limit": calib_limit,
+                 **identity(flags, ev, model_dir, {"--data": data, "--data2": data2, "--calib-data": calib_data,
+                                                   "--calib-data2": calib_data2})}
     report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=settings, signature=signature,
                           bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
                           verify=not trust_unverified, progress=bars)
