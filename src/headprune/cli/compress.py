@@ -12,7 +12,8 @@ import typer
 
 from ..errors import ConfigError
 from .app import app, echo_headline, friendly
-from .dataflags import split_option
+from .dataflags import in_cli_terms, split_option
+from .identity import identity
 from .options import (
     DATA,
     DATA2,
@@ -76,6 +77,7 @@ def compress_command(
 ):
     """Prune to a budget with I_h or Fisher scores (+ rearrangement, + tuned scales) and save the smaller model."""
     from ..compression.plan import CompressSettings
+    from ..evaluation.build import position_limit
     from ..evaluation.data import same_data
     from ..experiments.compress import run_compress
 
@@ -83,9 +85,10 @@ def compress_command(
     if len(budgets) != 1:
         raise ConfigError(f"give exactly one budget of --keep (share of heads), --keep-heads (number of heads) or "
                           f"--flops (share of head FLOPs); got {', '.join(budgets) or 'none'}")
-    settings = CompressSettings(keep=keep, n_keep=keep_heads, flops=flops, method=method, min_per_site=min_per_site,
-                                seq_len=seq_len or 8, tgt_len=tgt_len, damping=damping, target=tune_target,
-                                guard=not no_guard, seed=seed)  # checks all
+    with in_cli_terms():  # checks all, in flag names
+        settings = CompressSettings(keep=keep, n_keep=keep_heads, flops=flops, method=method,
+                                    min_per_site=min_per_site, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len,
+                                    tgt_len=tgt_len, damping=damping, target=tune_target, guard=not no_guard, seed=seed)
     if output.exists():
         raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
     calib = calib_data or data
@@ -105,9 +108,9 @@ def compress_command(
             raise ConfigError(f"data file {path!r} does not exist")
     t = TaskSetup(model_dir, task, flags)
     model, tok = t.model, t.tokenizer
-    if seq_len is None:  # 128 tokens, or what the position table allows
-        limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-        settings = replace(settings, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
+    if seq_len is None:  # 128 tokens, or what the position table allows (--limit stays the examples' count)
+        positions = position_limit(model.config)
+        settings = replace(settings, seq_len=min(DEFAULT_SEQ_LEN, positions or DEFAULT_SEQ_LEN))
     ev = t.on(data, data2)
     calib_ev = t.on(calib, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
                     split=calib_split)
@@ -115,7 +118,9 @@ def compress_command(
                  "split": Path(data).name, "n": len(ev),
                  **{k: v for k, v in (("data_split", flags.split), ("calib_split", calib_split)) if v},
                  "calib_data": [calib] + ([str(calib_data2 or data2)] if (calib_data2 or data2) else []),
-                 "calib_n": len(calib_ev)}
+                 "calib_n": len(calib_ev), "calib_limit": calib_limit,
+                 **identity(flags, ev, model_dir, {"--data": data, "--data2": data2, "--calib-data": calib_data,
+                                                   "--calib-data2": calib_data2})}
     report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=settings, signature=signature,
                           bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
                           verify=not trust_unverified, progress=bars)

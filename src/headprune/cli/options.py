@@ -115,7 +115,9 @@ class SweepFlags(Flags):
 
         if self.correction not in ("holm", "bh"):
             raise ConfigError(f"--correction {self.correction!r}: allowed: holm, bh")
-        return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed, correction=self.correction)
+        with in_cli_terms():
+            return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed,
+                                 correction=self.correction)
 
     def site_list(self) -> list[str] | None:
         return comma_list(self.sites)

@@ -12,8 +12,10 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
+from ..provenance import data_sha256
 from .app import app, echo_headline, friendly
-from .dataflags import split_option
+from .dataflags import in_cli_terms, split_option
+from .identity import identity
 from .options import (
     DATA,
     DATA2,
@@ -34,11 +36,12 @@ from .options import (
 MODEL = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune).")
 
 
-def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int) -> dict:
+def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int, flags: TaskFlags) -> dict:
     chosen = getattr(evaluator, "signature", {}).get("split")  # a datasets directory's split, when given
     return {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
             "split": Path(data).name, **({"data_split": chosen} if chosen else {}), "n": len(evaluator),
-            "seed": seed, "command": " ".join(sys.argv[1:])}
+            "seed": seed, **identity(flags, evaluator, model_dir, {"--data": data, "--data2": data2}),
+            "command": " ".join(sys.argv[1:])}
 
 
 @app.command("ablate")
@@ -52,7 +55,7 @@ def ablate(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: P
     settings = sweep.settings()
     t = TaskSetup(model_dir, task, flags)
     ev = t.on(data, data2)
-    report = run_ablation(t.model, ev, output, signature=_signature(model_dir, task, data, data2, ev, sweep.seed),
+    report = run_ablation(t.model, ev, output, signature=_signature(model_dir, task, data, data2, ev, sweep.seed, flags),
                           sites=sweep.site_list(), settings=settings, fresh=fresh)
     echo_headline(output, report)
 
@@ -79,9 +82,11 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
     ev = t.on(data, data2)
     choose = (t.on(choose_data or data, choose_data2 if choose_data else data2, limit=calib_limit,
                    flag="--choose-data", split=choose_split) if choose_data or choose_split else None)
-    sig = _signature(model_dir, task, data, data2, ev, sweep.seed)
+    sig = _signature(model_dir, task, data, data2, ev, sweep.seed, flags)
     if choose is not None:
-        sig.update(choose_data=choose_data or data, choose_n=len(choose))
+        sig.update(choose_data=choose_data or data, choose_n=len(choose), calib_limit=calib_limit)
+        sig["data_sha256"].update({"--choose-data": data_sha256(choose_data or data),
+                                   **({"--choose-data2": data_sha256(choose_data2)} if choose_data2 else {})})
         if choose_split:
             sig.update(choose_split=choose_split)
     report = run_all_but_one(t.model, ev, output, choose_on=choose, signature=sig, sites=sweep.site_list(),
@@ -108,8 +113,10 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
     t = TaskSetup(model_dir, task, flags)
     ev_a = t.on(data, data2)
     ev_b = t.on(data_b, data2_b, flag="--data-b", split=split_b)
-    sig = {**_signature(model_dir, task, data, data2, ev_a, sweep.seed), "data_b": data_b, "n_b": len(ev_b),
+    sig = {**_signature(model_dir, task, data, data2, ev_a, sweep.seed, flags), "data_b": data_b, "n_b": len(ev_b),
            **({"split_b": split_b} if split_b else {})}
+    sig["data_sha256"].update({"--data-b": data_sha256(data_b),
+                               **({"--data2-b": data_sha256(data2_b)} if data2_b else {})})
     report = run_cross_domain(t.model, ev_a, ev_b, output, names=pair, signature=sig, sites=sweep.site_list(),
                               settings=settings, fresh=fresh)
     echo_headline(output, report)
@@ -124,9 +131,10 @@ def _curve_settings(orders: str, step: float, seeds: int, kinds: str | None, min
     fractions = sorted({min(1.0, round(i * step, 6)) for i in range(n + 1)} | {1.0})
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}; allowed: >= 1")
-    return CurveSettings(fractions=tuple(fractions), orders=tuple(o.strip() for o in orders.split(",")),
-                         seeds=tuple(range(seeds)), kinds=tuple(comma_list(kinds)) if kinds else None,
-                         min_per_site=min_per_site)
+    with in_cli_terms():
+        return CurveSettings(fractions=tuple(fractions), orders=tuple(o.strip() for o in orders.split(",")),
+                             seeds=tuple(range(seeds)), kinds=tuple(comma_list(kinds)) if kinds else None,
+                             min_per_site=min_per_site)
 
 
 ORDERS = typer.Option("importance,oracle,random", "--orders", help="Comma-separated: importance, "
@@ -163,9 +171,12 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
     ev = t.on(data, data2)
     calib = (t.on(calib_data or data, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
                   split=calib_split) if calib_data or calib_split else ev)
-    sig = {**_signature(model_dir, task, data, data2, ev, 0), "importance_data": calib_data or data,
+    sig = {**_signature(model_dir, task, data, data2, ev, 0, flags), "importance_data": calib_data or data,
            **({"importance_split": calib_split} if calib_split else {}),
-           "importance_n": len(calib), "oracle_from": str(oracle_from) if oracle else None}
+           "importance_n": len(calib), "oracle_from": str(oracle_from) if oracle else None,
+           "oracle_sha256": data_sha256(Path(oracle_from) / "ablation.csv") if oracle else None}
+    sig["data_sha256"].update({k: data_sha256(v) for k, v in (("--calib-data", calib_data),
+                                                               ("--calib-data2", calib_data2)) if v})
     report = run_curves(t.model, ev, output, settings=settings, importance_batches=calib.batches, signature=sig,
                         oracle=oracle, fresh=fresh)
     echo_headline(output, report)
@@ -202,7 +213,9 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
 
     sig = {"model": [str(p) for p in checkpoints], "task": task, "data": data, "split": Path(data).name,
            **({"data_split": flags.split} if flags.split else {}),
-           "n": flags.limit, "seed": 0, "command": " ".join(sys.argv[1:])}
+           "n": flags.limit, "seed": 0,
+           **identity(flags, ready[order[0][1]][1], list(checkpoints), {"--data": data, "--data2": data2}),
+           "command": " ".join(sys.argv[1:])}
     report = run_dynamics([(e, loader(p)) for e, p in order], output, settings=settings, signature=sig, fresh=fresh)
     echo_headline(output, report)
 

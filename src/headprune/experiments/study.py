@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..evaluation.metrics import format_score
-from ..provenance import versions
+from ..provenance import code_identity, versions
 from ..report import build_report
 from ..report import figures as fig
 from ..scoring.importance import head_importance
@@ -26,14 +26,17 @@ from .rundir import RunDir
 
 def _signature(signature: dict | None, method: str, settings: dict) -> dict:
     sig = {"model": None, "data": None, "split": None, "n": None, **(signature or {})}
-    sig.update(method=method, settings=settings, seed=settings.get("seed", 0), versions=versions())
+    sig.update(method=method, settings=settings, seed=settings.get("seed", 0), code=code_identity(),
+               versions=versions())
     return sig
 
 
 def _finish(run: RunDir, results: dict) -> Path:
     results.setdefault("signature", run.signature)
     run.write_json("results.json", results)
-    return build_report(run.path)
+    report = build_report(run.path)
+    run.close()
+    return report
 
 
 P_KEYS = ("p_value", "p_ttest", "p_mcnemar", "p_bootstrap", "p_adjusted", "ci_low", "ci_high", "significant")
