@@ -17,6 +17,7 @@ from ..core.masking import mask_from_heads, mask_heads
 from ..core.surgery import prune_heads
 from ..errors import ConfigError
 from .app import app, friendly
+from .options import DEVICE, DTYPE, device_dtype
 
 _D = BenchSettings()  # flag defaults are the library's
 
@@ -44,6 +45,8 @@ def bench(
     no_memory: bool = typer.Option(False, "--no-memory", help="Skip the peak-memory measurement."),
     trust_unverified: bool = typer.Option(False, "--trust-unverified", help="Skip the check that surgery is exact "
                                           "for this model's class (refused families): check the result yourself."),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
 ):
     """Measure examples/s at several batch sizes; print measured and FLOP-limit speed-ups; write JSON + PNG."""
     sizes = _batch_sizes(batch_sizes)
@@ -58,10 +61,11 @@ def bench(
         if threads < 1:
             raise ConfigError(f"--threads {threads}; allowed: >= 1")
         torch.set_num_threads(threads)
+    place = device_dtype(device, dtype)  # refused before loading; models are pruned on the CPU, then moved
     models, refs, dropped = {}, {}, {}
     for model_dir in model_dirs:
         name = _unique(model_dir.name or str(model_dir), models)
-        model = load_model(model_dir)
+        model = load_model(model_dir, dtype=place["dtype"])
         models[name] = model
         if prune_fraction is None:
             continue
@@ -77,6 +81,8 @@ def bench(
             mask_heads(copy_, mask_from_heads(copy_, drop))
             models[_unique(f"{name}-masked{tag}", models)] = copy_
             refs[list(models)[-1]] = name
+    for each in models.values():
+        each.to(place["device"])
     first = next(iter(models))
     for name in models:
         if name != first and name not in refs:

@@ -43,6 +43,10 @@ BATCH = typer.Option(None, "--batch-size", help="Batch size (default 32; lm 8)."
 METRIC = typer.Option(None, "--metric", help="Classification: accuracy (default), f1 or matthews.")
 BEAMS = typer.Option(1, "--beams", help="Translation: beam size (1 = greedy).")
 CALIB_LIMIT = 256  # the first N examples of a calibration or choice data set
+DEVICE = typer.Option(None, "--device", help="Where the model runs: cpu, cuda, cuda:1, mps (default: the best "
+                      "available: cuda, else mps, else cpu).")
+DTYPE = typer.Option(None, "--dtype", help="The model's dtype: float32, bfloat16 or float16 (default: as saved). "
+                     "Scores are summed in float64 either way.")
 QUIET = typer.Option(False, "--quiet", "-q", help="No progress bars (default: bars on stderr when it is a terminal).")
 PROGRESS = typer.Option(False, "--progress", hidden=True, help="Progress bars even when stderr is not a terminal.")
 
@@ -89,6 +93,8 @@ class TaskFlags(Flags):
     beams: int = dataclasses.field(default=BEAMS)
     split: str = dataclasses.field(default=split_option("--data"))
     label_map: str = dataclasses.field(default=LABEL_MAP)
+    device: str = dataclasses.field(default=DEVICE)
+    dtype: str = dataclasses.field(default=DTYPE)
 
     def columns(self) -> dict:
         """The column flags as library arguments: digits are a position (a headerless file), else a name."""
@@ -164,15 +170,15 @@ def comma_list(value: str | None) -> list[str] | None:
     return None if not value else [s.strip() for s in value.split(",") if s.strip()]
 
 
-def load_model_dir(model_dir: Path, task: str | None = None):
-    """(model, tokenizer) of a model directory; a directory without a tokenizer is refused, and so is a
-    model without the head ``task`` needs (one line naming its class and what to do)."""
+def load_model_dir(model_dir: Path, task: str | None = None, device: str | None = None, dtype: str | None = None):
+    """(model, tokenizer) of a model directory, on ``--device`` in ``--dtype``; a directory without a tokenizer is
+    refused, and so is a model without the head ``task`` needs (one line naming its class and what to do)."""
     from ..core.io import load_model, load_tokenizer
     from ..evaluation.build import check_model, check_task
 
     if task is not None:
         check_task(task)
-    model = load_model(model_dir)
+    model = load_model(model_dir, **device_dtype(device, dtype))
     if task is not None:
         check_model(task, model, str(model_dir))
     tokenizer = load_tokenizer(model_dir)
@@ -180,6 +186,13 @@ def load_model_dir(model_dir: Path, task: str | None = None):
         raise ConfigError(f"model directory {str(model_dir)!r} has no tokenizer (tokenizer.json, "
                           "tokenizer_config.json, vocab.txt or spiece.model); save one beside the model")
     return model, tokenizer
+
+
+def device_dtype(device: str | None, dtype: str | None) -> dict:
+    """``--device`` and ``--dtype`` as :func:`headprune.load_model` arguments (refused in one line when unknown)."""
+    from ..core.devices import resolve_device, resolve_dtype
+
+    return {"device": resolve_device(device), "dtype": resolve_dtype(dtype)}
 
 
 def check_checkpoint(model_dir: Path, task: str) -> None:
@@ -201,7 +214,7 @@ class TaskSetup:
     refused before any data is read or anything is written."""
 
     def __init__(self, model_dir: Path, task: str, flags: TaskFlags):
-        self.model, self.tokenizer = load_model_dir(model_dir, task)
+        self.model, self.tokenizer = load_model_dir(model_dir, task, flags.device, flags.dtype)
         self.task, self.flags = task, flags
         self.label_map = parse_label_map(flags.label_map, self.model.config)
 

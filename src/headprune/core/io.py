@@ -61,12 +61,13 @@ def save_pruned(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
 
 def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | str | None = None,
                 device: torch.device | str | None = None, attn_implementation: str | None = None,
-                verify: bool = True) -> nn.Module:
+                verify: bool = True, device_map: str | dict | None = None) -> nn.Module:
     """Load a model written by :func:`save_pruned` (or any local Hugging Face directory), in eval mode.
 
     ``model_class`` defaults to the config's first architecture (e.g. ``BertForSequenceClassification``);
     ``dtype`` and ``attn_implementation`` default to what the model was saved with; ``device``
-    (default CPU) is where the model ends up. A pruned directory is built from its config, its kept
+    (default CPU) is where the model ends up; ``device_map`` (e.g. ``"auto"``, needs ``accelerate``) spreads
+    it over several devices instead, as transformers does (give one of the two). A pruned directory is built from its config, its kept
     heads are replayed, and transformers' ``from_pretrained`` loads the weights into it; anything
     that does not fit raises a typed error naming the directory. Unpruned directories go through
     plain ``from_pretrained`` with these arguments. Custom code (``auto_map``) and quantized models
@@ -89,6 +90,10 @@ def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
         kwargs["dtype"] = dtype
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    if device_map is not None:
+        if device is not None:
+            raise ConfigError(f"device={device!r} and device_map={device_map!r}; allowed: one of them")
+        kwargs["device_map"] = device_map
     weights = weight_files(path, required=bool(kept))
     if kept:
         model = from_pretrained_pruned(cls, path, config, kept, original, weights, strict=model_class is None,
@@ -117,8 +122,10 @@ def _architecture(config, path: Path) -> type:
     raise PlanError(f"config in {str(path)!r} names no known architecture ({names}); pass model_class=")
 
 
-def load_model(model_dir: str | Path, *, model_class: type | None = None) -> nn.Module:
-    """A model from a local directory: pruned ones get their kept heads replayed; eval mode, saved dtype."""
+def load_model(model_dir: str | Path, *, model_class: type | None = None, device: torch.device | str | None = None,
+               dtype: torch.dtype | str | None = None, device_map: str | dict | None = None) -> nn.Module:
+    """A model from a local directory: pruned ones get their kept heads replayed; eval mode; the saved dtype
+    unless ``dtype``; on ``device`` (default CPU) or spread by ``device_map`` (see :func:`load_pruned`)."""
     path = Path(model_dir)
     if not path.is_dir():
         raise ConfigError(f"model directory {str(path)!r} does not exist; expected a local Hugging Face model "
@@ -128,7 +135,7 @@ def load_model(model_dir: str | Path, *, model_class: type | None = None) -> nn.
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # one model directory: a bar per weight file is noise
-    return load_pruned(path, model_class=model_class).eval()
+    return load_pruned(path, model_class=model_class, device=device, dtype=dtype, device_map=device_map).eval()
 
 
 def load_tokenizer(model_dir: str | Path):

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..checks import check_int
+from ..core.devices import input_device, to_device
 from ..errors import ConfigError, DataError
 from ..extras import require
 from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
@@ -150,11 +151,13 @@ class Translation:
         with mask_context(model, mask):
             for idx, batch in tqdm(zip(buckets, self.batches(limit=limit), strict=True), total=len(buckets),
                                    desc="nll", unit="batch", disable=not progress):
+                batch = to_device(batch, input_device(model))
                 logits = model(**batch).logits  # [B, T, V]
-                token = F.cross_entropy(logits.transpose(1, 2).float(), batch["labels"], ignore_index=-100,
+                labels = batch["labels"].to(logits.device)
+                token = F.cross_entropy(logits.transpose(1, 2).float(), labels, ignore_index=-100,
                                         reduction="none")  # [B, T]
-                nll[idx] = token.sum(-1).double().numpy()
-                count[idx] = (batch["labels"] != -100).sum(-1).numpy()
+                nll[idx] = token.sum(-1).double().cpu().numpy()
+                count[idx] = (labels != -100).sum(-1).cpu().numpy()
         seconds = time.perf_counter() - start
         return EvalResult(metric="nll", score=float(nll.sum() / count.sum()), n=n,
                           per_example={"nll_sum": nll, "tokens": count}, higher_is_better=False,
@@ -196,7 +199,7 @@ def generate_translations(model, tokenizer, source_ids: Sequence[Sequence[int]],
     tokens = 0
     for idx in tqdm(equal_length_batches([len(r) for r in source_ids], batch_size), desc="translate",
                     unit="batch", disable=not progress):
-        x = torch.tensor([list(source_ids[i]) for i in idx])  # [B, S], all of one length
+        x = torch.tensor([list(source_ids[i]) for i in idx], device=input_device(model))  # [B, S], one length
         out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), num_beams=num_beams, do_sample=False,
                              num_return_sequences=1, max_new_tokens=new_token_bound(model, x.shape[1], max_new_tokens))
         for i, text in zip(idx, tokenizer.batch_decode(out, skip_special_tokens=True), strict=True):

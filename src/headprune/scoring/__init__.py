@@ -2,7 +2,7 @@
 
 from .fisher import Fisher, fisher_information
 from .gradients import LossFn, mask_gradients, mean_loss, per_example_loss
-from .importance import head_importance, normalize_per_site
+from .importance import head_importance, importance_sums, normalize_per_site
 
 __all__ = ["Fisher", "fisher_information", "LossFn", "mask_gradients", "mean_loss", "per_example_loss",
-           "head_importance", "normalize_per_site"]
+           "head_importance", "importance_sums", "normalize_per_site"]
