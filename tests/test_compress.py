@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ from headprune.compression import CompressSettings, compress, plan_heads
 from headprune.compression.tuning import residual_norms, scale_mask, tune_scales
 from headprune.core.cost import flop_breakdown, head_costs
 from headprune.core.folding import fold_scales
-from headprune.errors import ConfigError
+from headprune.errors import ConfigError, KVCacheWarning
 from headprune.scoring.fisher import fisher_information, quadratic
 from headprune.scoring.gradients import per_example_loss
 from headprune.selection import select_heads
@@ -313,7 +314,8 @@ def test_compressed_model_saves_and_reloads_with_the_same_logits(family, tmp_pat
 def test_flop_budget_is_met_exactly_under_gqa_after_rearrangement(share):
     model = build("llama")
     costs = head_costs(model, 8)
-    result = compress(model, _batches("llama"), flops=share, method="fisher+rearrange", seq_len=8)
+    with pytest.warns(KVCacheWarning) if share == 0.7 else contextlib.nullcontext():  # the free knapsack, uneven
+        result = compress(model, _batches("llama"), flops=share, method="fisher+rearrange", seq_len=8, gqa="free")
     before, after = result.sizes["before"]["attention_flops"], result.sizes["after"]["attention_flops"]
     assert 0 < after <= share * before
     dropped = result.dropped

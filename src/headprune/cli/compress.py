@@ -17,6 +17,7 @@ from .identity import identity
 from .options import (
     DATA,
     DATA2,
+    GQA,
     MINSITE,
     PROGRESS,
     QUIET,
@@ -53,6 +54,9 @@ def compress_command(
                                    "is required)."),
     flops: float = typer.Option(None, "--flops", help="Share of the attention heads' FLOPs to keep, 0..1 (or --keep, "
                                 "--keep-heads: one is required)."),
+    kv: float = typer.Option(None, "--kv", help="Share of the KV-cache bytes per token to keep, 0..1 (drops whole "
+                             "key/value groups; or --keep, --keep-heads, --flops)."),
+    gqa: str = GQA,
     method: str = typer.Option("fisher+tune", "--method", help=METHOD_HELP),
     min_per_site: int = MINSITE,
     seq_len: int = typer.Option(None, "--seq-len", help=f"Tokens per example for FLOPs and timing (default "
@@ -81,14 +85,21 @@ def compress_command(
     from ..evaluation.data import same_data
     from ..experiments.compress import run_compress
 
-    budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops)) if v is not None}
+    budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops), ("--kv", kv))
+               if v is not None}
     if len(budgets) != 1:
-        raise ConfigError(f"give exactly one budget of --keep (share of heads), --keep-heads (number of heads) or "
-                          f"--flops (share of head FLOPs); got {', '.join(budgets) or 'none'}")
+        raise ConfigError(f"give exactly one budget of --keep (share of heads), --keep-heads (number of heads), "
+                          f"--flops (share of head FLOPs) or --kv (share of KV-cache bytes); got "
+                          f"{', '.join(budgets) or 'none'}")
+    if kv is not None and not (0.0 <= kv <= 1.0):
+        raise ConfigError(f"--kv {kv}; allowed: a share 0..1 of the KV-cache bytes per token")
+    if gqa not in ("uniform", "groups", "free"):
+        raise ConfigError(f"--gqa {gqa!r}; allowed: uniform, groups, free")
     with in_cli_terms():  # checks all, in flag names
         settings = CompressSettings(keep=keep, n_keep=keep_heads, flops=flops, method=method,
                                     min_per_site=min_per_site, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len,
-                                    tgt_len=tgt_len, damping=damping, target=tune_target, guard=not no_guard, seed=seed)
+                                    tgt_len=tgt_len, damping=damping, target=tune_target, guard=not no_guard, seed=seed,
+                                    gqa=gqa, kv=kv)
     if output.exists():
         raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
     calib = calib_data or data

@@ -29,6 +29,9 @@ SEED = typer.Option(0, "--seed", help="Seed of the bootstrap and of the random o
 OUT = typer.Option(..., "-o", "--output", help="Run directory (rerun the same command to resume).")
 FRESH = typer.Option(False, "--fresh", help="Start over in an existing run directory.")
 MINSITE = typer.Option(0, "--min-per-site", help="Keep at least this many heads in every site.")
+GQA = typer.Option("uniform", "--gqa", help="Grouped-query attention: uniform (the same query heads kept per key/value "
+                   "group; never enlarges the KV cache), groups (whole key/value groups) or free (any heads; warns "
+                   "when the KV cache grows). Models without GQA: no effect.")
 TEXT = typer.Option(None, "--text-column", help="Classification text column, a name or a position (default: "
                     "guessed from common names, e.g. sentence).")
 PAIR = typer.Option(None, "--text-pair-column", help="Second text column of pair tasks (default: guessed, e.g. "

@@ -20,6 +20,7 @@ from .options import (
     DATA,
     DATA2,
     FRESH,
+    GQA,
     MINSITE,
     OUT,
     TASK,
@@ -122,7 +123,7 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
     echo_headline(output, report)
 
 
-def _curve_settings(orders: str, step: float, seeds: int, kinds: str | None, min_per_site: int):
+def _curve_settings(orders: str, step: float, seeds: int, kinds: str | None, min_per_site: int, gqa: str = "uniform"):
     from ..experiments.curves import CurveSettings
 
     if not 0 < step <= 1:
@@ -134,7 +135,7 @@ def _curve_settings(orders: str, step: float, seeds: int, kinds: str | None, min
     with in_cli_terms():
         return CurveSettings(fractions=tuple(fractions), orders=tuple(o.strip() for o in orders.split(",")),
                              seeds=tuple(range(seeds)), kinds=tuple(comma_list(kinds)) if kinds else None,
-                             min_per_site=min_per_site)
+                             min_per_site=min_per_site, gqa=gqa)
 
 
 ORDERS = typer.Option("importance,oracle,random", "--orders", help="Comma-separated: importance, "
@@ -158,11 +159,13 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
           oracle_from: Path = typer.Option(None, "--oracle-from", help="Take the oracle order from this "
                                            "`headprune ablate` run directory (default: none, computed here by a one-head ablation)."),
           orders: str = ORDERS, step: float = STEP, seeds: int = SEEDS, kind: str = KINDS, min_per_site: int = MINSITE,
-          output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags):
+          output: Path = OUT, fresh: bool = FRESH, gqa: str = GQA, *, flags: TaskFlags):
     """Pruning curves in I_h, oracle and random order (paper 4.2, 5, App. B; Figs. 3, 4, 6)."""
     from ..experiments.study import oracle_from_run, run_curves
 
-    settings = _curve_settings(orders, step, seeds, kind, min_per_site)
+    if gqa not in ("uniform", "groups", "free"):
+        raise ConfigError(f"--gqa {gqa!r}; allowed: uniform, groups, free")
+    settings = _curve_settings(orders, step, seeds, kind, min_per_site, gqa)
     check_calib_limit(calib_limit)
     if calib_data2 is not None and calib_data is None:
         raise ConfigError("--calib-data2 needs --calib-data")

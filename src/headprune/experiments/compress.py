@@ -114,6 +114,8 @@ def _budget(s: CompressSettings) -> str:
         return f"keep {s.keep:.0%} of heads"
     if s.n_keep is not None:
         return f"keep {s.n_keep} heads"
+    if s.kv is not None:
+        return f"keep {s.kv:.0%} of the KV cache"
     return f"keep {s.flops:.0%} of head FLOPs"
 
 

@@ -24,7 +24,7 @@ from ..compression.plan import CompressSettings, plan_heads, score_heads
 from ..core.masking import mask_from_heads
 from ..core.sites import find_sites
 from ..errors import ConfigError
-from ..selection.lowest import lowest_heads
+from ..selection.gqa import GQA_MODES, kv_groups, select_gqa
 from .rundir import RunDir
 
 PLANNED = ("fisher", "fisher+rearrange", "fisher+tune")  # headprune.compression methods: need calibration batches
@@ -38,6 +38,7 @@ class CurveSettings:
     seeds: tuple[int, ...] = (0, 1, 2)  # for the random order
     kinds: tuple[str, ...] | None = None  # restrict the pool to these attention kinds
     min_per_site: int = 0
+    gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (headprune.selection.gqa)
 
     def __post_init__(self):
         self.fractions = tuple(sorted(set(float(f) for f in self.fractions)))
@@ -50,6 +51,8 @@ class CurveSettings:
             raise ConfigError(f"kinds: {bad}; allowed: encoder, decoder, cross")
         if self.min_per_site < 0:
             raise ConfigError(f"min_per_site={self.min_per_site}; allowed: >= 0")
+        if self.gqa not in GQA_MODES:
+            raise ConfigError(f"gqa={self.gqa!r}; allowed: {', '.join(GQA_MODES)}")
 
 
 def step_counts(total: int, fractions: Iterable[float]) -> list[int]:
@@ -87,6 +90,11 @@ def pruning_curves(
     jobs = [(o, seed) for o in settings.orders for seed in (settings.seeds if o == "random" else (0,))]
     bar = tqdm(total=len(jobs) * len(counts), desc="pruning curve", unit="step", disable=not progress)
     fixed_scores: dict[str, torch.Tensor] | None = None
+    groups = kv_groups(model)
+
+    def lowest(scores, n):  # the n lowest-scored heads of the pool, as the GQA mode allows
+        return select_gqa(scores, groups, mode=settings.gqa, n_drop=n, min_per_site=settings.min_per_site)
+
     planned: dict = {}  # the Fisher and the calibration batches, computed once for all Fisher orders
     for order, seed in jobs:
         if order == "oracle" and oracle is None:
@@ -108,16 +116,16 @@ def pruning_curves(
             if order == "importance":
                 if fixed_scores is None:
                     fixed_scores = importance(None)
-                dropped = lowest_heads(_pool(fixed_scores, pool), n_heads=n, min_per_site=settings.min_per_site)
+                dropped = lowest(_pool(fixed_scores, pool), n)
             elif order == "importance-iterative":
                 dropped = _grow(dropped, n, importance(mask_from_heads(sites, dropped) if dropped else None),
-                                pool, settings.min_per_site)
+                                pool, lowest)
             elif order == "oracle":
-                dropped = lowest_heads(_pool(oracle, pool), n_heads=n, min_per_site=settings.min_per_site)
+                dropped = lowest(_pool(oracle, pool), n)
             elif order in PLANNED:
-                dropped, mask = _planned(model, order, n, pool, shape, settings.min_per_site, calibration, planned)
+                dropped, mask = _planned(model, order, n, pool, shape, settings, calibration, planned)
             else:
-                dropped = _random_drop(shape, pool, n, seed, settings.min_per_site)
+                dropped = _random_drop(shape, pool, n, seed, lowest)
             plan_key = tuple(sorted((k, tuple(v)) for k, v in dropped.items()))
             if mask is not None:
                 plan_key += (tuple(round(float(x), 7) for v in mask.values() for x in v),)
@@ -159,28 +167,30 @@ def _pool(scores: Mapping[str, torch.Tensor], pool: list[str]) -> dict[str, torc
     return {k: torch.as_tensor(scores[k], dtype=torch.float64) for k in pool}
 
 
-def _grow(dropped, n, scores, pool, min_per_site) -> dict[str, list[int]]:
+def _grow(dropped, n, scores, pool, lowest) -> dict[str, list[int]]:
     """Keep what is dropped (scored -inf, so chosen first) and add the lowest-scored others up to n."""
     forced = {k: torch.as_tensor(scores[k], dtype=torch.float64).clone() for k in pool}
     for k, heads in dropped.items():
         forced[k][heads] = float("-inf")
-    return lowest_heads(forced, n_heads=max(n, sum(len(v) for v in dropped.values())), min_per_site=min_per_site)
+    return lowest(forced, max(n, sum(len(v) for v in dropped.values())))
 
 
-def _planned(model, order, n, pool, shape, min_per_site, calibration, cache) -> tuple[dict, dict | None]:
+def _planned(model, order, n, pool, shape, settings, calibration, cache) -> tuple[dict, dict | None]:
     """Heads dropped by a Fisher order at ``n`` pruned (and its tuned mask, or None)."""
     if "fisher" not in cache:
         cache["batches"] = list(calibration())
         cache["fisher"] = score_heads(model, cache["batches"], "fisher")
+    min_per_site = settings.min_per_site
     floor = sum(min(min_per_site, shape[k]) for k in pool)  # as lowest_heads: keep min_per_site when asked for more
     n_keep = max(sum(shape[k] for k in pool) - n, floor)
-    plan = plan_heads(model, cache["batches"], CompressSettings(n_keep=n_keep, method=order, min_per_site=min_per_site),
+    plan = plan_heads(model, cache["batches"], CompressSettings(n_keep=n_keep, method=order, min_per_site=min_per_site,
+                                                                 gqa=settings.gqa),
                       scored=cache["fisher"], sites=pool if len(pool) < len(shape) else None)
     return plan.drop, (plan.mask(model) if plan.scales is not None else None)
 
 
-def _random_drop(shape: dict[str, int], pool: list[str], n: int, seed: int, min_per_site: int) -> dict[str, list[int]]:
+def _random_drop(shape: dict[str, int], pool: list[str], n: int, seed: int, lowest) -> dict[str, list[int]]:
     """A fixed random order of the pool's heads per seed; the first n are dropped (curves nest)."""
     rng = random.Random(seed)
     scores = {k: torch.tensor([rng.random() for _ in range(shape[k])], dtype=torch.float64) for k in pool}
-    return lowest_heads(scores, n_heads=n, min_per_site=min_per_site)
+    return lowest(scores, n)

