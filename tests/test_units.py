@@ -142,3 +142,18 @@ def test_reconstruction_is_judged_on_held_out_batches_and_the_choice_follows_the
     assert result.stages["reconstruct"].startswith("kept" if kept else "rejected")
     loss = hp.scoring.gradients.mean_loss(result.model, batches[-1:])
     assert abs(loss - (v["reconstructed"] if kept else v["pruned"])) <= 1e-6 * abs(loss)
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_cached_and_recomputed_targets_give_the_same_refit(family):
+    teacher = build(family)
+    student = copy.deepcopy(teacher)
+    hp.prune_heads(student, {hp.find_sites(student)[0].name: [1]}, verify=False)
+    prune_neurons(student, {f.name: [0, 3, 8] for f in find_ffns(student)})
+    other = copy.deepcopy(student)
+    batches = _batches(family, n=2)
+    a = reconstruct(student, teacher, batches)
+    b = reconstruct(other, teacher, batches, cache_mb=0)
+    assert [r["target"] for r in a] == [r["target"] for r in b] and "residual" in {r["target"] for r in a}
+    for p, q in zip(student.parameters(), other.parameters(), strict=True):
+        assert (p - q).abs().max() <= 1e-6 * max(q.abs().max(), 1e-12)

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from ..core.ffn import find_ffns
 from ..core.sites import find_sites, is_conv1d
 from ..errors import ConfigError
-from .tuning import TARGETS, _record, _token_rows, residual_norms
+from .tuning import TARGETS, _read_targets, _record, _token_rows, residual_norms
 
 
 def reconstruct(
@@ -44,12 +44,15 @@ def reconstruct(
     *,
     damping: float = 1e-2,
     target: str = "residual",
+    cache_mb: float = 2048,
     progress: bool = False,
 ) -> list[dict]:
     """Refit, in place, the output projections of ``student`` (``teacher`` pruned) to reproduce ``teacher``.
 
     ``batches``: calibration inputs (a list; iterated twice per projection). Returns one row per
-    projection: name, inputs kept, target kind, summed squared error before and after the fit.
+    projection: name, inputs kept, target kind, summed squared error before and after the fit. The
+    teacher's targets come from one forward per batch and are kept in memory (real tokens only) while
+    they fit in ``cache_mb``; else each projection runs the teacher again.
     """
     if not isinstance(damping, (int, float)) or isinstance(damping, bool) or not 0 <= damping < float("inf"):
         raise ConfigError(f"damping={damping!r}; allowed: a finite number >= 0")
@@ -66,10 +69,13 @@ def reconstruct(
     try:
         s_norms = residual_norms(student, batches[0], [p[0] for p in pairs]) if target == "residual" else {}
         t_norms = residual_norms(teacher, batches[0], [p[1] for p in pairs]) if target == "residual" else {}
+        for name in [n for n in t_norms if n not in s_norms]:  # both read the residual, or neither
+            del t_norms[name]
+        cached = _targets(teacher, batches, [t for _, t in pairs], t_norms, cache_mb * 2**20)
         for s_unit, t_unit in tqdm(pairs, desc="reconstruct", unit="layer", disable=not progress):
-            residual = s_unit.name in s_norms and t_unit.name in t_norms
-            rows.append(_refit(student, teacher, batches, s_unit, t_unit, s_norms.get(s_unit.name) if residual else None,
-                               t_norms.get(t_unit.name) if residual else None, damping))
+            targets = None if cached is None else [c[t_unit.name] for c in cached]
+            rows.append(_refit(student, teacher, batches, s_unit, t_unit, s_norms.get(s_unit.name) if
+                               t_unit.name in t_norms else None, t_norms.get(t_unit.name), damping, targets))
     finally:
         student.train(was[0])
         teacher.train(was[1])
@@ -96,7 +102,26 @@ def _projections(student: nn.Module, teacher: nn.Module) -> list[tuple[SimpleNam
     return [(s, t) for _, s, t in units]
 
 
-def _refit(student, teacher, batches, s_unit, t_unit, s_norm, t_norm, damping: float) -> dict:
+def _targets(teacher, batches, units, norms, budget: float) -> list[dict[str, torch.Tensor]] | None:
+    """Per batch, every unit's target of the unpruned model at real tokens ([N, d]), or None past ``budget`` bytes."""
+    out, size = [], 0
+    for batch in batches:
+        store = _read_targets(teacher, batch, units, norms)
+        rows = {}
+        for u in units:
+            if u.name not in store:
+                raise ConfigError(f"{u.name}: a calibration batch does not run it (keys: {list(batch)})")
+            y = store[u.name]
+            rows[u.name] = _real(y, _token_rows(teacher, batch, u, y.shape)).clone()
+            size += rows[u.name].numel() * rows[u.name].element_size()
+        if size > budget:
+            return None
+        out.append(rows)
+    return out
+
+
+def _refit(student, teacher, batches, s_unit, t_unit, s_norm, t_norm, damping: float,
+           targets: list[torch.Tensor] | None) -> dict:
     proj = s_unit.o
     conv = is_conv1d(proj)
     w0 = proj.weight.detach().double()
@@ -107,12 +132,15 @@ def _refit(student, teacher, batches, s_unit, t_unit, s_norm, t_norm, damping: f
     gram = torch.zeros(cols, cols, dtype=torch.float64)
     rhs = torch.zeros(cols, d, dtype=torch.float64)
     norm = 0.0
-    for batch in batches:
+    for i, batch in enumerate(batches):
         z, y_s, u_s = _record(student, batch, s_unit, s_norm, None)  # pruned model's own inputs
-        _, y_t, u_t = _record(teacher, batch, t_unit, t_norm, None)
         rows = _token_rows(student, batch, s_unit, z.shape)
         x = _real(z, rows).double()  # [N, k]
-        y = _real(y_t if t_norm is None else u_t, rows).double()  # [N, d]
+        if targets is None:
+            _, y_t, u_t = _record(teacher, batch, t_unit, t_norm, None)
+            y = _real(y_t if t_norm is None else u_t, rows).double()  # [N, d]
+        else:
+            y = targets[i].double()
         if y.shape[0] != x.shape[0]:
             raise ConfigError(f"{s_unit.name}: {y.shape[0]} target rows do not match {x.shape[0]} input rows")
         if s_norm is not None:  # minus the pruned model's own residual: u = residual + projection(z)
