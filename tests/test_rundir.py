@@ -315,3 +315,21 @@ def test_a_cut_last_line_is_dropped_and_rewritten_once(tmp_path):
     run.close()
     assert RunDir(tmp_path / "r", {"model": "a"}).units == {"u0": {"unit": "u0", "score": 0.5},
                                                             "u1": {"unit": "u1", "score": 0.25}}
+
+
+def test_library_runs_carry_the_evaluators_settings(root, tmp_path):
+    """Without the CLI, the evaluator's own settings (here its batch size) are part of the signature."""
+    from headprune.core.io import load_tokenizer
+    from headprune.evaluation.lm import LanguageModelling
+    from headprune.experiments.ablation import SweepSettings
+    from headprune.experiments.study import run_ablation
+
+    model, tok = hp.load_pruned(root / "gpt2"), load_tokenizer(root / "gpt2")
+    texts = (root / "text.txt").read_text().splitlines()
+    site = hp.find_sites(model)[0].name
+    settings = SweepSettings(n_resamples=20)
+    ev = LanguageModelling(tok, texts, block_size=32, batch_size=4, max_blocks=4)
+    run_ablation(model, ev, tmp_path / "run", sites=[site], settings=settings, progress=False)
+    other = LanguageModelling(tok, texts, block_size=32, batch_size=2, max_blocks=4)
+    with pytest.raises(hp.ConfigError, match=r"--batch-size \(as the evaluator used it\) was 4, now 2"):
+        run_ablation(model, other, tmp_path / "run", sites=[site], settings=settings, progress=False)
