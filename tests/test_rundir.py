@@ -333,3 +333,14 @@ def test_library_runs_carry_the_evaluators_settings(root, tmp_path):
     other = LanguageModelling(tok, texts, block_size=32, batch_size=2, max_blocks=4)
     with pytest.raises(hp.ConfigError, match=r"--batch-size \(as the evaluator used it\) was 4, now 2"):
         run_ablation(model, other, tmp_path / "run", sites=[site], settings=settings, progress=False)
+
+
+@pytest.mark.parametrize("text", ['{"num_labels": 2, "task": "classification"}', "{cut"])
+def test_a_run_json_of_another_kind_is_refused_even_with_fresh(root, tmp_path, text):
+    out = tmp_path / "train"
+    out.mkdir()
+    (out / "run.json").write_text(text)
+    for extra in ([], ["--fresh"]):
+        line = _refused(runner.invoke(app, _ablate(root, out, *extra)))
+        assert "not a headprune study run's" in line
+        assert _files(out) == {"run.json": text.encode()}

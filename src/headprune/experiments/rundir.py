@@ -217,14 +217,17 @@ def _own(name: str) -> bool:
 
 
 def _load_signature(meta: Path) -> dict:
+    """The signature of a run directory's run.json; any other run.json (malformed, or another tool's, e.g. a
+    training run's) is refused even with --fresh: that folder is not this kind of run, and is left alone."""
     try:
         data = json.loads(read_bytes(meta))
-        signature = data["signature"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        raise ConfigError(f"{str(meta)!r} is not a headprune run.json (malformed); allowed: the file a headprune "
-                          "command writes (pass --fresh to start over)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = None
+    signature = data.get("signature") if isinstance(data, dict) else None
     if not isinstance(signature, dict):
-        raise ConfigError(f"{str(meta)!r}: 'signature' is not an object; pass --fresh to start over")
+        raise ConfigError(f"{str(meta.parent)!r} holds a run.json that is not a headprune study run's (no "
+                          "signature; e.g. a training run); allowed: a new or empty directory, or a run directory "
+                          "of this command; choose another -o directory")
     return signature
 
 
