@@ -87,7 +87,8 @@ class RunDir:
                 if pid is not None and pid != os.getpid() and _alive(pid):
                     raise ConfigError(f"output {str(self.path)!r} is in use by another headprune run (pid {pid}, "
                                       f"{LOCK}); allowed: one run per directory at a time (wait for it to end, or "
-                                      "choose another -o directory)") from None
+                                      "choose another -o directory; if no such run is going on, delete "
+                                      f"{LOCK})") from None
                 if pid != os.getpid():
                     print(f"warning: {str(lock)!r} was left by pid {pid}, which is no longer running; taking it "
                           "over", file=sys.stderr)
