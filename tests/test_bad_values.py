@@ -186,7 +186,8 @@ def test_compress_without_seq_len_evaluates_every_example(root, tmp_path):
 # ------------------------------------------------------------------------- malformed results.json
 
 
-@pytest.mark.parametrize("text", ["{\"title\": \"cut", "[1, 2]", "\xff\xfe"])
+@pytest.mark.parametrize("text", ["{\"title\": \"cut", "[1, 2]", "\xff\xfe", '{"headline": 5}',
+                                  '{"headline": [["only a label"]]}', '{"figures": [{"caption": "no file"}]}'])
 def test_malformed_results_json_is_one_line(tmp_path, text):
     run = tmp_path / "run"
     run.mkdir()
