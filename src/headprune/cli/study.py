@@ -173,7 +173,7 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
                   split=calib_split) if calib_data or calib_split else ev)
     sig = {**_signature(model_dir, task, data, data2, ev, 0, flags), "importance_data": calib_data or data,
            **({"importance_split": calib_split} if calib_split else {}),
-           "importance_n": len(calib), "oracle_from": str(oracle_from) if oracle else None,
+           "importance_n": len(calib), "calib_limit": calib_limit, "oracle_from": str(oracle_from) if oracle else None,
            "oracle_sha256": data_sha256(Path(oracle_from) / "ablation.csv") if oracle else None}
     sig["data_sha256"].update({k: content_sha256(v) for k, v in (("--calib-data", calib_data),
                                                                ("--calib-data2", calib_data2)) if v})
