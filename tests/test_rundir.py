@@ -235,10 +235,14 @@ def test_a_folder_that_is_not_a_run_is_refused(root, tmp_path):
 def test_a_second_run_is_kept_out_by_the_lock_and_a_dead_ones_lock_is_taken_over(root, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "run.lock").write_text(f"{os.getppid()}\n")  # a live process that is not this one
-    line = _refused(runner.invoke(app, _ablate(root, out)))
-    assert f"in use by another headprune run (pid {os.getppid()}" in line
-    assert _files(out) == {"run.lock": f"{os.getppid()}\n".encode()}
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:  # a live process that is not this one holds the lock
+        (out / "run.lock").write_text(f"{live.pid}\n")
+        line = _refused(runner.invoke(app, _ablate(root, out)))
+    finally:
+        live.communicate()  # its stdin closes: it ends
+    assert f"in use by another headprune run (pid {live.pid}" in line
+    assert _files(out) == {"run.lock": f"{live.pid}\n".encode()}
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (out / "run.lock").write_text(f"{dead.pid}\n")

@@ -237,7 +237,7 @@ def _lock_pid(lock: Path) -> int | None:
         text = read_bytes(lock).decode(errors="replace").strip()
     except (OSError, ConfigError):
         return None
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 def _alive(pid: int) -> bool:
