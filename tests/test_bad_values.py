@@ -186,7 +186,8 @@ def test_compress_without_seq_len_evaluates_every_example(root, tmp_path):
 # ------------------------------------------------------------------------- malformed results.json
 
 
-@pytest.mark.parametrize("text", ["{\"title\": \"cut", "[1, 2]", "\xff\xfe"])
+@pytest.mark.parametrize("text", ["{\"title\": \"cut", "[1, 2]", "\xff\xfe", '{"headline": 5}',
+                                  '{"headline": [["only a label"]]}', '{"figures": [{"caption": "no file"}]}'])
 def test_malformed_results_json_is_one_line(tmp_path, text):
     run = tmp_path / "run"
     run.mkdir()
@@ -194,3 +195,10 @@ def test_malformed_results_json_is_one_line(tmp_path, text):
     line = _refused(runner.invoke(app, ["report", str(run)]))
     assert "results.json" in line and "allowed" in line
     assert not (run / "report.html").exists()
+
+
+def test_train_classifier_max_length_beyond_the_positions_is_refused(root, tmp_path):
+    out = tmp_path / "cls"
+    line = _refused(runner.invoke(app, ["train", "classifier", str(root / "bert"), "--data", str(root / "train.tsv"),
+                                        "--max-length", "65", "-o", str(out)]))
+    assert "--max-length 65" in line and "2..64" in line and not out.exists()

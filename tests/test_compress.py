@@ -392,7 +392,7 @@ def test_cli_bad_input_exits_2_one_line_nothing_written(saved, tmp_path, args, m
 def test_method_comparison_quick_writes_valid_json(tmp_path):
     out = tmp_path / "mc.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "method_comparison.py"), "--quick", "--output",
-                    str(out)], check=True, capture_output=True, text=True, timeout=120,
+                    str(out)], check=True, capture_output=True, text=True,
                    env={**os.environ, "OMP_NUM_THREADS": "1"})  # a smoke test: one core is plenty
     data = json.loads(out.read_text())
     methods = {r["method"] for r in data["rows"]}

@@ -235,10 +235,14 @@ def test_a_folder_that_is_not_a_run_is_refused(root, tmp_path):
 def test_a_second_run_is_kept_out_by_the_lock_and_a_dead_ones_lock_is_taken_over(root, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
-    (out / "run.lock").write_text(f"{os.getppid()}\n")  # a live process that is not this one
-    line = _refused(runner.invoke(app, _ablate(root, out)))
-    assert f"in use by another headprune run (pid {os.getppid()}" in line
-    assert _files(out) == {"run.lock": f"{os.getppid()}\n".encode()}
+    live = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:  # a live process that is not this one holds the lock
+        (out / "run.lock").write_text(f"{live.pid}\n")
+        line = _refused(runner.invoke(app, _ablate(root, out)))
+    finally:
+        live.communicate()  # its stdin closes: it ends
+    assert f"in use by another headprune run (pid {live.pid}" in line
+    assert _files(out) == {"run.lock": f"{live.pid}\n".encode()}
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (out / "run.lock").write_text(f"{dead.pid}\n")
@@ -315,3 +319,32 @@ def test_a_cut_last_line_is_dropped_and_rewritten_once(tmp_path):
     run.close()
     assert RunDir(tmp_path / "r", {"model": "a"}).units == {"u0": {"unit": "u0", "score": 0.5},
                                                             "u1": {"unit": "u1", "score": 0.25}}
+
+
+def test_library_runs_carry_the_evaluators_settings(root, tmp_path):
+    """Without the CLI, the evaluator's own settings (here its batch size) are part of the signature."""
+    from headprune.core.io import load_tokenizer
+    from headprune.evaluation.lm import LanguageModelling
+    from headprune.experiments.ablation import SweepSettings
+    from headprune.experiments.study import run_ablation
+
+    model, tok = hp.load_pruned(root / "gpt2"), load_tokenizer(root / "gpt2")
+    texts = (root / "text.txt").read_text().splitlines()
+    site = hp.find_sites(model)[0].name
+    settings = SweepSettings(n_resamples=20)
+    ev = LanguageModelling(tok, texts, block_size=32, batch_size=4, max_blocks=4)
+    run_ablation(model, ev, tmp_path / "run", sites=[site], settings=settings, progress=False)
+    other = LanguageModelling(tok, texts, block_size=32, batch_size=2, max_blocks=4)
+    with pytest.raises(hp.ConfigError, match=r"--batch-size \(as the evaluator used it\) was 4, now 2"):
+        run_ablation(model, other, tmp_path / "run", sites=[site], settings=settings, progress=False)
+
+
+@pytest.mark.parametrize("text", ['{"num_labels": 2, "task": "classification"}', "{cut"])
+def test_a_run_json_of_another_kind_is_refused_even_with_fresh(root, tmp_path, text):
+    out = tmp_path / "train"
+    out.mkdir()
+    (out / "run.json").write_text(text)
+    for extra in ([], ["--fresh"]):
+        line = _refused(runner.invoke(app, _ablate(root, out, *extra)))
+        assert "not a headprune study run's" in line
+        assert _files(out) == {"run.json": text.encode()}

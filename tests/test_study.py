@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,13 +15,14 @@ from headprune.cli import app
 from headprune.evaluation import Classification
 from headprune.experiments.ablation import SweepSettings, all_but_one, one_head_ablation
 from headprune.experiments.curves import CurveSettings, pruning_curves
+from shared_data import shared_root
 from tiny import build, word_tokenizer
 
-DATA = Path(os.environ.get("HEADPRUNE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA = shared_root() or Path("HEADPRUNE_SHARED_DATA-unset")
 SST2 = DATA / "sst2" / "dev.tsv"
 COLA_IN = DATA / "cola" / "cola_public_v1.1" / "dev_in_domain.tsv"
 COLA_OUT = DATA / "cola" / "cola_public_v1.1" / "dev_out_of_domain.tsv"
-needs_data = pytest.mark.skipif(not SST2.is_file(), reason="shared data not available")
+needs_data = pytest.mark.shared_data("sst2/dev.tsv")  # skipped without the variable, failed if missing
 runner = CliRunner()
 
 
@@ -191,6 +191,7 @@ def test_curve_restricted_to_one_kind_counts_that_kind_only():
 
 
 @needs_data
+@pytest.mark.shared_data("cola/cola_public_v1.1/dev_out_of_domain.tsv")
 def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
     from headprune.evaluation.data import load_classification
     from headprune.experiments.demo import tiny_llama

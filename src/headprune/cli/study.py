@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..provenance import data_sha256
 from .app import app, echo_headline, friendly
 from .dataflags import in_cli_terms, split_option
-from .identity import identity
+from .identity import content_sha256, identity
 from .options import (
     DATA,
     DATA2,
@@ -86,8 +86,8 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
     sig = _signature(model_dir, task, data, data2, ev, sweep.seed, flags)
     if choose is not None:
         sig.update(choose_data=choose_data or data, choose_n=len(choose), calib_limit=calib_limit)
-        sig["data_sha256"].update({"--choose-data": data_sha256(choose_data or data),
-                                   **({"--choose-data2": data_sha256(choose_data2)} if choose_data2 else {})})
+        sig["data_sha256"].update({"--choose-data": content_sha256(choose_data or data),
+                                   **({"--choose-data2": content_sha256(choose_data2)} if choose_data2 else {})})
         if choose_split:
             sig.update(choose_split=choose_split)
     report = run_all_but_one(t.model, ev, output, choose_on=choose, signature=sig, sites=sweep.site_list(),
@@ -116,8 +116,8 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
     ev_b = t.on(data_b, data2_b, flag="--data-b", split=split_b)
     sig = {**_signature(model_dir, task, data, data2, ev_a, sweep.seed, flags), "data_b": data_b, "n_b": len(ev_b),
            **({"split_b": split_b} if split_b else {})}
-    sig["data_sha256"].update({"--data-b": data_sha256(data_b),
-                               **({"--data2-b": data_sha256(data2_b)} if data2_b else {})})
+    sig["data_sha256"].update({"--data-b": content_sha256(data_b),
+                               **({"--data2-b": content_sha256(data2_b)} if data2_b else {})})
     report = run_cross_domain(t.model, ev_a, ev_b, output, names=pair, signature=sig, sites=sweep.site_list(),
                               settings=settings, fresh=fresh)
     echo_headline(output, report)
@@ -176,9 +176,9 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
                   split=calib_split) if calib_data or calib_split else ev)
     sig = {**_signature(model_dir, task, data, data2, ev, 0, flags), "importance_data": calib_data or data,
            **({"importance_split": calib_split} if calib_split else {}),
-           "importance_n": len(calib), "oracle_from": str(oracle_from) if oracle else None,
+           "importance_n": len(calib), "calib_limit": calib_limit, "oracle_from": str(oracle_from) if oracle else None,
            "oracle_sha256": data_sha256(Path(oracle_from) / "ablation.csv") if oracle else None}
-    sig["data_sha256"].update({k: data_sha256(v) for k, v in (("--calib-data", calib_data),
+    sig["data_sha256"].update({k: content_sha256(v) for k, v in (("--calib-data", calib_data),
                                                                ("--calib-data2", calib_data2)) if v})
     report = run_curves(t.model, ev, output, settings=settings, importance_batches=calib.batches, signature=sig,
                         oracle=oracle, fresh=fresh)

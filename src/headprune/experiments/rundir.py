@@ -87,7 +87,8 @@ class RunDir:
                 if pid is not None and pid != os.getpid() and _alive(pid):
                     raise ConfigError(f"output {str(self.path)!r} is in use by another headprune run (pid {pid}, "
                                       f"{LOCK}); allowed: one run per directory at a time (wait for it to end, or "
-                                      "choose another -o directory)") from None
+                                      "choose another -o directory; if no such run is going on, delete "
+                                      f"{LOCK})") from None
                 if pid != os.getpid():
                     print(f"warning: {str(lock)!r} was left by pid {pid}, which is no longer running; taking it "
                           "over", file=sys.stderr)
@@ -217,14 +218,17 @@ def _own(name: str) -> bool:
 
 
 def _load_signature(meta: Path) -> dict:
+    """The signature of a run directory's run.json; any other run.json (malformed, or another tool's, e.g. a
+    training run's) is refused even with --fresh: that folder is not this kind of run, and is left alone."""
     try:
         data = json.loads(read_bytes(meta))
-        signature = data["signature"]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
-        raise ConfigError(f"{str(meta)!r} is not a headprune run.json (malformed); allowed: the file a headprune "
-                          "command writes (pass --fresh to start over)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = None
+    signature = data.get("signature") if isinstance(data, dict) else None
     if not isinstance(signature, dict):
-        raise ConfigError(f"{str(meta)!r}: 'signature' is not an object; pass --fresh to start over")
+        raise ConfigError(f"{str(meta.parent)!r} holds a run.json that is not a headprune study run's (no "
+                          "signature; e.g. a training run); allowed: a new or empty directory, or a run directory "
+                          "of this command; choose another -o directory")
     return signature
 
 
@@ -233,7 +237,7 @@ def _lock_pid(lock: Path) -> int | None:
         text = read_bytes(lock).decode(errors="replace").strip()
     except (OSError, ConfigError):
         return None
-    return int(text) if text.isdigit() else None
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 def _alive(pid: int) -> bool:

@@ -21,7 +21,7 @@ TOP = {"model": "the model directory", "task": "--task", "data": "--data", "spli
 SETTINGS = {"alpha": "--alpha", "n_resamples": "--resamples", "seed": "--seed", "sites": "--sites",
             "fractions": "--step", "orders": "--orders", "seeds": "--seeds", "kinds": "--kind",
             "min_per_site": "--min-per-site", "datasets": "--names", "epochs": "the checkpoints' epochs",
-            "prefix_cache": "the prefix cache"}
+            "prefix_cache": "the prefix cache", "correction": "--correction", "oracle_sweep": "the oracle's sweep"}
 OPTIONS = {"beams": "--beams", "num_beams": "--beams"}
 HASH = re.compile(r"^[0-9a-f]{40,64}$")
 
@@ -33,6 +33,9 @@ def differences(old, new, path: tuple = ()) -> list[tuple[tuple, object, object]
         for key in list(old) + [k for k in new if k not in old]:
             out += differences(old.get(key), new.get(key), (*path, key))
         return out
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new) and \
+            any(isinstance(v, dict) for v in old):
+        return [d for i, (a, b) in enumerate(zip(old, new, strict=True)) for d in differences(a, b, (*path, i))]
     return [] if old == new else [(path, old, new)]
 
 
@@ -43,6 +46,8 @@ def describe(path: tuple) -> str:
         return f"the contents of {last} (sha256)" if len(path) > 1 else "the data's contents (sha256)"
     if head == "code":
         return f"the code ({last})" if len(path) > 1 else "the code"
+    if head == "evaluation" and len(path) > 2:
+        return OPTIONS.get(last, "--" + str(last).replace("_", "-")) + " (as the evaluator used it)"
     if head == "options" and len(path) > 1:
         return OPTIONS.get(last, "--" + str(last).replace("_", "-"))
     if head == "settings" and len(path) > 1:

@@ -24,8 +24,11 @@ from .curves import CurveSettings, pruning_curves, summarize
 from .rundir import RunDir
 
 
-def _signature(signature: dict | None, method: str, settings: dict) -> dict:
+def _signature(signature: dict | None, method: str, settings: dict, *evaluators) -> dict:
+    """The caller's signature (model, data, ...) with the method, its settings, the evaluators' own
+    settings (metric, lengths, batch size, beams) and the code: what a resume must match."""
     sig = {"model": None, "data": None, "split": None, "n": None, **(signature or {})}
+    sig["evaluation"] = [getattr(e, "signature", None) for e in evaluators if e is not None]
     sig.update(method=method, settings=settings, seed=settings.get("seed", 0), code=code_identity(),
                versions=versions())
     return sig
@@ -62,7 +65,7 @@ def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dic
                  fresh: bool = False, progress: bool = True) -> Path:
     """Paper 3.2 (Table 1, Fig. 1): one head masked at a time, with significance."""
     settings = settings or ablation.SweepSettings()
-    run = RunDir(out, _signature(signature, "one-head ablation", {**vars(settings), "sites": sites}), fresh=fresh)
+    run = RunDir(out, _signature(signature, "one-head ablation", {**vars(settings), "sites": sites}, evaluator), fresh=fresh)
     sweep = ablation.one_head_ablation(model, evaluator, sites=sites, settings=settings, run=run, progress=progress)
     metric, base = sweep.base.metric, sweep.base.score
     run.write_csv("ablation.csv", _ablation_csv_rows(sweep.rows))
@@ -93,7 +96,7 @@ def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=N
     """Paper 3.3 / App. A (Tables 2, 3, 5, 6): keep one head per site."""
     settings = settings or ablation.SweepSettings()
     method = "all-but-one" + (" (head chosen on a held-out split)" if choose_on is not None else "")
-    run = RunDir(out, _signature(signature, method, {**vars(settings), "sites": sites}), fresh=fresh)
+    run = RunDir(out, _signature(signature, method, {**vars(settings), "sites": sites}, evaluator, choose_on), fresh=fresh)
     sweep = ablation.all_but_one(model, evaluator, choose_on=choose_on, sites=sites, settings=settings, run=run,
                                  progress=progress)
     metric, base = sweep.base.metric, sweep.base.score
@@ -117,7 +120,8 @@ def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, out: str | Path
     """Paper 3.4 (Fig. 2): one-head ablation on two datasets, Pearson r."""
     settings = settings or ablation.SweepSettings()
     run = RunDir(out, _signature(signature, "cross-domain one-head ablation",
-                                 {**vars(settings), "sites": sites, "datasets": list(names)}), fresh=fresh)
+                                 {**vars(settings), "sites": sites, "datasets": list(names)}, evaluator_a,
+                                 evaluator_b), fresh=fresh)
     result = ablation.cross_domain(model, evaluator_a, evaluator_b, sites=sites, settings=settings, run=run,
                                    progress=progress)
     a, b = result["a"], result["b"]
@@ -159,7 +163,8 @@ def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveS
     """
     run = RunDir(out, _signature(signature, "pruning curves", {
         "fractions": list(settings.fractions), "orders": list(settings.orders), "seeds": list(settings.seeds),
-        "kinds": settings.kinds, "min_per_site": settings.min_per_site}), fresh=fresh)
+        "kinds": settings.kinds, "min_per_site": settings.min_per_site,
+        "oracle_sweep": vars(sweep_settings) if sweep_settings is not None else None}, evaluator), fresh=fresh)
     if "oracle" in settings.orders and oracle is None:
         sweep = ablation.one_head_ablation(model, evaluator, sites=settings.kinds, settings=sweep_settings, run=run,
                                            unit_prefix="oracle:", progress=progress)

@@ -35,6 +35,16 @@ def build_report(run_dir: str | Path) -> Path:
     if not results_path.is_file():
         raise ConfigError(f"run directory {str(run_dir)!r} has no results.json; expected a headprune run directory")
     results = read_results(results_path)
+    _check_inside(run_dir, results)
+    try:
+        text = _render(run_dir, results)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        raise ConfigError(f"{str(results_path)!r} does not have the layout a headprune command writes ({e!r:.80}); "
+                          "allowed: title, headline [[label, value], ...], notes, figures, tables, signature") from None
+    return write_atomic(run_dir / "report.html", text)
+
+
+def _render(run_dir: Path, results: dict) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(results.get('title', 'headprune'))}</title>",
              f"<style>{CSS}</style></head><body>",
              f"<h1>{_e(results.get('title', 'headprune run'))}</h1>"]
@@ -47,7 +57,6 @@ def build_report(run_dir: str | Path) -> Path:
         parts.append("</div>")
     for note in results.get("notes", []):
         parts.append(f"<p class='note'>{_e(note)}</p>")
-    _check_inside(run_dir, results)
     for fig in results.get("figures", []):
         png = run_dir / fig["file"]
         if png.is_file():
@@ -61,7 +70,7 @@ def build_report(run_dir: str | Path) -> Path:
         shown = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
         parts.append(f"<tr><th>{_e(key)}</th><td>{_e(shown)}</td></tr>")
     parts.append("</table></body></html>")
-    return write_atomic(run_dir / "report.html", "\n".join(parts))
+    return "\n".join(parts)
 
 
 def _check_inside(run_dir: Path, results: dict) -> None:
@@ -71,7 +80,8 @@ def _check_inside(run_dir: Path, results: dict) -> None:
         specs = results.get(key, [])
         if not isinstance(specs, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str)
                                                   for s in specs):
-            raise ConfigError(f"results.json: {key!r} must be a list of objects with a 'file' name")
+            raise ConfigError(f"{str(run_dir / 'results.json')!r}: {key!r} = {specs!r:.60}; allowed: a list of "
+                              "objects, each with the 'file' name of a file inside the run directory")
         for spec in specs:
             inside(run_dir, spec["file"], what=f"results.json {key[:-1]}")
             check_not_link(run_dir / spec["file"])
