@@ -166,11 +166,12 @@ def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveS
         oracle = {k: torch.tensor([v[h] for h in sorted(v)]) for k, v in oracle.items()}
     scorer = importance_scorer(model, importance_batches or evaluator.batches)
     rows = pruning_curves(model, evaluator, settings=settings, importance=scorer, oracle=oracle, run=run,
-                          progress=progress, calibration=importance_batches or evaluator.batches)
+                          progress=progress, calibration=importance_batches or evaluator.batches, intervals=True)
     summary = summarize(rows)
     metric = getattr(evaluator, "metric", "score")
-    run.write_csv("curves.csv", [{k: r[k] for k in ("order", "seed", "fraction", "pruned", "of", "score", "relative")}
-                                 for r in rows])
+    keys = ("order", "seed", "fraction", "pruned", "of", "score", "relative", "ci_low", "ci_high", "p_value")
+    keys = tuple(k for k in keys if any(k in r for r in rows))
+    run.write_csv("curves.csv", [{k: r.get(k) for k in keys} for r in rows])
     run.write_csv("curves_summary.csv", summary)
     kinds = f" ({', '.join(settings.kinds)} attention only)" if settings.kinds else ""
     fig.pruning_curves(summary, metric, run.path / "curves.png", title=title or f"Pruning curve{kinds}")
