@@ -30,8 +30,12 @@ def _signature(signature: dict | None, method: str, settings: dict) -> dict:
     return sig
 
 
-def _finish(run: RunDir, results: dict) -> Path:
+def _finish(run: RunDir, results: dict, evaluated=None) -> Path:
+    """Write results.json (with sacreBLEU's signature and the generation protocol for BLEU) and report.html."""
     results.setdefault("signature", run.signature)
+    extra = getattr(evaluated, "extra", None) or {}
+    if "sacrebleu" in extra:
+        results["bleu"] = {"sacrebleu": extra["sacrebleu"], "generation": extra.get("signature", {}).get("generation")}
     run.write_json("results.json", results)
     return build_report(run.path)
 
@@ -81,7 +85,7 @@ def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dic
                     {"file": "ablation_histogram.png", "caption": "Distribution of scores with one head masked; dashed: full model."}],
         "tables": [{"title": "Heads sorted by damage (most harmful to remove first)", "file": "ablation_by_damage.csv",
                     "max_rows": 20}],
-    })
+    }, sweep.base)
 
 
 def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=None, signature: dict | None = None,
@@ -105,7 +109,7 @@ def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=N
                      ["largest drop", format_score(metric, min(r["delta"] for r in sweep.rows))]],
         "figures": [{"file": "all_but_one.png", "caption": "Score change when each site keeps only its best head."}],
         "tables": [{"title": "Per site", "file": "all_but_one.csv"}],
-    })
+    }, sweep.base)
 
 
 def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, out: str | Path, *, names: tuple[str, str],
