@@ -61,3 +61,24 @@ def test_equal_length_batches_and_the_bound():
     assert new_token_bound(model, 11) == 27  # ceil(16.5) + 10
     assert new_token_bound(model, 30) == 39  # 55, but below the 40 positions
     assert new_token_bound(model, 30, max_new_tokens=5) == 5
+
+
+def test_study_results_state_sacrebleus_signature_and_the_protocol(trained, tmp_path):
+    import csv
+    import json
+
+    from headprune.experiments.ablation import SweepSettings
+    from headprune.experiments.study import run_ablation
+
+    _, model, tok, ev = trained
+    task = Translation(tok, (ev, ev), batch_size=8)
+    run_ablation(model, task, tmp_path / "abl", sites=["decoder.1.cross"], settings=SweepSettings(n_resamples=50),
+                 progress=False)
+    results = json.loads((tmp_path / "abl" / "results.json").read_text())
+    bleu = sacrebleu.metrics.BLEU()
+    bleu.corpus_score(["a"], [["a"]])  # sacreBLEU's signature needs one evaluation (it knows nrefs then)
+    assert results["bleu"]["sacrebleu"] == bleu.get_signature().format()
+    assert results["bleu"]["generation"] == task.signature["generation"] and "1.5*src" in results["bleu"]["generation"]
+    with open(tmp_path / "abl" / "ablation.csv", newline="") as f:
+        header = next(csv.reader(f))
+    assert header[-6:] == ["p_value", "p_bootstrap", "p_adjusted", "ci_low", "ci_high", "significant"]

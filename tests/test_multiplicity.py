@@ -98,3 +98,32 @@ def test_cli_refuses_an_unknown_correction_naming_the_flag(tmp_path):
                                       "--correction", "bonferroni", "-o", str(out)])
     assert result.exit_code == 2 and "--correction 'bonferroni': allowed: holm, bh" in result.output
     assert not out.exists()
+
+
+def test_a_sweep_adjusts_over_all_its_heads_with_the_chosen_correction():
+    import random
+
+    import torch
+
+    from headprune.evaluation import LanguageModelling
+    from headprune.experiments.ablation import SweepSettings, one_head_ablation
+    from tiny import build, word_tokenizer
+
+    rng = random.Random(0)
+    texts = [" ".join(rng.choice("a b c d e f g h i j".split()) for _ in range(40)) for _ in range(20)]
+    model = build("gpt2")
+    with torch.no_grad():  # larger weights: masking a head changes the perplexity
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.mul_(4.0)
+    ev = LanguageModelling(word_tokenizer(texts), texts, block_size=16, batch_size=16)
+    sweeps = {c: one_head_ablation(model, ev, settings=SweepSettings(alpha=0.2, n_resamples=200, correction=c),
+                                   progress=False) for c in ("holm", "bh")}
+    raw = [r["p_value"] for r in sweeps["holm"].rows]
+    assert raw == [r["p_value"] for r in sweeps["bh"].rows] and min(raw) < 0.05 < max(raw)  # some heads matter
+    assert [r["p_adjusted"] for r in sweeps["bh"].rows] == pytest.approx(stats.false_discovery_control(raw), abs=1e-12)
+    assert [r["p_adjusted"] for r in sweeps["holm"].rows] == pytest.approx(holm(raw), abs=0)
+    for sweep in sweeps.values():
+        for r in sweep.rows:
+            assert r["significant"] == (r["p_adjusted"] < 0.2) and r["p_value"] <= r["p_adjusted"]
+            assert r["p_value"] == r["p_bootstrap"] and "p_ttest" not in r and r["ci_low"] <= r["ci_high"]

@@ -70,8 +70,13 @@ def pruning_curves(
     unit_prefix: str = "",
     progress: bool = True,
     calibration: Callable[[], Iterable] | None = None,
+    intervals: bool = False,
 ) -> list[dict]:
     """One row per (order, seed, step): fraction, heads pruned, score, score relative to unpruned.
+
+    ``intervals``: each step also gets ``ci_low``/``ci_high`` (95% paired-bootstrap interval of the
+    change from the unpruned model, 1000 resamples, seed 0) and the two-sided ``p_value`` of that
+    change (:func:`headprune.evaluation.significance.compare`; needs the ``study`` extra).
 
     ``importance(mask) -> {site: I_h}`` scores heads (under ``mask`` for the iterative order);
     ``oracle``: {site: damage [H]} from a one-head ablation; ``calibration() -> batches`` for the
@@ -96,6 +101,8 @@ def pruning_curves(
         return select_gqa(scores, groups, mode=settings.gqa, n_drop=n, min_per_site=settings.min_per_site)
 
     planned: dict = {}  # the Fisher and the calibration batches, computed once for all Fisher orders
+    tests: dict[tuple, dict] = {}
+    base_result: list = []  # the unpruned model's evaluation, made when the first interval needs it
     for order, seed in jobs:
         if order == "oracle" and oracle is None:
             raise ConfigError("order 'oracle' needs one-head ablation damages (oracle=)")
@@ -134,9 +141,11 @@ def pruning_curves(
             if plan_key not in seen:  # the same mask (step 0, all heads off) is scored once
                 result = evaluator.evaluate(model, mask)
                 seen[plan_key], higher_is_better = result.score, result.higher_is_better
+                if intervals:
+                    tests[plan_key] = _interval(model, evaluator, result, base_result)
             row = {"order": order, "seed": seed, "step": step, "fraction": fraction,
                    "pruned": sum(len(v) for v in dropped.values()), "of": total, "score": seen[plan_key],
-                   "dropped": dropped}
+                   "dropped": dropped, **tests.get(plan_key, {})}
             rows.append(row)
             if run is not None:
                 run.add(key, row)
@@ -149,9 +158,21 @@ def pruning_curves(
     return rows
 
 
+def _interval(model, evaluator, result, base_result: list) -> dict:
+    """{ci_low, ci_high, p_value} of ``result`` against the unpruned model (evaluated once, kept in base_result)."""
+    from ..evaluation.significance import compare
+
+    if not base_result:
+        base_result.append(evaluator.evaluate(model))
+    test = compare(base_result[0], result, n_resamples=1000, seed=0)
+    return {"ci_low": test["ci_low"], "ci_high": test["ci_high"], "p_value": test["p_value"]}
+
+
 def summarize(rows: list[dict]) -> list[dict]:
-    """Mean and std over seeds per (order, step): the table the plot draws."""
+    """Mean and std over seeds per (order, step): the table the plot draws (with the 95% interval of the
+    change from unpruned where one seed was run and the rows carry it)."""
     out = []
+    has_ci = any("ci_low" in r for r in rows)
     for order in dict.fromkeys(r["order"] for r in rows):
         for step in sorted({r["step"] for r in rows if r["order"] == order}):
             group = [r for r in rows if r["order"] == order and r["step"] == step]
@@ -160,6 +181,9 @@ def summarize(rows: list[dict]) -> list[dict]:
                         "pruned": group[0]["pruned"], "of": group[0]["of"], "score": float(scores.mean()),
                         "std": float(scores.std()) if len(scores) > 1 else 0.0, "seeds": len(group),
                         "relative": float(np.mean([r["relative"] for r in group]))})
+            if has_ci:  # None for steps averaged over seeds (or resumed from a run without intervals)
+                one = group[0] if len(group) == 1 else {}
+                out[-1].update({k: one.get(k) for k in ("ci_low", "ci_high", "p_value")})
     return out
 
 

@@ -34,8 +34,12 @@ def _signature(signature: dict | None, method: str, settings: dict, *evaluators)
     return sig
 
 
-def _finish(run: RunDir, results: dict) -> Path:
+def _finish(run: RunDir, results: dict, evaluated=None) -> Path:
+    """Write results.json (with sacreBLEU's signature and the generation protocol for BLEU) and report.html."""
     results.setdefault("signature", run.signature)
+    extra = getattr(evaluated, "extra", None) or {}
+    if "sacrebleu" in extra:
+        results["bleu"] = {"sacrebleu": extra["sacrebleu"], "generation": extra.get("signature", {}).get("generation")}
     run.write_json("results.json", results)
     report = build_report(run.path)
     run.close()
@@ -87,7 +91,7 @@ def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dic
                     {"file": "ablation_histogram.png", "caption": "Distribution of scores with one head masked; dashed: full model."}],
         "tables": [{"title": "Heads sorted by damage (most harmful to remove first)", "file": "ablation_by_damage.csv",
                     "max_rows": 20}],
-    })
+    }, sweep.base)
 
 
 def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=None, signature: dict | None = None,
@@ -111,7 +115,7 @@ def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=N
                      ["largest drop", format_score(metric, min(r["delta"] for r in sweep.rows))]],
         "figures": [{"file": "all_but_one.png", "caption": "Score change when each site keeps only its best head."}],
         "tables": [{"title": "Per site", "file": "all_but_one.csv"}],
-    })
+    }, sweep.base)
 
 
 def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, out: str | Path, *, names: tuple[str, str],
@@ -174,11 +178,12 @@ def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveS
         oracle = {k: torch.tensor([v[h] for h in sorted(v)]) for k, v in oracle.items()}
     scorer = importance_scorer(model, importance_batches or evaluator.batches)
     rows = pruning_curves(model, evaluator, settings=settings, importance=scorer, oracle=oracle, run=run,
-                          progress=progress, calibration=importance_batches or evaluator.batches)
+                          progress=progress, calibration=importance_batches or evaluator.batches, intervals=True)
     summary = summarize(rows)
     metric = getattr(evaluator, "metric", "score")
-    run.write_csv("curves.csv", [{k: r[k] for k in ("order", "seed", "fraction", "pruned", "of", "score", "relative")}
-                                 for r in rows])
+    keys = ("order", "seed", "fraction", "pruned", "of", "score", "relative", "ci_low", "ci_high", "p_value")
+    keys = tuple(k for k in keys if any(k in r for r in rows))
+    run.write_csv("curves.csv", [{k: r.get(k) for k in keys} for r in rows])
     run.write_csv("curves_summary.csv", summary)
     kinds = f" ({', '.join(settings.kinds)} attention only)" if settings.kinds else ""
     fig.pruning_curves(summary, metric, run.path / "curves.png", title=title or f"Pruning curve{kinds}")
