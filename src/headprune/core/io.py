@@ -31,6 +31,7 @@ from .checkpoint import (
     read_config,
     weight_files,
 )
+from .stock import write_stock
 from .surgery import KEPT_KEY, config_record
 from .verify import check_model
 
@@ -40,20 +41,25 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 __all__ = ["save_pruned", "load_pruned", "load_model", "load_tokenizer", "check_output_dir"]
 
 
-def save_pruned(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
+def save_pruned(model: nn.Module, path: str | Path, tokenizer=None, *, stock: bool = True) -> Path:
     """Write ``model`` (pruned or not) and optionally its tokenizer to the new directory ``path``.
 
     ``path`` must not exist or be an empty directory. The directory appears only once complete: a
     failure half way (a full disk) leaves nothing behind. An unpruned model is saved exactly as
-    ``save_pretrained`` does; a pruned one in headprune's layout (load it with :func:`load_pruned`).
-    The attention implementation is recorded in ``config.json`` so loading keeps it.
+    ``save_pretrained`` does. A pruned one whose shape a stock config can say (the same heads in every
+    layer of a family with ``head_dim`` in its config, :mod:`.stock`) is saved as a stock directory that
+    plain ``from_pretrained`` loads exactly (checked by reloading it before the directory appears);
+    otherwise (or with ``stock=False``) in headprune's layout (load it with :func:`load_pruned`;
+    plain ``from_pretrained`` refuses it). The attention implementation is recorded in ``config.json``
+    so loading keeps it.
     """
     path = check_output_dir(path)
     model.config.headprune_version = __version__
     pruned = bool(config_record(model.config, KEPT_KEY))
     with atomic_directory(path) as tmp:
-        model.save_pretrained(tmp)
-        finish_layout(tmp, model, pruned)
+        if not (pruned and stock and write_stock(model, tmp) is None):
+            model.save_pretrained(tmp)
+            finish_layout(tmp, model, pruned)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
     return path
