@@ -54,7 +54,7 @@ def compress_command(
     flops: float = typer.Option(None, "--flops", help="Share of the attention heads' FLOPs to keep, 0..1 (or --keep, "
                                 "--keep-heads: one is required)."),
     kv: float = typer.Option(None, "--kv", help="Share of the KV-cache bytes per token to keep, 0..1 (drops whole "
-                             "key/value groups; or --keep, --keep-heads, --flops)."),
+                             "key/value groups; one of --keep, --keep-heads, --flops, --kv is required)."),
     gqa: str = GQA,
     method: str = typer.Option("fisher+tune", "--method", help=METHOD_HELP),
     min_per_site: int = MINSITE,
