@@ -31,6 +31,7 @@ from .checkpoint import (
     read_config,
     weight_files,
 )
+from .gguf import is_gguf, load_gguf, load_gguf_tokenizer
 from .stock import write_stock
 from .surgery import KEPT_KEY, config_record
 from .verify import check_model
@@ -124,7 +125,10 @@ def _architecture(config, path: Path) -> type:
 
 
 def load_model(model_dir: str | Path, *, model_class: type | None = None) -> nn.Module:
-    """A model from a local directory: pruned ones get their kept heads replayed; eval mode, saved dtype."""
+    """A model from a local directory: pruned ones get their kept heads replayed; eval mode, saved dtype.
+    A path ending in ``.gguf`` is a GGUF file, loaded through transformers' GGUF reader (:mod:`.gguf`)."""
+    if is_gguf(model_dir):
+        return load_gguf(model_dir)
     path = Path(model_dir)
     if not path.is_dir():
         raise ConfigError(f"model directory {str(path)!r} does not exist; expected a local Hugging Face model "
@@ -138,9 +142,12 @@ def load_model(model_dir: str | Path, *, model_class: type | None = None) -> nn.
 
 
 def load_tokenizer(model_dir: str | Path):
-    """The directory's tokenizer, or None when it has none. Never runs code from the directory."""
+    """The directory's tokenizer, or None when it has none. Never runs code from the directory.
+    A ``.gguf`` file: the tokenizer in its metadata."""
     from transformers import AutoTokenizer
 
+    if is_gguf(model_dir):
+        return load_gguf_tokenizer(model_dir)
     path = Path(model_dir)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")):
         return None
