@@ -205,7 +205,7 @@ def test_cli_compress_a_gqa_lm_on_text_files(tmp_path):
                             "--method", "fisher+tune", "--no-bench", "-o", str(out)])
     assert r.exit_code == 0, r.output
     report = json.loads((out / "compress.json").read_text())
-    sizes = report["result"]["sizes"] if "result" in report else report["sizes"]
+    sizes = report["sizes"]
     assert sizes["after"]["kv_cache_bytes_per_token"] <= sizes["before"]["kv_cache_bytes_per_token"]
     pruned = hp.load_pruned(out)
     for name, kept in hp.kept_heads(pruned).items():
