@@ -210,3 +210,17 @@ def test_cli_compress_a_gqa_lm_on_text_files(tmp_path):
     pruned = hp.load_pruned(out)
     for name, kept in hp.kept_heads(pruned).items():
         assert len(set(_per_group(kv_groups(model)[name], kept).values())) <= 1, (name, kept)
+
+
+@pytest.mark.parametrize("mode", ["uniform", "groups"])
+@pytest.mark.parametrize("n", [4, 8, 11])
+def test_same_per_site_drops_the_same_count_everywhere(mode, n):
+    model = build("qwen2")  # 6 query heads over 3 key/value heads
+    scores, groups = _scores(model, seed=9), kv_groups(model)
+    drop = select_gqa(scores, groups, mode=mode, n_drop=n, same_per_site=True)
+    counts = [len(drop.get(name, [])) for name in groups]
+    step = len(groups) * 2 if mode == "groups" else len(groups) * 3  # one group of 2 / one head of 3 groups per site
+    assert len(set(counts)) == 1 and sum(counts) <= n and sum(counts) > n - step
+    for name, g in groups.items():
+        kept = [h for h in range(len(g)) if h not in drop.get(name, [])]
+        assert len(set(_per_group(g, kept).values())) <= 1

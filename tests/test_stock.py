@@ -89,3 +89,32 @@ def test_cli_prune_writes_a_stock_directory(tmp_path):
     assert r.exit_code == 0, r.output
     plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
     assert plain.config.num_attention_heads == 4 and plain.config.num_key_value_heads == 2
+
+
+@pytest.mark.parametrize("mode", ["uniform", "groups"])
+def test_compress_same_per_site_ships_a_stock_directory(mode, tmp_path):
+    from headprune.compression import compress
+    from tiny import labels
+
+    model = build("llama")
+    x = inputs("llama", batch=4)
+    x["labels"] = labels("llama", x)
+    result = compress(model, [x], keep=0.5, method="fisher+tune", gqa=mode, same_per_site=True)
+    kept = {len(v) for v in result.kept.values()}
+    assert len(kept) == 1 and kept != {6}
+    hp.save_pruned(result.model, tmp_path / "m")
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m").eval()
+    y = inputs("llama", pad=False)
+    with torch.no_grad():
+        want = result.model(**y).logits
+        assert (plain(**y).logits - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_same_per_site_refuses_free_and_other_budgets():
+    from headprune.compression import CompressSettings
+    from headprune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="same_per_site"):
+        CompressSettings(keep=0.5, gqa="free", same_per_site=True)
+    with pytest.raises(ConfigError, match="same_per_site"):
+        CompressSettings(flops=0.5, same_per_site=True)
