@@ -55,7 +55,9 @@ def parse(argv=None):
     p.add_argument("--block-size", type=int, default=256)
     p.add_argument("--calib-blocks", type=int, default=24)
     p.add_argument("--eval-blocks", type=int, default=32)
-    p.add_argument("--gqa", default="uniform", choices=("uniform", "groups", "free"))
+    p.add_argument("--gqa", default="uniform", choices=("uniform", "groups", "free"),
+                   help="GQA mode (results of a mode other than uniform go to llm_compression_<mode>.json).")
+    p.add_argument("--methods", default=",".join(METHODS), help="Comma-separated subset of: " + ", ".join(METHODS))
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="A tiny random GQA Llama on CPython's docs (seconds).")
     p.add_argument("--output", type=Path, default=None)
@@ -70,8 +72,11 @@ def main(argv=None) -> dict | None:
         write_readme(args.write_readme, readme_section(committed))
         return None
     torch.set_num_threads(args.threads)
-    output = args.output or ROOT / "benchmarks" / "results" / ("llm_compression_quick.json" if args.quick
-                                                                else "llm_compression.json")
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if not methods or any(m not in METHODS for m in methods):
+        raise SystemExit(f"--methods {args.methods!r}; allowed: a comma-separated subset of {', '.join(METHODS)}")
+    suffix = ("_quick" if args.quick else "") + ("" if args.gqa == "uniform" else f"_{args.gqa}")
+    output = args.output or ROOT / "benchmarks" / "results" / f"llm_compression{suffix}.json"
     if args.quick:
         from headprune.evaluation.data import python_docs_text
         from headprune.experiments.demo import tiny_llama
@@ -95,7 +100,7 @@ def main(argv=None) -> dict | None:
     calib = LanguageModelling(tok, [calib_text], block_size=block, max_blocks=n_calib, batch_size=4)
     held_out = LanguageModelling(tok, [eval_text], block_size=block, max_blocks=n_eval, batch_size=4)
     settings = {"model": name, "calib": sources["calib"], "eval": sources["eval"], "block_size": block,
-                "calib_blocks": len(calib), "eval_blocks": len(held_out), "gqa": args.gqa, "methods": list(METHODS),
+                "calib_blocks": len(calib), "eval_blocks": len(held_out), "gqa": args.gqa, "methods": list(methods),
                 "fractions": list(FRACTIONS), "threads": args.threads, "quick": args.quick,
                 "compress": "defaults: guard on, damping 1e-2, target residual, min_per_site 0",
                 "bootstrap": "95% percentile, 1000 resamples of evaluation blocks, paired, seed 0",
@@ -115,7 +120,7 @@ def main(argv=None) -> dict | None:
     groups, kv_bytes = kv_groups(model), kv_head_bytes(model)
     total_heads = sum(len(g) for g in groups.values())
     scored = {}
-    for method in METHODS:
+    for method in methods:
         family = "fisher" if method.startswith("fisher") else method
         for fraction in FRACTIONS:
             if (method, fraction) in done:
