@@ -18,7 +18,7 @@ PKG = SRC / "headprune"
 ROOT = "headprune"
 MAX_LINES = 400
 SUBPACKAGES = {"core", "scoring", "selection", "compression", "evaluation", "experiments", "bench", "report",
-               "cli", "train"}
+               "cli", "train", "export"}
 
 
 def _module_name(path: Path) -> str:

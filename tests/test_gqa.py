@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
 import torch
+import transformers
 from typer.testing import CliRunner
 
 import headprune as hp
@@ -182,3 +184,43 @@ def test_flop_budget_under_a_gqa_mode_is_met_without_growing_the_cache(mode, sha
 def flop_share(model, costs_before) -> float:
     after = head_costs(model, 8)
     return after.total() / costs_before.total()
+
+
+def test_cli_compress_a_gqa_lm_on_text_files(tmp_path):
+    from tiny import word_tokenizer
+
+    words = "the model keeps the heads it needs and the cache stays small while the text goes on".split()
+    g = torch.Generator().manual_seed(0)
+    lines = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (60,), generator=g)) for _ in range(12)]
+    (tmp_path / "calib.txt").write_text("\n".join(lines[:6]) + "\n")
+    (tmp_path / "eval.txt").write_text("\n".join(lines[6:]) + "\n")
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(  # positions for the lm task's 128-token blocks
+        hidden_size=48, num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, intermediate_size=37,
+        max_position_embeddings=160, vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    hp.save_pruned(model, tmp_path / "llama", tokenizer=word_tokenizer(lines, bos_eos=True))
+    out = tmp_path / "out"
+    r = runner.invoke(app, ["compress", str(tmp_path / "llama"), "--task", "lm", "--data", str(tmp_path / "eval.txt"),
+                            "--calib-data", str(tmp_path / "calib.txt"), "--keep", "0.5",
+                            "--method", "fisher+tune", "--no-bench", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    report = json.loads((out / "compress.json").read_text())
+    sizes = report["sizes"]
+    assert sizes["after"]["kv_cache_bytes_per_token"] <= sizes["before"]["kv_cache_bytes_per_token"]
+    pruned = hp.load_pruned(out)
+    for name, kept in hp.kept_heads(pruned).items():
+        assert len(set(_per_group(kv_groups(model)[name], kept).values())) <= 1, (name, kept)
+
+
+@pytest.mark.parametrize("mode", ["uniform", "groups"])
+@pytest.mark.parametrize("n", [4, 8, 11])
+def test_same_per_site_drops_the_same_count_everywhere(mode, n):
+    model = build("qwen2")  # 6 query heads over 3 key/value heads
+    scores, groups = _scores(model, seed=9), kv_groups(model)
+    drop = select_gqa(scores, groups, mode=mode, n_drop=n, same_per_site=True)
+    counts = [len(drop.get(name, [])) for name in groups]
+    step = len(groups) * 2 if mode == "groups" else len(groups) * 3  # one group of 2 / one head of 3 groups per site
+    assert len(set(counts)) == 1 and sum(counts) <= n and sum(counts) > n - step
+    for name, g in groups.items():
+        kept = [h for h in range(len(g)) if h not in drop.get(name, [])]
+        assert len(set(_per_group(g, kept).values())) <= 1

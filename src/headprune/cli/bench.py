@@ -52,6 +52,8 @@ def bench(
     decode_prompt: int = typer.Option(128, "--decode-prompt", help="--decode: prompt tokens."),
     decode_new: int = typer.Option(128, "--decode-new", help="--decode: new tokens generated per call."),
     decode_batch: int = typer.Option(1, "--decode-batch", help="--decode: prompts per generate call."),
+    onnx: bool = typer.Option(False, "--onnx", help="Also export every model to ONNX (checked against PyTorch) and "
+                              "time it with onnxruntime (the onnx extra)."),
     gqa: str = typer.Option("uniform", "--gqa", help="How --prune-fraction chooses heads under grouped-query "
                             "attention: uniform (never enlarges the KV cache), groups or free."),
 ):
@@ -96,6 +98,10 @@ def bench(
             refs[list(models)[-1]] = name
     for each in models.values():
         each.to(place["device"])
+    if onnx:
+        from ..extras import require
+
+        require("onnxruntime", "bench --onnx")  # before any timing
     if decode:
         from ..bench.decode import check_decodable
 
@@ -115,6 +121,12 @@ def bench(
         result.extra["decode"] = decode_benchmark({n: m for n, m in models.items() if "-masked" not in n},
                                                   prompt_len=decode_prompt, new_tokens=decode_new,
                                                   batch_size=decode_batch, repeats=repeats, seed=seed)
+    if onnx:
+        from ..export.onnx import bench_onnx
+
+        result.extra["onnx"] = bench_onnx({n: m for n, m in models.items() if "-masked" not in n},
+                                          batch_sizes=sizes, seq_len=seq_len, tgt_len=tgt_len, repeats=repeats,
+                                          seed=seed, reference={k: v for k, v in refs.items() if "-masked" not in k})
     output.mkdir(parents=True, exist_ok=True)
     (output / "bench.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     result.plot(output / "bench.png")
@@ -122,6 +134,10 @@ def bench(
     typer.echo(_kv_lines(result))
     if decode:
         typer.echo(decode_table(result.extra["decode"]))
+    if onnx:
+        from ..export.onnx import onnx_table
+
+        typer.echo(onnx_table(result.extra["onnx"]))
     typer.echo(f"{torch.get_num_threads()} torch threads.")
     for line in result.warnings():
         typer.echo(line, err=True)

@@ -55,8 +55,11 @@ def compress_command(
     flops: float = typer.Option(None, "--flops", help="Share of the attention heads' FLOPs to keep, 0..1 (or --keep, "
                                 "--keep-heads: one is required)."),
     kv: float = typer.Option(None, "--kv", help="Share of the KV-cache bytes per token to keep, 0..1 (drops whole "
-                             "key/value groups; or --keep, --keep-heads, --flops: one is required)."),
+                             "key/value groups; one of --keep, --keep-heads, --flops, --kv is required)."),
     gqa: str = GQA,
+    same_per_site: bool = typer.Option(False, "--same-per-site", help="Keep the same number of heads in every site "
+                                       "(with --gqa uniform or groups, a head budget): the saved model then has a "
+                                       "stock config that plain from_pretrained loads."),
     method: str = typer.Option("fisher+tune", "--method", help=METHOD_HELP),
     min_per_site: int = MINSITE,
     seq_len: int = typer.Option(None, "--seq-len", help=f"Tokens per example for FLOPs and timing (default "
@@ -95,11 +98,14 @@ def compress_command(
         raise ConfigError(f"--kv {kv}; allowed: a share 0..1 of the KV-cache bytes per token")
     if gqa not in ("uniform", "groups", "free"):
         raise ConfigError(f"--gqa {gqa!r}; allowed: uniform, groups, free")
+    if same_per_site and (gqa == "free" or flops is not None or kv is not None):
+        raise ConfigError(f"--same-per-site with --gqa {gqa} and {', '.join(budgets)}; allowed: --gqa uniform or "
+                          "groups with --keep or --keep-heads")
     with in_cli_terms():  # checks all, in flag names
         settings = CompressSettings(keep=keep, n_keep=keep_heads, flops=flops, method=method,
                                     min_per_site=min_per_site, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len,
                                     tgt_len=tgt_len, damping=damping, target=tune_target, guard=not no_guard, seed=seed,
-                                    gqa=gqa, kv=kv)
+                                    gqa=gqa, kv=kv, same_per_site=same_per_site)
     if output.exists():
         raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
     calib = calib_data or data

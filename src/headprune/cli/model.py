@@ -23,8 +23,11 @@ def sites(
 
     model = load_model(model_dir)
     rows = sites_table(model)
+    family = getattr(model.config, "model_type", None) or type(model).__name__
+    layout = attention_layout(rows)
     if as_json:
-        typer.echo(json.dumps({"model": str(model_dir), "class": type(model).__name__, "sites": rows}, indent=2))
+        typer.echo(json.dumps({"model": str(model_dir), "class": type(model).__name__, "family": family,
+                               "layout": layout, "sites": rows}, indent=2))
         return
     header = f"{'site':<18} {'kind':<8} {'heads':>5} {'kv':>4} {'head_dim':>8} {'params':>10}"
     typer.echo(header)
@@ -34,6 +37,25 @@ def sites(
                    f"{r['params']:>10,}")
     typer.echo(f"{len(rows)} sites, {sum(r['heads'] for r in rows)} heads "
                f"({type(model).__name__}, {sum(p.numel() for p in model.parameters()):,} parameters)")
+    typer.echo(f"family: {family}; attention: {layout}")
+
+
+def attention_layout(rows: list[dict]) -> str:
+    """One line: multi-head, grouped-query or multi-query attention per kind, with the heads per site."""
+    parts = []
+    for kind in dict.fromkeys(r["kind"] for r in rows):
+        shapes = sorted({(r["heads"], r["kv_heads"], r["head_dim"]) for r in rows if r["kind"] == kind})
+        descr = []
+        for heads, kv, hd in shapes:
+            if kv == heads:
+                descr.append(f"multi-head, {heads} heads x {hd}")
+            elif kv == 1:
+                descr.append(f"multi-query, {heads} query heads share 1 key/value head x {hd}")
+            else:
+                descr.append(f"grouped-query, {heads} query heads share {kv} key/value heads x {hd}")
+        n = sum(r["kind"] == kind for r in rows)
+        parts.append(f"{kind} ({n} sites): {'; '.join(descr)}" + (" (pruned: differs per site)" if len(shapes) > 1 else ""))
+    return " | ".join(parts)
 
 
 @app.command()

@@ -69,6 +69,7 @@ def compress(
     progress: bool = False,
     gqa: str = "uniform",
     kv: float | None = None,
+    same_per_site: bool = False,
 ) -> CompressResult:
     """Prune ``model`` (a copy unless ``inplace``) to one budget with ``method``; see the module doc.
 
@@ -78,11 +79,14 @@ def compress(
     (:mod:`headprune.core.verify`). Returns the physically pruned model (tuned scales folded in: it computes exactly what
     the plan's mask computes) with sizes before and after. ``gqa``: how heads sharing key/value heads are
     chosen (:mod:`headprune.selection.gqa`; the default never enlarges the KV cache); ``kv``: a budget as
-    the share of the KV-cache bytes per token kept (instead of ``keep`` / ``n_keep`` / ``flops``).
+    the share of the KV-cache bytes per token kept (instead of ``keep`` / ``n_keep`` / ``flops``);
+    ``same_per_site``: the same number of heads kept in every site, so that :func:`headprune.save_pruned`
+    can write a stock config that plain ``from_pretrained`` loads.
     """
     settings = CompressSettings(keep=keep, n_keep=n_keep, flops=flops, method=method, min_per_site=min_per_site,
                                 seq_len=seq_len, tgt_len=tgt_len, damping=damping, max_scale=max_scale,
-                                target=target, guard=guard, seed=seed, gqa=gqa, kv=kv)
+                                target=target, guard=guard, seed=seed, gqa=gqa, kv=kv,
+                                same_per_site=same_per_site)
     batches = list(calib_batches)
     if not batches:
         raise ConfigError("calib_batches: empty; compression needs calibration examples")

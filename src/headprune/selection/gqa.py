@@ -61,6 +61,7 @@ def select_gqa(
     kv_bytes: Mapping[str, float] | None = None,
     min_per_site: int = 0,
     sites: list[str] | None = None,
+    same_per_site: bool = False,
 ) -> DroppedHeads:
     """Heads to drop ({site: sorted indices}), lowest scores first, under one budget and a GQA ``mode``.
 
@@ -70,6 +71,9 @@ def select_gqa(
     (share of the pool's KV-cache bytes per token kept, ``kv_bytes`` {site: bytes per token of one
     cached key/value head} from :func:`headprune.core.kvcache.kv_head_bytes`). ``groups``: {site: [H]
     key/value head of each query head} (:func:`kv_groups`; None: no GQA). ``sites`` restricts the pool.
+    ``same_per_site``: every site of the pool keeps the same number of heads (steps taken in all sites at
+    once, by their summed scores), so a stock config can describe the pruned model (:mod:`headprune.core.stock`);
+    needs a head budget, mode ``uniform`` or ``groups`` and sites of one shape.
     """
     check_choice("mode", mode, GQA_MODES)
     check_int("min_per_site", min_per_site, 0)
@@ -77,6 +81,9 @@ def select_gqa(
                                ("flops", flops), ("kv", kv)) if v is not None}
     if len(given) != 1:
         raise ConfigError(f"give exactly one budget: n_drop, fraction, keep, n_keep, flops or kv; got {given or 'none'}")
+    if same_per_site and (mode == "free" or kv is not None or flops is not None):
+        raise ConfigError(f"same_per_site=True needs mode 'uniform' or 'groups' and a head budget; got mode={mode!r}, "
+                          f"budget {', '.join(given)}")
     if sites is not None and (unknown := [s for s in sites if s not in scores]):
         raise ConfigError(f"sites: unknown {unknown}; allowed: {', '.join(scores)}")
     pool = {k: torch.as_tensor(v, dtype=torch.float64).flatten() for k, v in scores.items()
@@ -92,6 +99,8 @@ def select_gqa(
             return drop
         return _by_flops(pool, groups, mode, flops, costs, min_per_site)
     n = _drop_count(total, n_drop, fraction, keep, n_keep)
+    if same_per_site:
+        return _same_per_site(pool, groups, mode, n, min_per_site)
     if mode == "free":
         drop = lowest_heads(pool, n_heads=n, min_per_site=min_per_site)
         warn_kv_growth(drop, groups)
@@ -187,6 +196,35 @@ def _greedy(pool, units, fits, size, min_per_site) -> dict[str, list[int]]:
         spent += size((name, heads))
         nxt[name] += 1
     return {name: sorted(v) for name, v in drop.items()}
+
+
+def _same_per_site(pool, groups, mode, n, min_per_site) -> dict[str, list[int]]:
+    """One step = the next step of every site at once, lowest summed score first (sites of one shape)."""
+    shapes = {tuple(sorted(_count(g).values())) for g in groups.values()}
+    if len(shapes) > 1:
+        raise ConfigError(f"same_per_site=True: the sites have different head layouts {sorted(shapes)}; allowed: "
+                          "sites of one shape (e.g. sites=[one kind])")
+    units = _units(pool, groups, mode)
+    merged = {"all": torch.cat([pool[name] for name in pool])}
+    offsets, start = {}, 0
+    for name in pool:
+        offsets[name], start = start, start + pool[name].numel()
+    steps = [[offsets[name] + h for name in pool for h in units[name][k]] for k in range(len(units[next(iter(pool))]))]
+    per_site = min(min_per_site, min(s.numel() for s in pool.values())) * len(pool)
+    drop = _greedy(merged, {"all": steps}, lambda unit, spent: spent + len(unit[1]) <= n, lambda unit: len(unit[1]),
+                   per_site)
+    out: dict[str, list[int]] = {}
+    for i in drop.get("all", []):
+        name = next(name for name in reversed(list(pool)) if offsets[name] <= i)
+        out.setdefault(name, []).append(i - offsets[name])
+    return {name: sorted(v) for name, v in out.items()}
+
+
+def _count(g: Sequence[int]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for j in g:
+        counts[j] = counts.get(j, 0) + 1
+    return counts
 
 
 def _by_flops(pool, groups, mode, share, costs: HeadCosts | None, min_per_site) -> dict[str, list[int]]:
