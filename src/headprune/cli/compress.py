@@ -68,8 +68,8 @@ def compress_command(
     seed: int = typer.Option(0, "--seed", help="Seed of --method random."),
     units: str = typer.Option("heads", "--units", help="What to prune: heads, neurons (FFN) or both, under one budget "
                               "(--keep or --flops: share of their price kept)."),
-    price: str = typer.Option("flops", "--price", help="--units neurons|both: price of a unit, flops (at --seq-len) "
-                              "or params."),
+    price: str = typer.Option("flops", "--price", help="--units neurons|both: price of a unit, flops (at --seq-len), "
+                              "params, or latency (a table timed once on this machine at --bench-batch, --seq-len)."),
     val_data: str = typer.Option(None, "--val-data", help="--units neurons|both: validation data for the guard of "
                                  "the reconstruction, disjoint from --calib-data and --data (default: the last quarter "
                                  "of the calibration batches is held out)."),

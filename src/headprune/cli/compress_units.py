@@ -74,6 +74,13 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
         settings = replace(settings, seq_len=min(128, limit or 128))
     ev = t.on(data, data2)
     calib_ev = t.on(calib, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data", split=calib_split)
+    prices = table = None
+    if price == "latency":
+        from ..bench.unit_latency import latency_prices, latency_table
+
+        table = latency_table(model, batch=bench_batch, seq_len=settings.seq_len, tgt_len=settings.tgt_len,
+                              repeats=bench_repeats)
+        prices = latency_prices(model, table)
     val = None
     if val_data is not None:
         val = list(t.on(val_data, val_data2, limit=val_limit, flag="--val-data", split=val_split).batches())
@@ -81,7 +88,8 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
                  "split": Path(data).name, "n": len(ev), "calib_data": [calib], "calib_n": len(calib_ev),
                  "val_data": val_data or "held-out part of --calib-data"}
     report, summary = run_compress_units(model, tok, ev, list(calib_ev.batches()), output, settings=settings,
-                                         val_batches=val, signature=signature,
+                                         val_batches=val, signature=signature, prices=prices,
+                                         latency_table=table,
                                          bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
                                          verify=not trust_unverified, progress=bars)
     echo_headline(output)

@@ -28,6 +28,7 @@ from .rundir import RunDir
 
 def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable[Mapping[str, torch.Tensor]],
                        out: str | Path, *, settings: UnitSettings, val_batches=None, signature: dict | None = None,
+                       prices=None, latency_table: dict | None = None,
                        bench_batch: int | None = 16, bench_repeats: int = 5, verify: bool = True,
                        progress: bool = False) -> tuple[Path, str]:
     """Score ``model`` on ``evaluator``, compress it, score it again, time both, write ``out`` (new).
@@ -37,7 +38,8 @@ def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: It
         raise ConfigError(f"output {str(out)!r} already exists; choose a new directory")
     flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now
     before = evaluator.evaluate(model, progress=progress)
-    result = compress_units(model, calib_batches, settings, val_batches=val_batches, verify=verify, progress=progress)
+    result = compress_units(model, calib_batches, settings, val_batches=val_batches, prices=prices, verify=verify,
+                            progress=progress)
     after = evaluator.evaluate(result.model, progress=progress)
     speed = None
     if bench_batch is not None:
@@ -51,6 +53,8 @@ def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: It
     record = {"signature": sig, **result.to_dict(), "evaluation": {"before": before.to_dict(), "after": after.to_dict()},
               "speed": None if speed is None else {"runs": speed.runs, "speedups": speed.speedups,
                                                    "machine": speed.machine, "settings": speed.settings}}
+    if latency_table is not None:
+        record["latency_table"] = latency_table
     for side in ("before", "after"):
         record["evaluation"][side].get("extra", {}).pop("hypotheses", None)
     run.write_json("compress.json", record)
