@@ -157,3 +157,22 @@ def test_cached_and_recomputed_targets_give_the_same_refit(family):
     assert [r["target"] for r in a] == [r["target"] for r in b] and "residual" in {r["target"] for r in a}
     for p, q in zip(student.parameters(), other.parameters(), strict=True):
         assert (p - q).abs().max() <= 1e-6 * max(q.abs().max(), 1e-12)
+
+
+def test_latency_prices_are_the_measured_slopes_and_a_noisy_table_is_refused():
+    from headprune.bench.unit_latency import latency_prices, latency_table
+
+    model = build("bert")
+
+    def by_flops(models):  # a machine whose time is exactly the FLOPs: the prices must be the FLOP slopes
+        return {k: 1e-9 * flop_breakdown(m, 12)["total"] for k, m in models.items()}
+
+    table = latency_table(model, seq_len=12, timer=by_flops)
+    assert table["removed"] == {"neurons": 2 * 18, "heads": 2 * 2}
+    prices = latency_prices(model, table)
+    flops = unit_costs(model, "flops", seq_len=12)
+    assert float(prices.neurons["encoder.0.ffn"][0]) == pytest.approx(1e-9 * float(flops.neurons["encoder.0.ffn"][0]))
+    assert float(prices.heads["encoder.1.self"][3]) == pytest.approx(1e-9 * float(flops.heads["encoder.1.self"][3]))
+    table["seconds"]["heads_half"] = table["seconds"]["full"] * 1.01
+    with pytest.raises(ConfigError, match="did not make the model faster"):
+        latency_prices(model, table)

@@ -74,6 +74,16 @@ def compress_command(
     bench_repeats: int = typer.Option(5, "--bench-repeats", help="Timed rounds of the speed measurement."),
     no_bench: bool = typer.Option(False, "--no-bench", help="Skip the speed measurement."),
     seed: int = typer.Option(0, "--seed", help="Seed of --method random."),
+    units: str = typer.Option("heads", "--units", help="What to prune: heads, neurons (FFN) or both, under one budget "
+                              "(--keep or --flops: share of their price kept)."),
+    price: str = typer.Option("flops", "--price", help="--units neurons|both: price of a unit, flops (at --seq-len), "
+                              "params, or latency (a table timed once on this machine at --bench-batch, --seq-len)."),
+    val_data: str = typer.Option(None, "--val-data", help="--units neurons|both: validation data for the guard of "
+                                 "the reconstruction, disjoint from --calib-data and --data (default: the last quarter "
+                                 "of the calibration batches is held out)."),
+    val_data2: Path = typer.Option(None, "--val-data2", help="Translation: target file of --val-data (default: none)."),
+    val_split: str = split_option("--val-data"),
+    val_limit: int = typer.Option(None, "--val-limit", help="First N examples of --val-data (default: all)."),
     output: Path = typer.Option(..., "-o", "--output", help="New directory: the pruned model, compress.json, "
                                 "report.html."),
     quiet: bool = QUIET,
@@ -90,6 +100,13 @@ def compress_command(
 
     budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops), ("--kv", kv))
                if v is not None}
+    if units != "heads" or price != "flops" or val_data is not None:
+        from .compress_units import compress_units_command
+
+        if kv is not None or same_per_site:
+            raise ConfigError(f"{'--kv' if kv is not None else '--same-per-site'} with --units {units} / --price "
+                              f"{price} / --val-data; allowed: only on the heads-only path (--units heads)")
+        return compress_units_command(**{k: v for k, v in locals().items() if k not in ("budgets", "compress_units_command")})
     if len(budgets) != 1:
         raise ConfigError(f"give exactly one budget of --keep (share of heads), --keep-heads (number of heads), "
                           f"--flops (share of head FLOPs) or --kv (share of KV-cache bytes); got "

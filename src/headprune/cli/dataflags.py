@@ -21,6 +21,7 @@ DATA_FLAGS = {
     "--data": {"split": "--split", "limit": "--limit", "target_path": "--data2"},
     "--calib-data": {"split": "--calib-split", "limit": "--calib-limit", "target_path": "--calib-data2"},
     "--choose-data": {"split": "--choose-split", "limit": "--calib-limit", "target_path": "--choose-data2"},
+    "--val-data": {"split": "--val-split", "limit": "--val-limit", "target_path": "--val-data2"},
     "--data-b": {"split": "--split-b", "limit": "--limit", "target_path": "--data2-b"},
     "--eval-data": {"split": "--eval-split", "limit": "--eval-limit", "target_path": "--eval-data2"},
 }
