@@ -103,9 +103,11 @@ def compress_command(
     if units != "heads" or price != "flops" or val_data is not None:
         from .compress_units import compress_units_command
 
-        if kv is not None or same_per_site:
-            raise ConfigError(f"{'--kv' if kv is not None else '--same-per-site'} with --units {units} / --price "
-                              f"{price} / --val-data; allowed: only on the heads-only path (--units heads)")
+        heads_only = [f for f, given in (("--kv", kv is not None), ("--same-per-site", same_per_site),
+                                         ("--min-per-site", min_per_site != 0)) if given]
+        if heads_only:
+            raise ConfigError(f"{heads_only[0]} with --units {units} / --price {price} / --val-data; allowed: only "
+                              "on the heads-only path (--units heads, --price flops, no --val-data)")
         return compress_units_command(**{k: v for k, v in locals().items() if k not in ("budgets", "compress_units_command")})
     if len(budgets) != 1:
         raise ConfigError(f"give exactly one budget of --keep (share of heads), --keep-heads (number of heads), "

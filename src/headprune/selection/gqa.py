@@ -175,6 +175,27 @@ def _units(pool: dict[str, torch.Tensor], groups: dict[str, list[int]], mode: st
     return out
 
 
+def gqa_steps(scores: Mapping[str, torch.Tensor], prices: Mapping[str, torch.Tensor], groups: Groups, mode: str):
+    """Head units of a one-budget search (:func:`.units.select_units`) under ``mode`` (``uniform`` or ``groups``):
+    ({site: step scores [S]}, {site: step prices [S]}, {site: steps, each the heads it drops, in drop order}).
+
+    A step's score and price are the sums over its heads. Under ``uniform`` a site's steps must go in
+    order, so its score per price is made non-decreasing along that order (a running maximum, which a
+    ranking by score per price then respects); whole groups (``groups``) go in any order.
+    """
+    pool = {k: torch.as_tensor(v, dtype=torch.float64).flatten() for k, v in scores.items()}
+    units = _units(pool, _check_groups(groups, pool), mode)
+    out_s, out_p = {}, {}
+    for site, steps in units.items():
+        price = torch.as_tensor(prices[site], dtype=torch.float64).flatten()
+        p = torch.stack([price[hs].sum() for hs in steps])
+        s = torch.stack([pool[site][hs].sum() for hs in steps])
+        if mode == "uniform":
+            s = torch.cummax(s / p, 0).values * p
+        out_s[site], out_p[site] = s, p
+    return out_s, out_p, units
+
+
 def _greedy(pool, units, fits, size, min_per_site) -> dict[str, list[int]]:
     """Take steps lowest mean score first while ``fits(step, spent)``; a site whose next step does not fit
     (or would leave fewer than ``min_per_site`` heads) takes no more."""
