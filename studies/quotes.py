@@ -61,15 +61,17 @@ def two_sided(row: dict) -> float:
     """Two-sided p of a committed row. Runs made before headprune's two-sided bootstrap stored, for
     corpus metrics, the one-sided share of resamples whose delta lacks the observed sign; the
     two-sided percentile-bootstrap p of the same resamples is twice that (capped at 1). Paired t-tests
-    were always two-sided. Rows written by the current code carry ``p_adjusted`` and are used as they are."""
+    were always two-sided. Rows written by the current code (they carry ``p_bootstrap`` or
+    ``p_adjusted``) are two-sided already and used as they are."""
     p = row["p_value"]
-    if "p_adjusted" in row or not str(row.get("test", "")).startswith(ONE_SIDED):
+    if "p_adjusted" in row or "p_bootstrap" in row or not str(row.get("test", "")).startswith(ONE_SIDED):
         return p
     return min(1.0, 2 * p)
 
 
 def holm_rows(rows: list[dict]) -> list[float]:
-    """Holm-adjusted two-sided p of each row, over all ``rows`` (one sweep)."""
+    """Holm-adjusted two-sided p of each row, over all ``rows`` (one sweep; rows with their own
+    ``p_adjusted`` keep it, e.g. a study run with ``--correction bh`` keeps its BH values)."""
     if rows and all("p_adjusted" in r for r in rows):
         return [r["p_adjusted"] for r in rows]
     p = [two_sided(r) for r in rows]
