@@ -19,6 +19,7 @@ In the Markdown a quoted number is ``<!--q:NAME-->value<!--/q-->`` and a generat
                                     ``eval_accuracy`` in %, ``eval_bleu``)
 - ``mc:FILE:METHOD:FRACTION``       method comparison score (benchmarks/results/FILE.json; %-scaled)
 - ``demo:FIELD``                    benchmarks/results/demo.json (dotted path into it)
+- ``sig:RUN:FIELD``                 a study run's signature field (e.g. ``n``, ``n_b``: examples)
 - ``json:FILE:FIELD``               any benchmarks/results/FILE.json (dotted path into it)
 - ``mcmin:FILE:METHOD``             smallest two-sided p of METHOD's steps below I_h (method comparison)
 
@@ -177,6 +178,10 @@ def _json(file: str, path: str) -> float | str:
     return value
 
 
+def _sig(run: str, field: str) -> float | str:
+    return study(run)["signature"][field]
+
+
 def _demo(path: str) -> float | str:
     return _json("demo", path)
 
@@ -191,7 +196,7 @@ KINDS: dict[str, tuple[Callable, str]] = {  # kind -> (function of the args, def
     "base": (_base, ".2f"), "score": (_score, ".2f"), "rel": (_rel, ".0f"), "abl": (_abl, ".2f"),
     "abo": (_abo, ".2f"), "cd": (_cd, ".2f"), "dyn": (_dyn, ".0f"), "speed": (_speed, ".3f"),
     "train": (_train, ".2f"), "mc": (_mc, ".2f"), "demo": (_demo, ".2f"), "json": (_json, ".2f"),
-    "mcmin": (_mcmin, ".2f"),
+    "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"),
 }
 INTEGER_STATS = ("n", "sig", "better", "n_train", "n_eval")
 
