@@ -19,6 +19,7 @@ In the Markdown a quoted number is ``<!--q:NAME-->value<!--/q-->`` and a generat
                                     ``eval_accuracy`` in %, ``eval_bleu``)
 - ``mc:FILE:METHOD:FRACTION``       method comparison score (benchmarks/results/FILE.json; %-scaled)
 - ``demo:FIELD``                    benchmarks/results/demo.json (dotted path into it)
+- ``sig:RUN:FIELD``                 a study run's signature field (e.g. ``n``, ``n_b``: examples)
 - ``json:FILE:FIELD``               any benchmarks/results/FILE.json (dotted path into it)
 - ``mcmin:FILE:METHOD``             smallest two-sided p of METHOD's steps below I_h (method comparison)
 
@@ -61,15 +62,17 @@ def two_sided(row: dict) -> float:
     """Two-sided p of a committed row. Runs made before headprune's two-sided bootstrap stored, for
     corpus metrics, the one-sided share of resamples whose delta lacks the observed sign; the
     two-sided percentile-bootstrap p of the same resamples is twice that (capped at 1). Paired t-tests
-    were always two-sided. Rows written by the current code carry ``p_adjusted`` and are used as they are."""
+    were always two-sided. Rows written by the current code (they carry ``p_bootstrap`` or
+    ``p_adjusted``) are two-sided already and used as they are."""
     p = row["p_value"]
-    if "p_adjusted" in row or not str(row.get("test", "")).startswith(ONE_SIDED):
+    if "p_adjusted" in row or "p_bootstrap" in row or not str(row.get("test", "")).startswith(ONE_SIDED):
         return p
     return min(1.0, 2 * p)
 
 
 def holm_rows(rows: list[dict]) -> list[float]:
-    """Holm-adjusted two-sided p of each row, over all ``rows`` (one sweep)."""
+    """Holm-adjusted two-sided p of each row, over all ``rows`` (one sweep; rows with their own
+    ``p_adjusted`` keep it, e.g. a study run with ``--correction bh`` keeps its BH values)."""
     if rows and all("p_adjusted" in r for r in rows):
         return [r["p_adjusted"] for r in rows]
     p = [two_sided(r) for r in rows]
@@ -175,6 +178,10 @@ def _json(file: str, path: str) -> float | str:
     return value
 
 
+def _sig(run: str, field: str) -> float | str:
+    return study(run)["signature"][field]
+
+
 def _demo(path: str) -> float | str:
     return _json("demo", path)
 
@@ -189,7 +196,7 @@ KINDS: dict[str, tuple[Callable, str]] = {  # kind -> (function of the args, def
     "base": (_base, ".2f"), "score": (_score, ".2f"), "rel": (_rel, ".0f"), "abl": (_abl, ".2f"),
     "abo": (_abo, ".2f"), "cd": (_cd, ".2f"), "dyn": (_dyn, ".0f"), "speed": (_speed, ".3f"),
     "train": (_train, ".2f"), "mc": (_mc, ".2f"), "demo": (_demo, ".2f"), "json": (_json, ".2f"),
-    "mcmin": (_mcmin, ".2f"),
+    "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"),
 }
 INTEGER_STATS = ("n", "sig", "better", "n_train", "n_eval")
 
