@@ -88,6 +88,10 @@ def test_quick_demo_writes_results_and_a_pruned_model(tmp_path):
     model = hp.load_pruned(tmp_path / "run" / "pruned_model")
     n_dropped = sum(len(v) for v in results["pruned_heads"].values())
     assert sum(s.num_heads for s in hp.find_sites(model)) == 18 - n_dropped
+    again = runner.invoke(app, ["demo", "--quick", "-o", str(tmp_path / "run")])  # a rerun resumes, same numbers
+    assert again.exit_code == 0, again.output
+    rerun = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert rerun["perplexity"] == results["perplexity"] and rerun["pruned_heads"] == results["pruned_heads"]
 
 
 def test_python_dash_m_is_the_same_app(bert_dir):

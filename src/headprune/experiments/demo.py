@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -108,6 +109,7 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
 
     say(f"[2/7] head importance I_h over {len(calib)} calibration blocks (one backward per batch)")
     scores = head_importance(model, calib.batches(), progress=True)
+    run.write_json("importance.json", {k: v.tolist() for k, v in scores.items()})  # run.json too: resumable from here
     fig.importance_heatmap({k: v.tolist() for k, v in scores.items()}, output / "importance.png")
 
     top = sorted({r["layer"] for r in table})[-ablate_layers:]
@@ -155,6 +157,8 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
     del original
 
     say("[7/7] saving the pruned model and the report")
+    if (output / "pruned_model").is_dir():  # a rerun of this run (RunDir checked the folder is ours)
+        shutil.rmtree(output / "pruned_model")
     save_pruned(model, output / "pruned_model", tokenizer=tokenizer)
     run.write_json("bench.json", bench.to_dict())
     ablation = json.loads((output / "ablation" / "results.json").read_text())
