@@ -26,8 +26,8 @@ WORDS = [f"w{i}" for i in range(40)]
 @pytest.fixture(scope="module")
 def setup():
     rng = random.Random(0)
-    sources = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(8)]
-    targets = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(8)]
+    sources = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(6)]
+    targets = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 8))) for _ in range(6)]
     tok = word_tokenizer(sources + targets, bos_eos=True)
     torch.manual_seed(0)
     model = build("marian")
@@ -38,7 +38,7 @@ def setup():
     return model, tok, (sources, targets)
 
 
-@pytest.mark.parametrize("beams", [1, 3])
+@pytest.mark.parametrize("beams", [1, 2])
 def test_cached_generate_equals_naive_generate_for_every_head(setup, beams):
     model, tok, data = setup
     task = Translation(tok, data, batch_size=3, num_beams=beams, max_new_tokens=8)

@@ -42,8 +42,8 @@ class TranslationTrainSettings:
     weight_decay: float = 1e-4
     max_grad_norm: float | None = 1.0
     label_smoothing: float = 0.1
-    max_length: int = 128  # tokens incl. </s>; longer training pairs are skipped, eval sources truncated,
-    # and it bounds max_new_tokens of the greedy decoding used for BLEU
+    max_length: int = 128  # tokens incl. </s>; longer training pairs are skipped, eval sources truncated;
+    # BLEU is decoded by headprune's one protocol (evaluation.translation.generate_translations), greedy
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-8
     vocab_size: int = 8000  # joint source+target vocabulary when the tokenizer is trained here
