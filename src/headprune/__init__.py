@@ -60,3 +60,9 @@ __all__ = [
     "compress", "CompressResult", "CompressSettings", "plan_heads", "score_heads",
     "text_batches",
 ]
+
+# FFN neurons as prunable units beside heads (one budget over both; issue 16)
+from .compression import UnitSettings, compress_units  # noqa: E402
+from .core import find_ffns, kept_neurons, masked_neurons, prune_neurons  # noqa: E402
+
+__all__ += ["UnitSettings", "compress_units", "find_ffns", "kept_neurons", "masked_neurons", "prune_neurons"]

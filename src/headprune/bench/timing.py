@@ -35,12 +35,13 @@ from ..checks import check_choice, check_int
 from ..core.cost import flop_breakdown
 from ..core.devices import input_device, peak_device_bytes, synchronize, to_device
 from ..core.inputs import example_inputs, unwrap
+from ..core.kvcache import kv_cache_bytes
 from ..core.masking import is_masked
 from ..core.sites import find_sites
 from ..core.surgery import DroppedHeads, original_heads
 from ..errors import ConfigError
 from ..provenance import versions
-from ..selection.lowest import lowest_heads
+from ..selection.gqa import kv_groups, select_gqa
 from .figures import bench_plot, bench_table, bench_warnings
 from .machine import loadavg, machine_info, peak_rss_delta
 
@@ -48,15 +49,17 @@ PRUNE_ORDERS = ("index", "random")
 NOISY_TIMES = 0.10  # a model's round times with IQR / median above this are too noisy to read a speed-up from
 
 
-def fraction_plan(model: nn.Module, fraction: float, *, order: str = "index", seed: int = 0) -> DroppedHeads:
+def fraction_plan(model: nn.Module, fraction: float, *, order: str = "index", seed: int = 0,
+                  gqa: str = "uniform") -> DroppedHeads:
     """Heads to remove, ``fraction`` of all: ``order="index"`` the lowest head indices of every site in
-    turn (even: the same count per site, +-1); ``"random"`` a seeded random global choice (uneven)."""
+    turn (even: the same count per site, +-1); ``"random"`` a seeded random global choice (uneven).
+    ``gqa``: the mode of :mod:`headprune.selection.gqa` (default: the KV cache never grows)."""
     check_choice("order", order, PRUNE_ORDERS)
     g = torch.Generator().manual_seed(seed)
     sites = find_sites(model)
     scores = {s.name: torch.arange(s.num_heads, dtype=torch.float32) if order == "index"
               else torch.rand(s.num_heads, generator=g) for s in sites}
-    return lowest_heads(scores, fraction=fraction)
+    return select_gqa(scores, kv_groups(model), mode=gqa, fraction=fraction)
 
 
 # ---------------------------------------------------------------- timing
@@ -297,4 +300,14 @@ def model_info(model: nn.Module, seq_len: int, tgt_len: int | None = None) -> di
             "sites": len(sites), "heads": sum(s.num_heads for s in sites),
             "heads_original": sum(original_heads(eager).values()),
             "masked": is_masked(eager),
-            "flops_per_example": breakdown["total"], "flops_breakdown": breakdown}
+            "flops_per_example": breakdown["total"], "flops_breakdown": breakdown,
+            **_kv_info(eager, seq_len, tgt_len)}
+
+
+def _kv_info(model: nn.Module, seq_len: int, tgt_len: int | None) -> dict:
+    """KV-cache bytes per generated token, and per sequence of ``seq_len`` tokens (encoder-decoders: ``tgt_len``
+    decoder tokens over ``seq_len`` source tokens)."""
+    kv = kv_cache_bytes(model)
+    steps = (tgt_len or seq_len) if kv["per_source_token"] else seq_len
+    return {"kv_cache_bytes_per_token": kv["per_token"],
+            "kv_cache_bytes_per_sequence": kv["per_token"] * steps + kv["per_source_token"] * seq_len}

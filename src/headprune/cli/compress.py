@@ -12,10 +12,12 @@ import typer
 
 from ..errors import ConfigError
 from .app import app, echo_headline, friendly
-from .dataflags import split_option
+from .dataflags import in_cli_terms, split_option
+from .identity import identity
 from .options import (
     DATA,
     DATA2,
+    GQA,
     MINSITE,
     PROGRESS,
     QUIET,
@@ -52,6 +54,12 @@ def compress_command(
                                    "is required)."),
     flops: float = typer.Option(None, "--flops", help="Share of the attention heads' FLOPs to keep, 0..1 (or --keep, "
                                 "--keep-heads: one is required)."),
+    kv: float = typer.Option(None, "--kv", help="Share of the KV-cache bytes per token to keep, 0..1 (drops whole "
+                             "key/value groups; one of --keep, --keep-heads, --flops, --kv is required)."),
+    gqa: str = GQA,
+    same_per_site: bool = typer.Option(False, "--same-per-site", help="Keep the same number of heads in every site "
+                                       "(with --gqa uniform or groups, a head budget): the saved model then has a "
+                                       "stock config that plain from_pretrained loads."),
     method: str = typer.Option("fisher+tune", "--method", help=METHOD_HELP),
     min_per_site: int = MINSITE,
     seq_len: int = typer.Option(None, "--seq-len", help=f"Tokens per example for FLOPs and timing (default "
@@ -66,6 +74,16 @@ def compress_command(
     bench_repeats: int = typer.Option(5, "--bench-repeats", help="Timed rounds of the speed measurement."),
     no_bench: bool = typer.Option(False, "--no-bench", help="Skip the speed measurement."),
     seed: int = typer.Option(0, "--seed", help="Seed of --method random."),
+    units: str = typer.Option("heads", "--units", help="What to prune: heads, neurons (FFN) or both, under one budget "
+                              "(--keep or --flops: share of their price kept)."),
+    price: str = typer.Option("flops", "--price", help="--units neurons|both: price of a unit, flops (at --seq-len), "
+                              "params, or latency (a table timed once on this machine at --bench-batch, --seq-len)."),
+    val_data: str = typer.Option(None, "--val-data", help="--units neurons|both: validation data for the guard of "
+                                 "the reconstruction, disjoint from --calib-data and --data (default: the last quarter "
+                                 "of the calibration batches is held out)."),
+    val_data2: Path = typer.Option(None, "--val-data2", help="Translation: target file of --val-data (default: none)."),
+    val_split: str = split_option("--val-data"),
+    val_limit: int = typer.Option(None, "--val-limit", help="First N examples of --val-data (default: all)."),
     output: Path = typer.Option(..., "-o", "--output", help="New directory: the pruned model, compress.json, "
                                 "report.html."),
     quiet: bool = QUIET,
@@ -76,16 +94,37 @@ def compress_command(
 ):
     """Prune to a budget with I_h or Fisher scores (+ rearrangement, + tuned scales) and save the smaller model."""
     from ..compression.plan import CompressSettings
+    from ..evaluation.build import position_limit
     from ..evaluation.data import same_data
     from ..experiments.compress import run_compress
 
-    budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops)) if v is not None}
+    budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops), ("--kv", kv))
+               if v is not None}
+    if units != "heads" or price != "flops" or val_data is not None:
+        from .compress_units import compress_units_command
+
+        heads_only = [f for f, given in (("--kv", kv is not None), ("--same-per-site", same_per_site),
+                                         ("--min-per-site", min_per_site != 0)) if given]
+        if heads_only:
+            raise ConfigError(f"{heads_only[0]} with --units {units} / --price {price} / --val-data; allowed: only "
+                              "on the heads-only path (--units heads, --price flops, no --val-data)")
+        return compress_units_command(**{k: v for k, v in locals().items() if k not in ("budgets", "compress_units_command")})
     if len(budgets) != 1:
-        raise ConfigError(f"give exactly one budget of --keep (share of heads), --keep-heads (number of heads) or "
-                          f"--flops (share of head FLOPs); got {', '.join(budgets) or 'none'}")
-    settings = CompressSettings(keep=keep, n_keep=keep_heads, flops=flops, method=method, min_per_site=min_per_site,
-                                seq_len=seq_len or 8, tgt_len=tgt_len, damping=damping, target=tune_target,
-                                guard=not no_guard, seed=seed)  # checks all
+        raise ConfigError(f"give exactly one budget of --keep (share of heads), --keep-heads (number of heads), "
+                          f"--flops (share of head FLOPs) or --kv (share of KV-cache bytes); got "
+                          f"{', '.join(budgets) or 'none'}")
+    if kv is not None and not (0.0 <= kv <= 1.0):
+        raise ConfigError(f"--kv {kv}; allowed: a share 0..1 of the KV-cache bytes per token")
+    if gqa not in ("uniform", "groups", "free"):
+        raise ConfigError(f"--gqa {gqa!r}; allowed: uniform, groups, free")
+    if same_per_site and (gqa == "free" or flops is not None or kv is not None):
+        raise ConfigError(f"--same-per-site with --gqa {gqa} and {', '.join(budgets)}; allowed: --gqa uniform or "
+                          "groups with --keep or --keep-heads")
+    with in_cli_terms():  # checks all, in flag names
+        settings = CompressSettings(keep=keep, n_keep=keep_heads, flops=flops, method=method,
+                                    min_per_site=min_per_site, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len,
+                                    tgt_len=tgt_len, damping=damping, target=tune_target, guard=not no_guard, seed=seed,
+                                    gqa=gqa, kv=kv, same_per_site=same_per_site)
     if output.exists():
         raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
     calib = calib_data or data
@@ -105,9 +144,9 @@ def compress_command(
             raise ConfigError(f"data file {path!r} does not exist")
     t = TaskSetup(model_dir, task, flags)
     model, tok = t.model, t.tokenizer
-    if seq_len is None:  # 128 tokens, or what the position table allows
-        limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-        settings = replace(settings, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
+    if seq_len is None:  # 128 tokens, or what the position table allows (--limit stays the examples' count)
+        positions = position_limit(model.config)
+        settings = replace(settings, seq_len=min(DEFAULT_SEQ_LEN, positions or DEFAULT_SEQ_LEN))
     ev = t.on(data, data2)
     calib_ev = t.on(calib, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
                     split=calib_split)
@@ -115,7 +154,9 @@ def compress_command(
                  "split": Path(data).name, "n": len(ev),
                  **{k: v for k, v in (("data_split", flags.split), ("calib_split", calib_split)) if v},
                  "calib_data": [calib] + ([str(calib_data2 or data2)] if (calib_data2 or data2) else []),
-                 "calib_n": len(calib_ev)}
+                 "calib_n": len(calib_ev), "calib_limit": calib_limit,
+                 **identity(flags, ev, model_dir, {"--data": data, "--data2": data2, "--calib-data": calib_data,
+                                                   "--calib-data2": calib_data2})}
     report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=settings, signature=signature,
                           bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
                           verify=not trust_unverified, progress=bars)

@@ -59,7 +59,8 @@ def importance(
     t = TaskSetup(model_dir, task, flags)
     ev = t.on(data, data2)
     n = len(ev) if calib_limit is None else min(calib_limit, len(ev))
-    sig = {**_signature(model_dir, task, data, data2, ev, 0), "n": n, "calib_limit": calib_limit}
+    sig = {**_signature(model_dir, task, data, data2, ev, 0, flags), "n": n, "calib_limit": calib_limit,
+           "scores": scores, "absolute": absolute, "normalize": normalize}
     report = run_importance(t.model, lambda: ev.batches(limit=calib_limit), output, scores=scores, absolute=absolute,
                             normalize=None if normalize == "none" else normalize, signature=sig, fresh=fresh,
                             progress=bars)

@@ -29,6 +29,9 @@ SEED = typer.Option(0, "--seed", help="Seed of the bootstrap and of the random o
 OUT = typer.Option(..., "-o", "--output", help="Run directory (rerun the same command to resume).")
 FRESH = typer.Option(False, "--fresh", help="Start over in an existing run directory.")
 MINSITE = typer.Option(0, "--min-per-site", help="Keep at least this many heads in every site.")
+GQA = typer.Option("uniform", "--gqa", help="Grouped-query attention: uniform (the same query heads kept per key/value "
+                   "group; never enlarges the KV cache), groups (whole key/value groups) or free (any heads; warns "
+                   "when the KV cache grows). Models without GQA: no effect.")
 TEXT = typer.Option(None, "--text-column", help="Classification text column, a name or a position (default: "
                     "guessed from common names, e.g. sentence).")
 PAIR = typer.Option(None, "--text-pair-column", help="Second text column of pair tasks (default: guessed, e.g. "
@@ -111,11 +114,19 @@ class SweepFlags(Flags):
     alpha: float = dataclasses.field(default=typer.Option(0.01, "--alpha", help="Significance level for the flag."))
     resamples: int = dataclasses.field(default=typer.Option(1000, "--resamples", help="Bootstrap resamples."))
     seed: int = dataclasses.field(default=SEED)
+    correction: str = dataclasses.field(default=typer.Option(
+        "holm", "--correction", help="Multiplicity control over the sweep: holm (family-wise error) or bh "
+        "(Benjamini-Hochberg, false discovery rate); 'significant' uses the adjusted p."))
 
     def settings(self):
+        from ..errors import ConfigError
         from ..experiments.ablation import SweepSettings
 
-        return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed)
+        if self.correction not in ("holm", "bh"):
+            raise ConfigError(f"--correction {self.correction!r}: allowed: holm, bh")
+        with in_cli_terms():
+            return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed,
+                                 correction=self.correction)
 
     def site_list(self) -> list[str] | None:
         return comma_list(self.sites)

@@ -40,6 +40,7 @@ from torch import nn
 from transformers.utils import logging as hf_logging
 
 from ..errors import ConfigError, DataError, PlanError, UnsupportedModelError
+from .neurons import KEPT_NEURONS_KEY, ORIGINAL_NEURONS_KEY, keep_neurons
 from .surgery import KEPT_KEY, LEGACY_KEYS, ORIGINAL_KEY, keep_heads
 
 PLAIN_WEIGHTS, PLAIN_INDEX = "model.safetensors", "model.safetensors.index.json"  # what transformers looks for
@@ -220,7 +221,8 @@ def from_pretrained_pruned(cls: type, path: Path, config, kept: dict, original: 
     head: then transformers' own load report says what was dropped or initialised).
     """
     config = copy.deepcopy(config)  # the caller's stays untouched
-    for key in (KEPT_KEY, ORIGINAL_KEY, *LEGACY_KEYS.values()):
+    neurons = tuple(getattr(config, key, None) for key in (KEPT_NEURONS_KEY, ORIGINAL_NEURONS_KEY))
+    for key in (KEPT_KEY, ORIGINAL_KEY, *LEGACY_KEYS.values(), KEPT_NEURONS_KEY, ORIGINAL_NEURONS_KEY):
         if hasattr(config, key):
             delattr(config, key)
     setattr(config, MARKER_KEY, weights)  # the file transformers reads (its field for non-standard names)
@@ -228,7 +230,7 @@ def from_pretrained_pruned(cls: type, path: Path, config, kept: dict, original: 
     if strict:
         hf_logging.set_verbosity_error()  # the load report: a misfit raises PlanError below instead
     try:
-        model, info = _replaying(cls, kept, original).from_pretrained(
+        model, info = _replaying(cls, kept, original, neurons).from_pretrained(
             path, config=config, ignore_mismatched_sizes=True, output_loading_info=True, **kwargs)
     except PlanError as e:  # from keep_heads: kept heads that do not fit the model's config
         raise PlanError(f"{KEPT_KEY} in {str(path)!r}/config.json: {e}") from None
@@ -255,8 +257,9 @@ def from_pretrained_pruned(cls: type, path: Path, config, kept: dict, original: 
     return model
 
 
-def _replaying(cls: type, kept: dict, original: dict | None) -> type:
-    """``cls`` whose ``__init__`` also replays ``kept`` (see :func:`from_pretrained_pruned`)."""
+def _replaying(cls: type, kept: dict, original: dict | None, neurons: tuple = (None, None)) -> type:
+    """``cls`` whose ``__init__`` also replays ``kept`` and the kept FFN neurons ``neurons`` ((kept, original)
+    or Nones; see :func:`from_pretrained_pruned`)."""
     from transformers.initialization import no_init_weights
 
     def __init__(self, config, *args, **kwargs):
@@ -265,6 +268,8 @@ def _replaying(cls: type, kept: dict, original: dict | None) -> type:
         with torch.device("cpu"), no_init_weights():
             cls.__init__(self, config, *args, **kwargs)
             keep_heads(self, kept, original, verify=False)  # verified when it was pruned
+            if neurons[0]:
+                keep_neurons(self, neurons[0], neurons[1])
         own = {name: module for name, module in self.named_modules() if _is_headprune(module)}
         for module in own.values():  # its weights all come from the checkpoint; and transformers' init of
             module._is_hf_initialized = True  # e.g. T5Attention would reach for projections surgery deleted

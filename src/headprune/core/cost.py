@@ -17,6 +17,7 @@ attention FLOPs are :meth:`HeadCosts.cost` of what it keeps.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ def linear_rows(model: nn.Module, seq_len: int, *, tgt_len: int | None = None) -
     rows: dict[nn.Module, int] = {}
 
     def count(module, args, _out):
-        rows[module] = rows.get(module, 0) + args[0].numel() // in_features(module)
+        rows[module] = rows.get(module, 0) + math.prod(args[0].shape[:-1])  # tokens (0-wide inputs too)
 
     linears = {id(m): m for m in model.modules() if isinstance(m, nn.Linear) or is_conv1d(m)}
     handles = [m.register_forward_hook(count) for m in linears.values()]

@@ -138,6 +138,7 @@ def shrunk_config(config):
     headprune records: the same attention class and options at a fraction of the size."""
     small = copy.deepcopy(config)
     for key in ("headprune_kept_heads", "headprune_original_heads", "headprune_plan", "headprune_heads",
+                "headprune_kept_neurons", "headprune_original_neurons",
                 "headprune_version", "quantization_config"):
         if hasattr(small, key):
             delattr(small, key)

@@ -48,7 +48,8 @@ class LanguageModelling:
             raise DataError(f"texts: {len(ids)} tokens, fewer than one block of {block_size}")
         self.blocks = torch.tensor(ids[: n_blocks * block_size]).view(n_blocks, block_size)  # [N, T]
         self.batch_size = batch_size
-        self.signature = {"task": "lm", "block_size": block_size, "blocks": n_blocks, "tokens": n_blocks * block_size}
+        self.signature = {"task": "lm", "block_size": block_size, "blocks": n_blocks, "tokens": n_blocks * block_size,
+                          "batch_size": batch_size}
 
     def __len__(self) -> int:
         return self.blocks.shape[0]

@@ -125,7 +125,8 @@ def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor], output
     Sequence classification: cross-entropy (MSE for one regression label). Token outputs
     (causal LM, seq2seq, token classification): mean cross-entropy over the example's tokens
     whose label is not -100 (labels shifted by one for causal LMs; a causal LM without labels
-    predicts its own ``input_ids`` where ``attention_mask`` is 1).
+    predicts its own ``input_ids`` where ``attention_mask`` is 1, and no target is scored whose
+    predicting position is padding: the first real token of a left-padded row has no context).
     """
     logits = outputs.logits  # the loss in float32 at least (a bfloat16/float16 model's gradients stay in its dtype)
     logits = logits.float() if logits.is_floating_point() and logits.element_size() < 4 else logits
@@ -143,6 +144,9 @@ def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor], output
         return F.cross_entropy(logits, labels.clamp_min(0), reduction="none") * valid, valid
     if causal:
         logits, labels = logits[:, :-1], labels[:, 1:]
+        mask = batch.get("attention_mask")
+        if mask is not None:  # a target predicted from a padding position (left padding) means nothing: not scored
+            labels = labels.masked_fill(mask[:, :-1].to(labels.device) == 0, -100)
     token = F.cross_entropy(logits.transpose(1, 2), labels.clamp_min(0), reduction="none")  # [B, T]
     keep = labels != -100
     n_tokens = keep.sum(-1)

@@ -7,3 +7,7 @@ from .lowest import lowest_heads
 from .rearrange import rearrange, rearrange_site
 
 __all__ = ["select_heads", "lowest_heads", "rearrange", "rearrange_site"]
+
+from .units import select_units  # noqa: E402  (one budget over heads and FFN neurons)
+
+__all__ += ["select_units"]

@@ -1,0 +1,268 @@
+"""Heads and FFN neurons under one FLOP budget, with least-squares reconstruction guarded on validation
+data: the SST-2 MiniLM classifier and the Multi30k en->fr model, on test data no choice saw.
+
+    python benchmarks/heads_and_neurons.py --task sst2    # ~15 min on 2 shared CPU cores
+    python benchmarks/heads_and_neurons.py --task enfr
+    python benchmarks/heads_and_neurons.py --quick        # tiny random BERT, seconds (CI)
+
+Protocol, fixed before any test example is evaluated:
+
+- data: calibration = the first ``--calib`` examples of the training split, validation = the next
+  ``--val`` (used only to accept or turn down the reconstruction), test = SST-2 dev (872) /
+  Multi30k test_2017_flickr (1000; the translation model's training run looked at test_2016 only);
+- budgets: model FLOPs kept (at 128 tokens; 32 source and target tokens for en->fr) in ``--budgets``;
+  the share of the heads' and neurons' FLOPs follows from the model's shapes alone (embeddings,
+  classifier and output projection are not prunable);
+- method: Fisher scores of heads and neurons from one backward per calibration batch, Kwon et al.'s
+  search over both, surgery, least-squares reconstruction of every pruned layer (kept if the
+  validation loss drops). Every model is compressed before the first test evaluation.
+
+Statistics: per budget against the unpruned model on the same test examples: McNemar's exact test
+(SST-2; two-sided binomial on the discordant pairs) or a paired bootstrap of corpus BLEU (en->fr);
+Holm's correction across the budgets of one task; 95% bootstrap intervals. Speed: examples/s at
+batch 16, 128 tokens (en->fr: a teacher-forced forward at 32/32 tokens), all models timed in one
+run with alternated rounds (:func:`headprune.bench.timing.benchmark`), ratio to the unpruned model.
+Writes benchmarks/results/heads_and_neurons.json (one entry per task, merged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import binomtest
+
+from headprune.bench.timing import benchmark
+from headprune.compression.units import UnitSettings, compress_units
+from headprune.core.cost import flop_breakdown
+from headprune.core.unit_cost import unit_costs
+from headprune.evaluation.significance import compare
+from headprune.provenance import versions
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results" / "heads_and_neurons.json"
+DATA = Path("/work/shared/data")
+MODELS = {"sst2": Path("/work/main/runs/sst2-minilm/final"), "enfr": Path("/work/main/runs/multi30k-en-fr-small/final")}
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--task", choices=("sst2", "enfr"), default="sst2")
+    p.add_argument("--model", type=Path, help="Model directory (default: the task's).")
+    p.add_argument("--data", type=Path, default=DATA, help="Shared data root (HEADPRUNE_SHARED_DATA).")
+    p.add_argument("--budgets", default=None, help="Model FLOPs kept, comma-separated (default sst2 0.6,0.5,0.4; "
+                   "enfr 0.7,0.6).")
+    p.add_argument("--calib", type=int, default=512, help="Calibration examples (first of train).")
+    p.add_argument("--val", type=int, default=256, help="Validation examples (the next ones of train).")
+    p.add_argument("--repeats", type=int, default=5, help="Timed rounds per model.")
+    p.add_argument("--quick", action="store_true", help="Tiny random BERT, made-up data (seconds).")
+    p.add_argument("--out", type=Path, default=RESULTS)
+    return p.parse_args(argv)
+
+
+def _gz(path: Path, n: int | None = None, skip: int = 0) -> list[str]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        lines = [line.rstrip("\n") for line in f]
+    return lines[skip: None if n is None else skip + n]
+
+
+def setup(args):
+    """(model, test evaluator, calibration batches, validation batches, seq_len, tgt_len, signature)."""
+    from headprune.core.io import load_model, load_tokenizer
+    from headprune.evaluation import Classification, Translation
+    from headprune.evaluation.data import load_classification
+
+    if args.quick:
+        return quick_setup(args)
+    path = args.model or MODELS[args.task]
+    model, tok = load_model(path), load_tokenizer(path)
+    if args.task == "sst2":
+        train = load_classification(str(args.data / "sst2" / "train.tsv"), limit=args.calib + args.val)
+        texts, labels = train.texts, train.labels
+        calib = Classification(tok, (texts[:args.calib], labels[:args.calib]), config=model.config, batch_size=32)
+        val = Classification(tok, (texts[args.calib:], labels[args.calib:]), config=model.config, batch_size=32)
+        test = Classification(tok, load_classification(str(args.data / "sst2" / "dev.tsv")), config=model.config,
+                              batch_size=32)
+        seq, tgt = 128, None
+        data = {"calibration": f"sst2/train.tsv rows 0..{args.calib - 1}",
+                "validation": f"sst2/train.tsv rows {args.calib}..{args.calib + args.val - 1}",
+                "test": "sst2/dev.tsv (872)"}
+    else:
+        d = args.data / "multi30k"
+        n = args.calib + args.val
+        src, ref = _gz(d / "train.en.gz", n), _gz(d / "train.fr.gz", n)
+        calib = Translation(tok, (src[:args.calib], ref[:args.calib]), batch_size=32)
+        val = Translation(tok, (src[args.calib:], ref[args.calib:]), batch_size=32)
+        test = Translation(tok, (_gz(d / "test_2017_flickr.en.gz"), _gz(d / "test_2017_flickr.fr.gz")), batch_size=64)
+        seq, tgt = 32, 32
+        data = {"calibration": f"multi30k/train.{{en,fr}} lines 0..{args.calib - 1}",
+                "validation": f"multi30k/train.{{en,fr}} lines {args.calib}..{n - 1}",
+                "test": "multi30k/test_2017_flickr.{en,fr} (1000)"}
+    sig = {"model": str(path), "task": args.task, "data": data, "n_test": len(test)}
+    return model, test, list(calib.batches()), list(val.batches()), seq, tgt, sig
+
+
+def quick_setup(args):
+    import random
+
+    sys.path.insert(0, str(ROOT.parent / "tests"))
+    from headprune.evaluation import Classification
+    from tiny import build, inputs, labels
+    model = build("bert")
+    model.config.id2label, model.config.label2id = {0: "0", 1: "1", 2: "2"}, {"0": 0, "1": 1, "2": 2}
+    rng = random.Random(0)
+    batches = []
+    for s in range(6):
+        x = inputs("bert", batch=8, length=12, seed=s)
+        batches.append({**x, "labels": labels("bert", x, seed=s)})
+    from tiny import word_tokenizer
+    words = "good bad film plot thin acting dull long loved charming bleak fine not".split()
+    texts = [" ".join(rng.choice(words) for _ in range(6)) for _ in range(48)]
+    tok = word_tokenizer(texts)
+    probe = Classification(tok, (texts, ["0"] * 48), config=model.config, batch_size=16)
+    pred = [str(p) for p in probe.evaluate(model).per_example["pred"]]
+    test = Classification(tok, (texts, pred), config=model.config, batch_size=16)
+    return model, test, batches[:4], batches[4:], 16, None, {"model": "tiny random BERT", "task": "quick",
+                                                              "data": "random ids / made-up sentences", "n_test": 48}
+
+
+def unit_share(model, model_share: float, seq: int, tgt: int | None) -> float:
+    """The share of the heads' and neurons' FLOPs that leaves ``model_share`` of the model's FLOPs."""
+    total = flop_breakdown(model, seq, tgt_len=tgt)["total"]
+    units = unit_costs(model, "flops", seq_len=seq, tgt_len=tgt).total()
+    fixed = total - units
+    return min(1.0, max(0.0, (model_share * total - fixed) / units))
+
+
+def holm(p: list[float]) -> list[float]:
+    order = np.argsort(p)
+    out, running = [0.0] * len(p), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def mcnemar(a: np.ndarray, b: np.ndarray) -> dict:
+    """Exact McNemar test of paired correctness ``a`` (unpruned) and ``b`` (pruned)."""
+    only_a, only_b = int(np.sum(a & ~b)), int(np.sum(~a & b))
+    p = binomtest(only_a, only_a + only_b, 0.5).pvalue if only_a + only_b else 1.0
+    return {"test": "McNemar exact (two-sided)", "only_unpruned_right": only_a, "only_pruned_right": only_b,
+            "p_value": float(p)}
+
+
+START, END = "<!-- heads-and-neurons:start -->", "<!-- heads-and-neurons:end -->"
+TASK_NAMES = {"sst2": "SST-2 MiniLM (dev, 872)", "enfr": "Multi30k en->fr (test 2017, 1000)"}
+
+
+def readme_section(results: dict) -> str:
+    """The README table, generated from the results file (a test holds the README to it)."""
+    lines = [START, "| model (test set) | model FLOPs kept | heads kept | neurons kept | score (% of unpruned) | "
+             "95% CI of the difference | p (Holm) | measured speed-up | compress time | reconstruction |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for task in ("sst2", "enfr"):
+        entry = results.get(task)
+        if not entry:
+            continue
+        lines.append(f"| {TASK_NAMES[task]}, unpruned | 100% | | | {_score(entry['metric'], entry['unpruned'])} | | | "
+                     "1.00x | | |")
+        for r in entry["budgets"]:
+            ci = r["vs_unpruned"]
+            lines.append(
+                f"| {TASK_NAMES[task]} | {r['model_flops_kept']:.1%} | {r['heads_kept'][0]}/{r['heads_kept'][1]} | "
+                f"{r['neurons_kept'][0]}/{r['neurons_kept'][1]} | {_score(entry['metric'], r['score'])} "
+                f"({r['relative']:.1%}) | [{_score(entry['metric'], ci['ci_low'])}, "
+                f"{_score(entry['metric'], ci['ci_high'])}] | {r['p_holm']:.3g} | x{r['speedup']:.2f} | "
+                f"{r['compress_seconds']:.0f} s | {r['stages']['reconstruct'].split(' (')[0]} |")
+    machine = next((e["machine"] for e in results.values() if "machine" in e), {})
+    lines.append("")
+    lines.append(f"Machine: {machine.get('cpu', machine.get('processor', 'CPU'))}, "
+                 f"{machine.get('torch_threads', '?')} thread(s); speed-ups at batch 16 (en->fr: a teacher-forced "
+                 "forward at 32/32 tokens), models timed in one run with alternated rounds.")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def _score(metric: str, x: float) -> str:
+    return f"{100 * x:.1f}%" if metric == "accuracy" else f"{x:.2f}"
+
+
+def readme_block(path: Path) -> str:
+    text = path.read_text(encoding="utf-8")
+    if START not in text:
+        return ""
+    return text[text.index(START): text.index(END) + len(END)]
+
+
+def write_readme(path: Path, results: dict) -> None:
+    text = path.read_text(encoding="utf-8")
+    block = readme_section(results)
+    text = text.replace(readme_block(path), block) if START in text else text
+    path.write_text(text, encoding="utf-8")
+
+
+def main(argv=None):
+    args = parse(argv)
+    torch.manual_seed(0)
+    model, test, calib, val, seq, tgt, sig = setup(args)
+    budgets = [float(b) for b in (args.budgets or ("0.6,0.5,0.4" if args.task == "sst2" else "0.7,0.6")).split(",")]
+    rows, pruned = [], {}
+    for budget in budgets:  # every compression before the first test evaluation
+        share = unit_share(model, budget, seq, tgt)
+        settings = UnitSettings(share=share, units="both", seq_len=seq, tgt_len=tgt)
+        t = time.perf_counter()
+        result = compress_units(model, calib, settings, val_batches=val)
+        seconds = time.perf_counter() - t
+        name = f"flops{budget:.2f}"
+        pruned[name] = result.model
+        b, a = result.sizes["before"], result.sizes["after"]
+        rows.append({"model": name, "model_flops_budget": budget, "unit_share": share,
+                     "model_flops_kept": a["flops"] / b["flops"], "params_kept": a["params"] / b["params"],
+                     "heads_kept": [a["heads"], b["heads"]], "neurons_kept": [a["neurons"], b["neurons"]],
+                     "stages": result.stages, "val_loss": result.val_loss, "compress_seconds": seconds,
+                     "seconds": result.seconds, "summary": result.summary()})
+        print(f"{name}: {result.summary()} ({seconds:.0f} s)", flush=True)
+    base = test.evaluate(model)
+    for row in rows:
+        ev = test.evaluate(pruned[row["model"]])
+        row["score"] = ev.score
+        row["relative"] = ev.score / base.score
+        row["vs_unpruned"] = compare(base, ev, n_resamples=2000, seed=0)
+        if base.metric == "accuracy":
+            row["vs_unpruned"]["mcnemar"] = mcnemar(np.asarray(base.per_example["correct"], bool),
+                                                     np.asarray(ev.per_example["correct"], bool))
+            row["p_value"] = row["vs_unpruned"]["mcnemar"]["p_value"]
+        else:
+            row["p_value"] = row["vs_unpruned"]["p_value"]
+        print(f"{row['model']}: {base.metric} {ev.score:.4f} ({row['relative']:.1%} of {base.score:.4f})", flush=True)
+    for row, p in zip(rows, holm([r["p_value"] for r in rows]), strict=True):
+        row["p_holm"] = p
+    speed = benchmark({"unpruned": model, **pruned}, batch_sizes=(16,), seq_len=seq, tgt_len=tgt,
+                      repeats=args.repeats, memory=False)
+    for row in rows:
+        up = speed.speedup(row["model"], 16)
+        row["speedup"] = up["measured"]
+        row["speedup_detail"] = up
+    entry = {"signature": {**sig, "method": "fisher heads+neurons (flops) + reconstruct (validation guard)",
+                           "calib_n": sum(int(b["input_ids"].shape[0]) for b in calib),
+                           "val_n": sum(int(b["input_ids"].shape[0]) for b in val), "seq_len": seq, "tgt_len": tgt,
+                           "seed": 0, "versions": versions()},
+             "command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
+             "metric": base.metric, "unpruned": base.score, "budgets": rows, "machine": speed.machine,
+             "bench_settings": speed.settings, "holm_over": "the budgets of this task"}
+    out = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    out[("quick" if args.quick else args.task)] = entry
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=1, default=float) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""``headprune compress --units neurons|both``: heads and FFN neurons under one budget, reconstruction
+guarded on validation data (the library's :func:`headprune.compression.units.compress_units`).
+
+headprune compress MODEL_DIR --task classification --data dev.tsv --calib-data train.tsv --units both \\
+    --flops 0.5 -o OUT
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import typer
+
+from ..errors import ConfigError
+from .app import echo_headline
+from .options import TaskSetup, check_calib_limit, show_progress
+
+METHODS = {"fisher": "none", "fisher+tune": "reconstruct"}  # --method -> compensation of the units path
+
+
+def compress_units_command(*, model_dir: Path, task: str, data: str, data2, calib_data, calib_data2, calib_split,
+                           calib_limit, allow_same_data: bool, keep, keep_heads, flops, method: str, seq_len, tgt_len,
+                           damping: float, tune_target: str, no_guard: bool, bench_batch: int, bench_repeats: int,
+                           no_bench: bool, output: Path, quiet: bool, progress: bool, trust_unverified: bool,
+                           units: str, price: str, val_data, val_data2, val_split, val_limit, flags, gqa: str,
+                           **_ignored):
+    """The ``--units neurons|both`` (or ``--price``, ``--val-data``) branch of ``headprune compress``."""
+    from ..compression.units import UnitSettings
+    from ..evaluation.data import same_data
+    from ..experiments.compress_units import run_compress_units
+
+    if units not in ("heads", "neurons", "both"):
+        raise ConfigError(f"--units {units!r}; allowed: heads, neurons, both")
+    if keep_heads is not None:
+        raise ConfigError("--keep-heads counts heads; with --units/--price/--val-data give --keep (share of the "
+                          "units' price) or --flops (share of their FLOPs)")
+    given = {f: v for f, v in (("--keep", keep), ("--flops", flops)) if v is not None}
+    if len(given) != 1:
+        raise ConfigError(f"give exactly one budget of --keep (share of the units' {price} kept) or --flops; got "
+                          f"{', '.join(given) or 'none'}")
+    if flops is not None and price != "flops":
+        raise ConfigError(f"--flops with --price {price!r}; allowed: --keep (share of the {price} kept), or --price flops")
+    if method not in METHODS:
+        raise ConfigError(f"--method {method!r} with --units {units}; allowed: {', '.join(METHODS)} (fisher+tune: "
+                          "least-squares reconstruction of every pruned layer, kept only if it lowers the validation loss)")
+    share = next(iter(given.values()))
+    settings = UnitSettings(share=share, units=units, price=price, seq_len=seq_len or 8, tgt_len=tgt_len,
+                            compensate=METHODS[method], damping=damping, target=tune_target, guard=not no_guard,
+                            gqa=gqa)
+    if output.exists():
+        raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
+    calib = calib_data or data
+    calib_split = flags.split if calib_split is None and calib_data is None else calib_split
+    if same_data(data, calib) and calib_split == flags.split and not allow_same_data:
+        raise ConfigError(f"--calib-data {calib!r} is the evaluation data --data; calibrating on it overstates the "
+                          "result; allowed: a disjoint file or split, or --allow-same-data")
+    if val_data is not None and (same_data(val_data, data) and val_split == flags.split):
+        raise ConfigError(f"--val-data {val_data!r} is the evaluation data --data; allowed: a disjoint file or split")
+    if val_data is not None and same_data(val_data, calib) and val_split == calib_split:
+        raise ConfigError(f"--val-data {val_data!r} is the calibration data; allowed: a disjoint file or split "
+                          "(or leave --val-data out: part of the calibration batches is held out)")
+    check_calib_limit(calib_limit)
+    if val_limit is not None and (isinstance(val_limit, bool) or val_limit < 1):
+        raise ConfigError(f"--val-limit {val_limit}; allowed: an integer >= 1")
+    if not no_bench and (bench_batch < 1 or bench_repeats < 1):
+        raise ConfigError(f"--bench-batch {bench_batch} --bench-repeats {bench_repeats}; allowed: integers >= 1")
+    for path in [p for p in (data, calib, val_data) if p is not None and not str(p).startswith("builtin:")]:
+        if not Path(path).exists():
+            raise ConfigError(f"data file {path!r} does not exist")
+    bars = show_progress(quiet, progress)
+    t = TaskSetup(model_dir, task, flags)
+    model, tok = t.model, t.tokenizer
+    if seq_len is None:
+        limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+        settings = replace(settings, seq_len=min(128, limit or 128))
+    ev = t.on(data, data2)
+    calib_ev = t.on(calib, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data", split=calib_split)
+    prices = table = None
+    if price == "latency":
+        from ..bench.unit_latency import latency_prices, latency_table
+
+        table = latency_table(model, batch=bench_batch, seq_len=settings.seq_len, tgt_len=settings.tgt_len,
+                              repeats=bench_repeats)
+        prices = latency_prices(model, table)
+    val = None
+    if val_data is not None:
+        val = list(t.on(val_data, val_data2, limit=val_limit, flag="--val-data", split=val_split).batches())
+    signature = {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
+                 "split": Path(data).name, "n": len(ev), "calib_data": [calib], "calib_n": len(calib_ev),
+                 "val_data": val_data or "held-out part of --calib-data"}
+    report, summary = run_compress_units(model, tok, ev, list(calib_ev.batches()), output, settings=settings,
+                                         val_batches=val, signature=signature, prices=prices,
+                                         latency_table=table,
+                                         bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
+                                         verify=not trust_unverified, progress=bars)
+    echo_headline(output)
+    typer.echo(f"compressed {model_dir} -> {output}: {summary}; report: {report}")

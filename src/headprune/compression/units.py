@@ -1,0 +1,213 @@
+"""``compress_units()``: heads and FFN neurons under one budget, then compensation judged on held-out data.
+
+Stages (each recorded; the summary says which were kept):
+
+1. *score*: per-example mask gradients of every head and neuron in one backward per batch
+   (:func:`headprune.scoring.units.unit_fisher`), on the calibration batches;
+2. *select*: one global budget over the pool (``units``: heads, neurons or both), priced in FLOPs at
+   ``seq_len``, parameters, or measured seconds (:mod:`headprune.selection.units`);
+3. *remove*: physical surgery of heads and neurons (exactly what masking them computes);
+4. *reconstruct* (``compensate="reconstruct"``): least-squares refit of every output / down projection
+   (:mod:`.reconstruct`) on the calibration batches, kept only if it lowers the mean loss on the
+   *validation* batches, which neither the scores nor the fit saw (``val_batches``; else the last
+   ``val_share`` of the calibration batches are held out for it). With three disjoint sets --
+   calibration, validation, and the test data the result is reported on -- the guard cannot hide a
+   fit that only helps the examples it was fitted to.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+from torch import nn
+
+from ..checks import check_choice, check_int, check_number, check_share
+from ..core.cost import flop_breakdown
+from ..core.ffn import find_ffns
+from ..core.neurons import kept_neurons, prune_neurons
+from ..core.sites import find_sites
+from ..core.surgery import kept_heads, prune_heads
+from ..core.unit_cost import PRICES, UnitCosts, unit_costs
+from ..core.verify import verify_surgery
+from ..errors import ConfigError
+from ..scoring.gradients import LossFn, mean_loss
+from ..scoring.units import unit_fisher
+from ..selection.gqa import GQA_MODES, kv_groups
+from ..selection.units import UNITS, select_units
+from .reconstruct import reconstruct
+from .tuning import TARGETS
+
+COMPENSATIONS = ("none", "reconstruct")
+
+
+@dataclass
+class UnitSettings:
+    """One budget over heads and/or neurons and how to compensate (validated on creation)."""
+
+    share: float = 0.5  # share of the pool's price kept, 0..1
+    units: str = "both"  # heads | neurons | both
+    price: str = "flops"  # flops (at seq_len / tgt_len) | params | latency (needs prices=)
+    seq_len: int = 128
+    tgt_len: int | None = None
+    compensate: str = "reconstruct"  # none | reconstruct
+    damping: float = 1e-2  # ridge of the refit towards the pruned weights, relative to the mean input power
+    target: str = "residual"  # what each layer reproduces: the residual stream after it, or its output
+    val_share: float = 0.25  # without val_batches: share of the calibration batches held out for the guard
+    guard: bool = True  # keep the reconstruction only where it lowers the validation loss
+    gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (see headprune.selection.gqa)
+
+    def __post_init__(self):
+        check_share("share", self.share)
+        check_choice("units", self.units, UNITS)
+        check_choice("price", self.price, (*PRICES, "latency"))
+        check_int("seq_len", self.seq_len, 1)
+        check_int("tgt_len", self.tgt_len, 1, optional=True)
+        check_choice("compensate", self.compensate, COMPENSATIONS)
+        check_number("damping", self.damping, low=0)
+        check_choice("target", self.target, TARGETS)
+        check_share("val_share", self.val_share, one=False)
+        check_choice("gqa", self.gqa, GQA_MODES)
+
+
+@dataclass
+class UnitResult:
+    """The compressed ``model`` and what was done to it (JSON-ready through :meth:`to_dict`)."""
+
+    model: nn.Module
+    settings: dict
+    dropped_heads: dict[str, list[int]]
+    dropped_neurons: dict[str, list[int]]
+    kept_heads: dict[str, list[int]]
+    kept_neurons: dict[str, list[int]]
+    selection: dict
+    sizes: dict[str, dict]
+    stages: dict[str, str]  # stage -> "kept" | "rejected (...)" | "skipped"
+    val_loss: dict[str, float] = field(default_factory=dict)
+    reconstruction: list[dict] = field(default_factory=list)
+    split: dict[str, int] = field(default_factory=dict)  # calibration / validation batches and examples
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "model"}
+        return out | {"model_class": type(self.model).__name__}
+
+    def summary(self) -> str:
+        """One line: what was kept, and which stages were kept or turned down."""
+        b, a = self.sizes["before"], self.sizes["after"]
+        stages = ", ".join(f"{k} {v}" for k, v in self.stages.items())
+        return (f"kept {a['heads']}/{b['heads']} heads, {a['neurons']}/{b['neurons']} neurons, "
+                f"{a['flops'] / b['flops']:.1%} of FLOPs, {a['params'] / b['params']:.1%} of parameters; "
+                f"stages: {stages}")
+
+
+def compress_units(
+    model: nn.Module,
+    calib_batches: Iterable[Mapping[str, torch.Tensor]],
+    settings: UnitSettings | None = None,
+    *,
+    val_batches: Iterable[Mapping[str, torch.Tensor]] | None = None,
+    prices: UnitCosts | None = None,
+    loss_fn: LossFn | None = None,
+    verify: bool = True,
+    progress: bool = False,
+    **overrides,
+) -> UnitResult:
+    """Prune heads and/or FFN neurons of a copy of ``model`` to one budget (see the module doc).
+
+    ``calib_batches``: labelled inputs for scores and the refit; ``val_batches``: labelled inputs for the
+    guard, disjoint from both the calibration data and whatever the result is evaluated on.
+    ``prices``: per-unit prices (e.g. measured seconds, :func:`headprune.bench.unit_latency.latency_prices`);
+    required for ``price="latency"``. Keyword ``overrides`` build the settings (``share=0.5, units="both"``).
+    """
+    if settings is not None and (overrides or not isinstance(settings, UnitSettings)):
+        raise ConfigError(f"settings: give a UnitSettings or keyword settings ({', '.join(overrides)}), not both")
+    settings = settings or UnitSettings(**overrides)
+    if settings.price == "latency" and prices is None:
+        raise ConfigError("price='latency' needs prices= (a latency table measured on the target machine)")
+    batches = list(calib_batches)
+    if not batches:
+        raise ConfigError("calib_batches: empty; compression needs calibration examples")
+    if settings.units != "heads" and not find_ffns(model):
+        raise ConfigError(f"units={settings.units!r}: {type(model).__name__} has no feed-forward block headprune "
+                          "can find; allowed: units='heads'")
+    calib, val = _split(batches, val_batches, settings)
+    if verify:
+        verify_surgery(model)
+    start = time.perf_counter()
+    seconds = {}
+    before = sizes(model, settings)
+    fisher = unit_fisher(model, calib, loss_fn=loss_fn, heads=settings.units != "neurons",
+                         neurons=settings.units != "heads", progress=progress)
+    seconds["score"] = time.perf_counter() - start
+    costs = prices if prices is not None else unit_costs(model, settings.price, seq_len=settings.seq_len,
+                                                          tgt_len=settings.tgt_len)
+    drop_h, drop_n, selection = select_units(fisher.heads, fisher.neurons, costs, settings.share, units=settings.units,
+                                             groups=kv_groups(model), gqa=settings.gqa)
+    t = time.perf_counter()
+    pruned = copy.deepcopy(model)
+    prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
+    prune_neurons(pruned, {k: v for k, v in drop_n.items() if v})
+    pruned.eval()
+    seconds["select+remove"] = time.perf_counter() - t
+    stages = {"select": "kept", "remove": "kept"}
+    val_loss, rows = {}, []
+    if settings.compensate == "reconstruct":
+        t = time.perf_counter()
+        candidate = copy.deepcopy(pruned)
+        rows = reconstruct(candidate, model, calib, damping=settings.damping, target=settings.target,
+                           progress=progress)
+        seconds["reconstruct"] = time.perf_counter() - t
+        if settings.guard:
+            val_loss = {"unpruned": mean_loss(model, val, loss_fn=loss_fn),
+                        "pruned": mean_loss(pruned, val, loss_fn=loss_fn),
+                        "reconstructed": mean_loss(candidate, val, loss_fn=loss_fn)}
+            better = val_loss["reconstructed"] <= val_loss["pruned"]
+            stages["reconstruct"] = "kept" if better else (
+                f"rejected (validation loss {val_loss['reconstructed']:.4f} > {val_loss['pruned']:.4f} without it)")
+        else:
+            better = True
+            stages["reconstruct"] = "kept (unguarded)"
+        if better:
+            pruned = candidate
+    else:
+        stages["reconstruct"] = "skipped"
+    seconds["total"] = time.perf_counter() - start
+    after = sizes(pruned, settings)
+    return UnitResult(model=pruned, settings=asdict(settings), dropped_heads=drop_h, dropped_neurons=drop_n,
+                      kept_heads=kept_heads(pruned), kept_neurons=kept_neurons(pruned), selection=selection,
+                      sizes={"before": before, "after": after}, stages=stages, val_loss=val_loss,
+                      reconstruction=rows, seconds=seconds,
+                      split={"calib_batches": len(calib), "val_batches": len(val),
+                             "calib_examples": _examples(calib), "val_examples": _examples(val)})
+
+
+def _split(batches: list, val_batches, settings: UnitSettings) -> tuple[list, list]:
+    """(calibration, validation) batches: ``val_batches`` as given, else the last share held out."""
+    if val_batches is not None:
+        val = list(val_batches)
+        if not val:
+            raise ConfigError("val_batches: empty; allowed: labelled batches disjoint from the calibration data")
+        return batches, val
+    if settings.compensate == "none" or not settings.guard:
+        return batches, []
+    if len(batches) < 2:
+        raise ConfigError(f"calibration has {len(batches)} batch; holding out a validation part needs >= 2 batches "
+                          "(or pass val_batches)")
+    n_val = min(len(batches) - 1, max(1, math.ceil(settings.val_share * len(batches))))
+    return batches[:-n_val], batches[-n_val:]
+
+
+def _examples(batches: list) -> int:
+    return sum(int(next(iter(b.values())).shape[0]) for b in batches)
+
+
+def sizes(model: nn.Module, settings: UnitSettings) -> dict:
+    flops = flop_breakdown(model, settings.seq_len, tgt_len=settings.tgt_len)
+    return {"heads": sum(s.num_heads for s in find_sites(model)), "neurons": sum(f.width for f in find_ffns(model)),
+            "params": sum(p.numel() for p in model.parameters()), "flops": flops["total"],
+            "seq_len": settings.seq_len, "tgt_len": settings.tgt_len}

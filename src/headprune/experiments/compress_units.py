@@ -1,0 +1,93 @@
+"""A heads-and-neurons compression run as a directory: the pruned model, ``compress.json``, ``report.html``.
+
+Like :mod:`.compress` (heads only), for :func:`headprune.compression.units.compress_units`: the
+output directory is a loadable model (``headprune.load_pruned``) with its tokenizer, beside
+``compress.json`` (settings, dropped heads and neurons, sizes, the stages kept, validation losses,
+scores before and after, speed), ``results.json`` + ``report.html`` and ``units.csv`` (per layer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..bench.timing import benchmark
+from ..compression.units import UnitSettings, compress_units
+from ..core.cost import flops_per_example
+from ..core.io import save_pruned
+from ..errors import ConfigError
+from ..evaluation.metrics import format_score
+from ..provenance import versions
+from ..report import build_report
+from .rundir import RunDir
+
+
+def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable[Mapping[str, torch.Tensor]],
+                       out: str | Path, *, settings: UnitSettings, val_batches=None, signature: dict | None = None,
+                       prices=None, latency_table: dict | None = None,
+                       bench_batch: int | None = 16, bench_repeats: int = 5, verify: bool = True,
+                       progress: bool = False) -> tuple[Path, str]:
+    """Score ``model`` on ``evaluator``, compress it, score it again, time both, write ``out`` (new).
+    Returns (the report's path, the one-line summary of what was kept)."""
+    out = Path(out)
+    if out.exists():
+        raise ConfigError(f"output {str(out)!r} already exists; choose a new directory")
+    flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now
+    before = evaluator.evaluate(model, progress=progress)
+    result = compress_units(model, calib_batches, settings, val_batches=val_batches, prices=prices, verify=verify,
+                            progress=progress)
+    after = evaluator.evaluate(result.model, progress=progress)
+    speed = None
+    if bench_batch is not None:
+        speed = benchmark({"original": model, "compressed": result.model}, batch_sizes=(bench_batch,),
+                          seq_len=settings.seq_len, tgt_len=settings.tgt_len, repeats=bench_repeats, memory=False)
+    save_pruned(result.model, out, tokenizer=tokenizer)
+    sig = {"model": None, "data": None, "split": None, "n": before.n, **(signature or {}),
+           "method": f"fisher {settings.units} ({settings.price}) + {settings.compensate}",
+           "settings": asdict(settings), "versions": versions()}
+    run = RunDir(out, sig)
+    record = {"signature": sig, **result.to_dict(), "evaluation": {"before": before.to_dict(), "after": after.to_dict()},
+              "speed": None if speed is None else {"runs": speed.runs, "speedups": speed.speedups,
+                                                   "machine": speed.machine, "settings": speed.settings}}
+    if latency_table is not None:
+        record["latency_table"] = latency_table
+    for side in ("before", "after"):
+        record["evaluation"][side].get("extra", {}).pop("hypotheses", None)
+    run.write_json("compress.json", record)
+    run.write_csv("units.csv", _rows(result))
+    size = result.sizes
+    metric = before.metric
+    headline = [
+        [f"{metric} before", format_score(metric, before.score)], [f"{metric} after", format_score(metric, after.score)],
+        ["heads kept", f"{size['after']['heads']} / {size['before']['heads']}"],
+        ["neurons kept", f"{size['after']['neurons']} / {size['before']['neurons']}"],
+        ["model FLOPs kept", f"{size['after']['flops'] / size['before']['flops']:.1%}"],
+        ["parameters kept", f"{size['after']['params'] / size['before']['params']:.1%}"],
+        ["stages", ", ".join(f"{k} {v}" for k, v in result.stages.items())],
+        ["compression time", f"{result.seconds['total']:.1f} s"]]
+    if speed is not None:
+        up = speed.speedups[0]
+        headline.append([f"speed-up at batch {bench_batch}", f"{up['measured']:.2f}x" + (" (noisy)" if up.get("noisy") else "")])
+    notes = [f"Calibration / validation: {result.split}; the validation batches were used only to accept or "
+             "turn down the reconstruction.", f"Validation losses: {result.val_loss or 'not measured'}."]
+    run.write_json("results.json", {
+        "title": f"Compressed {settings.units} to {settings.share:.0%} of their {settings.price}",
+        "experiment": "compress", "metric": metric, "headline": headline, "signature": sig, "notes": notes,
+        "figures": [], "tables": [{"title": "Per layer", "file": "units.csv", "max_rows": 120}]})
+    return build_report(out), result.summary()
+
+
+def _rows(result) -> list[dict]:
+    fits = {r["layer"]: r for r in result.reconstruction}
+    rows = []
+    for name, kept in {**result.kept_heads, **result.kept_neurons}.items():
+        fit = fits.get(name, {})
+        dropped = result.dropped_heads.get(name, result.dropped_neurons.get(name, []))
+        rows.append({"unit": name, "kind": "neurons" if name.endswith(".ffn") else "heads", "kept": len(kept),
+                     "dropped": len(dropped), "refit_error_before": fit.get("error_before", ""),
+                     "refit_error_after": fit.get("error_after", "")})
+    return rows

@@ -1,0 +1,81 @@
+"""Heads and FFN neurons scored together: per-example mask gradients of both in one backward.
+
+Every site gets a batched head mask ``xi [batch, heads]`` and every FFN a batched neuron mask
+``m [batch, width]``, all ones; with ``L = sum_b L_b`` the gradient ``dL/dm[b, i]`` is exactly
+``dL_b/dm_i`` (example ``b`` flows only through row ``b``), as for heads
+(:mod:`.gradients`). The empirical Fisher diagonal of each unit is the sum over examples of its
+squared gradient (Kwon et al. 2022 score heads and neurons this way; their Fisher is block-diagonal
+by layer, and here only its diagonal is kept for neurons).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..core.ffn import find_ffns
+from ..core.inputs import batch_size, model_inputs
+from ..core.masking import masked, ones_mask
+from ..core.neurons import masked_neurons, neuron_ones
+from ..errors import ConfigError, DataError
+from .gradients import LossFn, example_losses, scoring_mode
+
+
+def unit_gradients(
+    model: nn.Module, batch: Mapping[str, torch.Tensor], *, loss_fn: LossFn | None = None,
+    heads: bool = True, neurons: bool = True,
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
+    """({site: dL_b/dxi [B, H]}, {ffn: dL_b/dm [B, width]}, valid [B]) from one forward and one backward."""
+    n = batch_size(batch)
+    xi = ones_mask(model, n, requires_grad=True) if heads else {}
+    m = neuron_ones(model, n, requires_grad=True) if neurons else {}
+    with scoring_mode(model), masked(model, xi), masked_neurons(model, m), torch.enable_grad():
+        outputs = model(**model_inputs(model, batch, labels=loss_fn is not None))
+        losses, valid = example_losses(model, batch, outputs, loss_fn)
+        leaves = [*xi.values(), *m.values()]
+        grads = torch.autograd.grad((losses * valid).sum(), leaves, allow_unused=True)
+    grads = [(g if g is not None else torch.zeros_like(t)).detach() for g, t in zip(grads, leaves, strict=True)]
+    return dict(zip(xi, grads[:len(xi)], strict=True)), dict(zip(m, grads[len(xi):], strict=True)), valid
+
+
+@dataclass
+class UnitFisher:
+    """Empirical Fisher diagonals, float64 sums over ``n`` examples: ``heads`` {site: [H]}, ``neurons``
+    {ffn: [width]}; ``blocks`` {site: [H, H]} (heads only, for rearrangement)."""
+
+    heads: dict[str, torch.Tensor]
+    neurons: dict[str, torch.Tensor]
+    blocks: dict[str, torch.Tensor]
+    n: int
+
+
+def unit_fisher(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *, loss_fn: LossFn | None = None,
+                heads: bool = True, neurons: bool = True, progress: bool = False) -> UnitFisher:
+    """Fisher diagonals of head and neuron masks over ``batches`` (labelled, as for
+    :func:`headprune.head_importance`); one forward and backward per batch."""
+    if neurons and not find_ffns(model):
+        raise ConfigError(f"{type(model).__name__} has no feed-forward block headprune can find; neurons cannot "
+                          "be scored (allowed: units=heads)")
+    h_tot: dict[str, torch.Tensor] = {}
+    blocks: dict[str, torch.Tensor] = {}
+    n_tot: dict[str, torch.Tensor] = {}
+    count = 0
+    for batch in tqdm(batches, desc="fisher", unit="batch", disable=not progress):
+        gh, gn, valid = unit_gradients(model, batch, loss_fn=loss_fn, heads=heads, neurons=neurons)
+        count += int(valid.sum())
+        for name, g in gh.items():
+            g = g[valid].double()  # [n, H]
+            blocks[name] = blocks.get(name, 0) + g.T @ g
+        for name, g in gn.items():
+            n_tot[name] = n_tot.get(name, 0) + g[valid].double().pow(2).sum(0)  # [width]
+    if count == 0:
+        raise ConfigError("batches: no example had anything to score (empty input or all padding)")
+    h_tot = {k: b.diagonal().clone() for k, b in blocks.items()}
+    bad = [k for k, t in (h_tot | n_tot).items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        raise DataError(f"scores of {bad} are NaN or inf: the model's weights or the batches' values are not finite")
+    return UnitFisher(heads=h_tot, neurons=n_tot, blocks=blocks, n=count)

@@ -1,0 +1,140 @@
+"""One budget over heads and FFN neurons (Kwon et al. 2022, 4.2 "mask search", generalised).
+
+Every unit (a head of a site, a neuron of an FFN) has a score (the diagonal Fisher of its mask: to
+second order, dropping a set of units raises the loss by half the sum of their scores) and a price
+(FLOPs at a sequence length, parameters or measured seconds: :mod:`headprune.core.unit_cost`). We
+keep the units that maximise the summed score of what is kept under ``share`` x the pool's total
+price.
+
+Kwon et al. (all heads one price, all neurons another) keep, for every number ``h`` of heads, the
+``h`` best heads and as many of the best neurons as the rest of the budget pays for, and take the
+``h`` with the highest kept score. Here prices may differ between sites (an encoder-decoder's
+cross-attention heads, a decoder's FFN), so heads and neurons are each ranked by score per price
+(which is Kwon et al.'s order when prices are equal, and ranks each site's or FFN's own units by
+score: every layer keeps its top-k) and ``h`` is enumerated the same way; budget left over is then
+filled greedily with any unit that still fits. This is exact for one unit type of one price and an
+approximation otherwise (a knapsack; the greedy gap is at most one unit's score per type).
+Interactions between units (off-diagonal Fisher) are ignored, as in Kwon et al.'s search.
+
+Grouped-query attention (``groups``, ``gqa``; see :mod:`.gqa`): under ``uniform`` (the default) a head
+unit of a GQA site is one *step* — one head from every key/value group, lowest first — so the kept
+heads stay even over the groups and the KV cache never grows; steps of a site must go in order, so
+their score per price is made non-decreasing along that order (a running maximum) and a site keeps
+its last steps. Under ``groups`` a unit is a whole key/value group; under ``free`` single heads (a
+:class:`~headprune.errors.KVCacheWarning` names the cache growth).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ..checks import check_choice, check_share
+from ..core.unit_cost import UnitCosts
+from ..errors import ConfigError
+from .gqa import GQA_MODES, gqa_steps, warn_kv_growth
+
+UNITS = ("heads", "neurons", "both")
+
+
+def select_units(
+    head_scores: Mapping[str, torch.Tensor],
+    neuron_scores: Mapping[str, torch.Tensor],
+    costs: UnitCosts,
+    share: float,
+    *,
+    units: str = "both",
+    groups: Mapping[str, list[int]] | None = None,
+    gqa: str = "uniform",
+) -> tuple[dict[str, list[int]], dict[str, list[int]], dict]:
+    """(heads to drop {site: indices}, neurons to drop {ffn: indices}, summary) keeping at most ``share``
+    of the pool's price. ``units``: which kinds are in the pool (the others are all kept and not counted).
+    ``groups``: {site: the key/value head each query head reads} (:func:`.gqa.kv_groups`; None: no GQA)."""
+    check_choice("units", units, UNITS)
+    check_share("share", share)
+    check_choice("gqa", gqa, GQA_MODES)
+    head_prices, steps = costs.heads, None
+    if groups is not None and gqa != "free" and units != "neurons" and head_scores:
+        head_scores, head_prices, steps = gqa_steps(head_scores, costs.heads, groups, gqa)
+    pools = {"heads": (head_scores, head_prices), "neurons": (neuron_scores, costs.neurons)}
+    kinds = ["heads", "neurons"] if units == "both" else [units]
+    ranked = {}
+    for kind in kinds:
+        scores, prices = pools[kind]
+        if not scores:
+            raise ConfigError(f"units={units!r}: the model has no {kind} to prune")
+        ranked[kind] = _ranked(kind, scores, prices)
+    budget = share * sum(float(r[1].sum()) for r in ranked.values())
+    if "heads" in ranked and "neurons" in ranked:
+        keep = _enumerate(ranked["heads"], ranked["neurons"], budget)
+    else:
+        (kind, r), = ranked.items()
+        keep = {kind: _prefix(r[1], budget)}
+    kept_sets = {kind: set(keep[kind]) for kind in ranked}
+    spent = sum(float(ranked[k][1][list(v)].sum()) for k, v in kept_sets.items() if v)
+    for kind, (_, price, score) in ranked.items():  # fill what is left with anything that fits, best first
+        for i in torch.argsort(score / price.clamp_min(1e-300), descending=True, stable=True).tolist():
+            if i not in kept_sets[kind] and spent + float(price[i]) <= budget * (1 + 1e-12):
+                kept_sets[kind].add(i)
+                spent += float(price[i])
+    drops = {kind: _drops(ranked[kind][0], kept_sets[kind]) for kind in ranked}
+    if steps is not None:  # steps back to heads: a site that drops d steps drops its first d (its lowest)
+        drops["heads"] = {site: sorted(h for step in steps[site][:len(d)] for h in step)
+                          for site, d in drops["heads"].items()}
+    elif groups is not None and "heads" in drops and gqa == "free":
+        warn_kv_growth(drops["heads"], groups)
+    total = sum(float(r[1].sum()) for r in ranked.values())
+    summary = {"units": units, "share": share, "price_kept": spent, "price_total": total,
+               "kept": {k: len(v) for k, v in kept_sets.items()}, "of": {k: len(r[0]) for k, r in ranked.items()},
+               "score_dropped": sum(float(r[2].sum()) - float(r[2][list(kept_sets[k])].sum()) if kept_sets[k] else
+                                    float(r[2].sum()) for k, r in ranked.items())}
+    return drops.get("heads", {}), drops.get("neurons", {}), summary
+
+
+def _ranked(kind: str, scores: Mapping[str, torch.Tensor], prices: Mapping[str, torch.Tensor]):
+    """(ids [(name, index)], price [n], score [n]) of one kind, in ranking order (score per price)."""
+    ids, p, s = [], [], []
+    for name, sc in scores.items():
+        if name not in prices:
+            raise ConfigError(f"{kind}: no price for {name!r}")
+        sc = torch.as_tensor(sc, dtype=torch.float64).flatten()
+        pr = torch.as_tensor(prices[name], dtype=torch.float64).flatten()
+        if sc.shape != pr.shape or not bool(torch.isfinite(sc).all()) or bool((pr <= 0).any()):
+            raise ConfigError(f"{kind}[{name!r}]: scores {tuple(sc.shape)} and prices {tuple(pr.shape)} must match, "
+                              "be finite, prices > 0")
+        ids += [(name, i) for i in range(sc.numel())]
+        p.append(pr)
+        s.append(sc)
+    price, score = torch.cat(p), torch.cat(s)
+    order = torch.argsort(score / price, descending=True, stable=True)
+    return [ids[i] for i in order.tolist()], price[order], score[order]
+
+
+def _prefix(price: torch.Tensor, budget: float) -> list[int]:
+    """The longest prefix of ranked units whose price fits."""
+    n = int(torch.searchsorted(torch.cumsum(price, 0), torch.tensor([budget * (1 + 1e-12)], dtype=torch.float64),
+                               right=True))
+    return list(range(n))
+
+
+def _enumerate(heads, neurons, budget: float) -> dict[str, list[int]]:
+    """Kwon et al.'s search: for each count h of best heads, the best neurons the rest pays for."""
+    ch = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(heads[1], 0)])  # [H+1] price of top h
+    sh = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(heads[2], 0)])
+    cn = torch.cumsum(neurons[1], 0)
+    sn = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(neurons[2], 0)])
+    fits = ch <= budget * (1 + 1e-12)
+    m = torch.searchsorted(cn, (budget - ch).clamp_min(0) * (1 + 1e-12), right=True)  # [H+1] neurons affordable
+    value = torch.where(fits, sh + sn[m], torch.full_like(sh, -float("inf")))
+    h = int(torch.argmax(value))
+    return {"heads": list(range(h)), "neurons": list(range(int(m[h])))}
+
+
+def _drops(ids: list[tuple[str, int]], kept: set[int]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for j, (name, i) in enumerate(ids):
+        out.setdefault(name, [])
+        if j not in kept:
+            out[name].append(i)
+    return {name: sorted(v) for name, v in out.items()}

@@ -1,0 +1,49 @@
+"""benchmarks/heads_and_neurons.py: its quick run writes a complete record, its statistics match
+references, and the README table is what the committed results say."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import binomtest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("heads_and_neurons", ROOT / "benchmarks" / "heads_and_neurons.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+COMMITTED = ROOT / "benchmarks" / "results" / "heads_and_neurons.json"
+
+
+def test_holm_matches_the_step_down_by_hand():
+    # p sorted 0.01 < 0.02 < 0.04: 3 * 0.01, max(0.03, 2 * 0.02), max(0.04, 1 * 0.04)
+    assert bench.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
+    assert bench.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
+
+
+def test_mcnemar_counts_discordant_pairs_and_uses_the_exact_binomial():
+    a = np.array([1, 1, 1, 0, 0, 1, 1, 0], bool)
+    b = np.array([0, 1, 0, 0, 1, 0, 1, 0], bool)
+    out = bench.mcnemar(a, b)
+    assert (out["only_unpruned_right"], out["only_pruned_right"]) == (3, 1)
+    assert out["p_value"] == pytest.approx(binomtest(3, 4, 0.5).pvalue)
+
+
+def test_quick_run_writes_every_budget_with_tests_and_speed(tmp_path):
+    out = tmp_path / "r.json"
+    bench.main(["--quick", "--out", str(out), "--repeats", "1"])
+    entry = json.loads(out.read_text())["quick"]
+    assert [r["model_flops_budget"] for r in entry["budgets"]] == [0.6, 0.5, 0.4]
+    for r in entry["budgets"]:
+        assert r["model_flops_kept"] <= r["model_flops_budget"] + 1e-9
+        assert r["p_holm"] >= r["p_value"] and r["speedup"] > 0 and "reconstruct" in r["stages"]
+        assert r["vs_unpruned"]["ci_low"] <= r["score"] - entry["unpruned"] <= r["vs_unpruned"]["ci_high"]
+    assert set(entry["signature"]) >= {"model", "data", "calib_n", "val_n", "seed", "versions"}
+
+
+def test_readme_table_is_what_the_committed_results_say():
+    results = json.loads(COMMITTED.read_text())
+    assert bench.readme_block(ROOT / "README.md") == bench.readme_section(results)

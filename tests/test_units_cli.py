@@ -1,0 +1,68 @@
+"""``headprune compress --units neurons|both``: end to end on a tiny saved BERT, and bad input refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+import headprune as hp
+from headprune.cli import app
+from headprune.core.ffn import find_ffns
+from tiny import build, word_tokenizer
+
+runner = CliRunner()
+TEXTS = ["a good film", "a bad film", "the plot was thin", "wonderful acting", "dull and long", "loved it",
+         "no", "a charming journey", "bleak and desperate", "fine fine fine", "not good at all"]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    root = tmp_path_factory.mktemp("units")
+    model = build("bert")
+    model.config.id2label, model.config.label2id = {0: "0", 1: "1", 2: "2"}, {"0": 0, "1": 1, "2": 2}
+    hp.save_pruned(model, root / "model", tokenizer=word_tokenizer(TEXTS))
+    for name, rows in (("dev.tsv", TEXTS), ("train.tsv", TEXTS[::-1] * 2), ("val.tsv", TEXTS[2:])):
+        lines = ["sentence\tlabel"] + [f"{t}\t{i % 2}" for i, t in enumerate(rows)]
+        (root / name).write_text("\n".join(lines) + "\n")
+    return root
+
+
+def _cli(saved, out, *extra):
+    return runner.invoke(app, ["compress", str(saved / "model"), "--task", "classification", "--data",
+                               str(saved / "dev.tsv"), "--calib-data", str(saved / "train.tsv"), "--seq-len", "8",
+                               "--batch-size", "4", *extra, "-o", str(out)])
+
+
+def test_cli_units_both_end_to_end(saved, tmp_path):
+    out = tmp_path / "out"
+    result = _cli(saved, out, "--units", "both", "--flops", "0.5", "--val-data", str(saved / "val.tsv"),
+                  "--bench-batch", "2", "--bench-repeats", "1")
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "compress.json").read_text())
+    assert "stages: select kept, remove kept, reconstruct" in result.output
+    assert record["split"]["val_examples"] == len(TEXTS) - 2 and record["split"]["calib_examples"] == 2 * len(TEXTS)
+    model = hp.load_pruned(out)
+    assert sum(f.width for f in find_ffns(model)) == record["sizes"]["after"]["neurons"] < 74
+    assert record["sizes"]["after"]["flops"] < record["sizes"]["before"]["flops"]
+    ev = runner.invoke(app, ["evaluate", str(out), "--task", "classification", "--data", str(saved / "dev.tsv"),
+                             "--json"])
+    assert json.loads(ev.stdout)["score"] == pytest.approx(record["evaluation"]["after"]["score"])
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--units", "layers", "--keep", "0.5"], "--units 'layers'; allowed"),
+    (["--units", "both", "--keep-heads", "3"], "--keep-heads counts heads"),
+    (["--units", "both", "--flops", "0.5", "--price", "params"], "--flops with --price 'params'"),
+    (["--units", "both", "--keep", "0.5", "--method", "ih"], "--method 'ih' with --units both"),
+    (["--units", "neurons", "--keep", "0.5", "--val-data", "DEV"], "--val-data"),
+    (["--units", "neurons", "--keep", "0.5", "--price", "bytes"], "price='bytes'; allowed"),
+])
+def test_cli_units_bad_input_exits_2_one_line_nothing_written(saved, tmp_path, args, message):
+    args = [str(saved / "dev.tsv") if a == "DEV" else a for a in args]
+    out = tmp_path / "never"
+    result = _cli(saved, out, *args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output and len(result.output.strip().splitlines()) == 1
+    assert "Traceback" not in result.output and not out.exists()
