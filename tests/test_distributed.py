@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,3 +93,20 @@ def test_evaluation_under_torchrun_equals_one_process(setup):
     two = json.loads(_torchrun(args, root).stdout)
     assert two["n"] == one["n"] == 14
     assert two["score"] == one["score"] and two["extra"]["matthews"] == one["extra"]["matthews"]
+
+
+def test_units_run_once_each_split_across_ranks_and_sums_reduce(tmp_path):
+    """The mechanism itself: 7 units over 2 ranks run 4 + 3 times, every rank ends with all 7 rows; a rank
+    that saw no batch of a site still takes part in the reduction."""
+    out = tmp_path / "ranks.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+           str(Path(__file__).with_name("dist_worker.py")), str(out)]
+    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    ranks = json.loads(out.read_text())
+    assert [r["world"] for r in ranks] == [2, 2]
+    assert ranks[0]["ran"] == ["0", "2", "4", "6"] and ranks[1]["ran"] == ["1", "3", "5"]
+    for r in ranks:
+        assert {k: v["square"] for k, v in r["rows"].items()} == {str(i): i * i for i in range(7)}
+        assert {k: v["rank"] for k, v in r["rows"].items()} == {str(i): i % 2 for i in range(7)}
+        assert r["a"] == [0.0 + 2 + 4] and r["count"] == 5  # rank 0's sum (rank 1 had no "a"); 3 + 2 batches
