@@ -95,13 +95,26 @@ def test_evaluation_under_torchrun_equals_one_process(setup):
     assert two["score"] == one["score"] and two["extra"]["matthews"] == one["extra"]["matthews"]
 
 
-def test_units_run_once_each_split_across_ranks_and_sums_reduce(tmp_path):
+def tune_case():
+    """A tiny BERT, 5 calibration batches and heads to drop (shared with tests/dist_worker.py)."""
+    from tiny import inputs
+
+    model = build("bert")
+    batches = [inputs("bert", batch=3, seed=s) for s in range(5)]
+    return model, batches, {"encoder.0.self": [1], "encoder.1.self": [0, 3]}
+
+
+def test_units_split_sums_reduced_and_tuning_summed_across_ranks(tmp_path):
     """The mechanism itself: 7 units over 2 ranks run 4 + 3 times, every rank ends with all 7 rows; a rank
-    that saw no batch of a site still takes part in the reduction."""
+    that saw no batch of a site still takes part in the reduction; mask tuning's normal equations summed
+    over the ranks' batches give one process's scales."""
+    from headprune.compression.tuning import tune_scales
+
     out = tmp_path / "ranks.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            str(Path(__file__).with_name("dist_worker.py")), str(out)]
-    done = subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     ranks = json.loads(out.read_text())
     assert [r["world"] for r in ranks] == [2, 2]
@@ -111,28 +124,10 @@ def test_units_run_once_each_split_across_ranks_and_sums_reduce(tmp_path):
         assert {k: v["rank"] for k, v in r["rows"].items()} == {str(i): i % 2 for i in range(7)}
         assert r["a"] == [0.0 + 2 + 4] and r["count"] == 5  # rank 0's sum (rank 1 had no "a"); 3 + 2 batches
 
-
-def tune_case():
-    """A tiny BERT, 5 calibration batches and heads to drop (shared with tests/dist_tune.py)."""
-    from tiny import inputs
-
-    model = build("bert")
-    batches = [inputs("bert", batch=3, seed=s) for s in range(5)]
-    return model, batches, {"encoder.0.self": [1], "encoder.1.self": [0, 3]}
-
-
-def test_mask_tuning_sums_across_ranks_equal_one_process(tmp_path):
-    from headprune.compression.tuning import tune_scales
-
     model, batches, drop = tune_case()
     want = tune_scales(model, batches, drop).scales
-    out = tmp_path / "scales.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           str(Path(__file__).with_name("dist_tune.py")), str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent)}
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
-    got = json.loads(out.read_text())
     assert any(abs(v - 1.0) > 1e-3 for s in want.values() for v in s.tolist() if v != 0)  # really tuned
-    for name, scales in want.items():
-        assert torch.allclose(torch.tensor(got[name]), scales, rtol=1e-5, atol=1e-6), (name, got[name], scales)
+    for r in ranks:
+        for name, scales in want.items():
+            got = torch.tensor(r["scales"][name])
+            assert torch.allclose(got, scales, rtol=1e-5, atol=1e-6), (name, got, scales)
