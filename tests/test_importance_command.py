@@ -127,3 +127,25 @@ def test_bad_flags_exit_2_and_write_nothing(setup, tmp_path, args, message):
                                  *args, "-o", str(out)])
     assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_importance_of_a_causal_lm_equals_the_library(tmp_path):
+    """A GQA Llama on the LM task: the command's scores are the library's over the same blocks."""
+    from headprune.evaluation.build import build_task
+    from headprune.experiments.demo import tiny_llama
+
+    model, tok = tiny_llama()
+    hp.save_pruned(model, tmp_path / "lm", tokenizer=tok)
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(" ".join(WORDS[i:] + WORDS[:i]) for i in range(len(WORDS))) * 3)
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["importance", str(tmp_path / "lm"), "--task", "lm", "--data", str(text),
+                                 "--block-size", "16", "--limit", "6", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    written = json.loads((out / "importance.json").read_text())
+    loaded = hp.load_pruned(tmp_path / "lm")
+    ev = build_task("lm", tok, loaded.config, data=str(text), limit=6, block_size=16)
+    want = hp.head_importance(loaded, ev.batches())
+    assert written["n"] == 6 and set(written["scores"]) == set(want)
+    for name, w in want.items():
+        assert torch.allclose(torch.tensor(written["scores"][name]), w, rtol=1e-5, atol=1e-7)

@@ -37,6 +37,8 @@ def importance(
                                   "(paper 4.1); none: raw means."),
     scores: str = typer.Option("importance", "--scores", help="importance: I_h; fisher: the diagonal of the "
                                "empirical Fisher of the head mask, per example (Kwon et al. 2022)."),
+    max_length: int = typer.Option(None, "--max-length", help="Truncate inputs (default 128; translation 256)."),
+    block_size: int = typer.Option(128, "--block-size", help="LM: tokens per block."),
     output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS,
     *, flags: TaskFlags,
 ):
@@ -57,10 +59,11 @@ def importance(
                           "--scores importance (the Fisher squares per-example gradients)")
     bars = show_progress(quiet, progress)
     t = TaskSetup(model_dir, task, flags)
-    ev = t.on(data, data2)
+    ev = t.on(data, data2, max_length=max_length, block_size=block_size)
     n = len(ev) if calib_limit is None else min(calib_limit, len(ev))
     sig = {**_signature(model_dir, task, data, data2, ev, 0, flags), "n": n, "calib_limit": calib_limit,
-           "scores": scores, "absolute": absolute, "normalize": normalize}
+           "scores": scores, "absolute": absolute, "normalize": normalize,
+           "max_length": max_length, "block_size": block_size}
     report = run_importance(t.model, lambda: ev.batches(limit=calib_limit), output, scores=scores, absolute=absolute,
                             normalize=None if normalize == "none" else normalize, signature=sig, fresh=fresh,
                             progress=bars)
