@@ -197,3 +197,19 @@ def test_device_and_dtype_flags_are_checked_and_used(tmp_path):
     assert result.exit_code == 0, result.output
     loaded = hp.load_model(tmp_path / "m", dtype=torch.bfloat16, device="cpu")
     assert next(loaded.parameters()).dtype == torch.bfloat16
+
+
+def test_load_with_device_map_a_pruned_and_a_plain_model(tmp_path):
+    pytest.importorskip("accelerate")
+    model = build("llama")
+    hp.save_pruned(model, tmp_path / "plain")
+    pruned = copy.deepcopy(model)
+    hp.prune_heads(pruned, {"decoder.0.self": [1, 4]})
+    hp.save_pruned(pruned, tmp_path / "pruned")
+    x = inputs("llama")
+    for path, want in ((tmp_path / "plain", model), (tmp_path / "pruned", pruned)):
+        loaded = hp.load_model(path, device_map={"": "cpu"})
+        with torch.no_grad():
+            assert torch.allclose(loaded(**x).logits, want(**x).logits, atol=1e-5)
+    with pytest.raises(hp.ConfigError, match="one of them"):
+        hp.load_model(tmp_path / "plain", device="cpu", device_map="auto")

@@ -7,6 +7,7 @@ One module per command group, each registering its commands on :data:`.app.app`:
 
 from __future__ import annotations
 
+import os
 import sys
 
 from . import bench, compress, evaluate, export, importance, model, study, train  # noqa: F401  (each registers its commands)
@@ -16,7 +17,14 @@ escape_help(app)
 
 
 def main() -> None:
-    app(prog_name="headprune")
+    """The command line; under ``torchrun --nproc_per_node N`` the processes split the work
+    (:mod:`headprune.distributed`) and rank 0 writes."""
+    from ..distributed import init_from_env, is_main, sharded
+
+    with sharded(init_from_env()):
+        if not is_main():  # one report on the terminal: rank 0's (errors still reach stderr)
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115  (for the life of the process)
+        app(prog_name="headprune")
 
 
 __all__ = ["app", "main"]

@@ -39,6 +39,7 @@ from ..core.devices import accumulator_device, input_device, module_device, to_d
 from ..core.inputs import model_inputs
 from ..core.masking import HeadMask, masked, validate_mask
 from ..core.sites import Site, find_sites, is_conv1d
+from ..distributed import reduce_sums, shard
 from ..errors import ConfigError
 
 ROWS_PER_CHUNK = 2048  # tokens per piece of the [tokens, heads, d_model] head contributions
@@ -252,7 +253,7 @@ def _normal_equations(model, batches, site: Site, kept: list[int], mask: HeadMas
     norm = torch.zeros((), dtype=torch.float64, device=device)
     student = {n: m for n, m in mask.items() if n != site.name}  # this site's raw head outputs are read
     index = torch.tensor(kept, dtype=torch.long, device=weight.device)
-    for i, batch in enumerate(batches):
+    for i, batch in shard(enumerate(batches)):  # under torchrun: this rank's batches, sums reduced below
         z, y_own, u_own = _record(model, batch, site, norm_layer, student)  # pruned model: o input [B, T, H*hd]
         rows = _token_rows(model, batch, site, z.shape)
         z = _real(z, rows).view(-1, site.num_heads, hd).index_select(1, index.to(z.device)).to(device, torch.float64)  # [N, k, hd]
@@ -274,7 +275,8 @@ def _normal_equations(model, batches, site: Site, kept: list[int], mask: HeadMas
             gram += torch.einsum("njd,nid->ji", c, c)
             rhs += torch.einsum("njd,nd->j", c, y[piece])
         norm += (y * y).sum()
-    return gram, rhs, float(norm)
+    sums, _ = reduce_sums({"gram": gram, "rhs": rhs, "norm": norm}, 0)  # unchanged in one process
+    return sums["gram"].to(device), sums["rhs"].to(device), float(sums["norm"])
 
 
 def _head_weights(site: Site, kept: list[int]) -> torch.Tensor:

@@ -7,6 +7,7 @@ Scores are accumulated in float64 on the device and moved to the CPU once at the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 import torch
@@ -52,9 +53,10 @@ def accumulator_device(device: torch.device | str) -> torch.device:
 
 
 def best_device() -> str:
-    """``cuda`` when a CUDA (or ROCm) GPU is visible, else ``mps`` on Apple silicon, else ``cpu``."""
-    if torch.cuda.is_available():
-        return "cuda"
+    """``cuda`` (``cuda:LOCAL_RANK`` under torchrun) when a CUDA (or ROCm) GPU is visible, else ``mps`` on Apple silicon, else ``cpu``."""
+    if torch.cuda.is_available():  # under torchrun: this process's own GPU
+        local = os.environ.get("LOCAL_RANK")
+        return f"cuda:{int(local) % torch.cuda.device_count()}" if local is not None else "cuda"
     mps = getattr(torch.backends, "mps", None)
     if mps is not None and mps.is_available():
         return "mps"

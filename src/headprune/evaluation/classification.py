@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 
 from ..checks import check_int
 from ..core.devices import input_device, to_device
+from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
 from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
 from .batching import length_buckets, pad_rows
@@ -104,7 +105,7 @@ class Classification:
         tokens = 0
         start = time.perf_counter()
         with mask_context(model, mask):
-            for idx in tqdm(buckets, desc="classification", unit="batch", disable=not progress):
+            for idx in tqdm(list(shard(buckets)), desc="classification", unit="batch", disable=not progress):
                 inputs = to_device(self._inputs(idx), input_device(model))
                 logits = model(**inputs).logits
                 if logits.dim() != 2 or logits.shape[-1] < max(self.num_labels, 2):
@@ -115,6 +116,8 @@ class Classification:
                 pred[idx] = logits.argmax(-1).cpu().numpy()
                 loss[idx] = F.cross_entropy(logits.float(), gold, reduction="none").double().cpu().numpy()
                 tokens += int(inputs["attention_mask"].sum())
+        pred, loss, tokens = reduce_arrays(pred, loss, np.array([tokens]))  # under torchrun: each rank's examples
+        tokens = int(tokens[0])
         seconds = time.perf_counter() - start
         label = np.asarray(self.label_ids[:n], dtype=np.int64)
         counts = confusion_matrix(pred, label, num_classes=max(self.num_labels, int(pred.max()) + 1))

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..core.devices import input_device, to_device
+from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
 from .base import EvalResult, check_finite, check_unbatched, mask_context
 from .metrics import perplexity
@@ -65,21 +66,23 @@ class LanguageModelling:
                  limit: int | None = None) -> EvalResult:
         check_unbatched(mask, "LanguageModelling.evaluate")
         model.eval()
-        nll, tokens = [], []
         start = time.perf_counter()
         batches = list(self.batches(limit=limit))
+        n = sum(b["input_ids"].shape[0] for b in batches)
+        nll_sum, n_tok = np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
+        first = np.cumsum([0] + [b["input_ids"].shape[0] for b in batches])  # each batch's first block
         with mask_context(model, mask):
-            for batch in tqdm(batches, desc="perplexity", unit="batch", disable=not progress):
+            for i, batch in tqdm(list(shard(enumerate(batches))), desc="perplexity", unit="batch", disable=not progress):
                 batch = to_device(batch, input_device(model))
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
                 token_nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(),
                                             batch["input_ids"][:, 1:].to(logits.device), reduction="none")  # [B, T-1]
                 check_finite(token_nll, "token losses")
-                nll.append(token_nll.sum(-1).double().cpu())
-                tokens.append(torch.full((token_nll.shape[0],), token_nll.shape[1]))
+                rows = slice(first[i], first[i] + token_nll.shape[0])
+                nll_sum[rows] = token_nll.sum(-1).double().cpu().numpy()
+                n_tok[rows] = token_nll.shape[1]
+        nll_sum, n_tok = reduce_arrays(nll_sum, n_tok)  # under torchrun: each rank's blocks
         seconds = time.perf_counter() - start
-        nll_sum = torch.cat(nll).numpy()
-        n_tok = torch.cat(tokens).numpy().astype(np.int64)
         return EvalResult(metric="perplexity", score=perplexity(nll_sum, n_tok), n=len(nll_sum),
                           per_example={"nll_sum": nll_sum, "tokens": n_tok}, higher_is_better=False,
                           seconds=seconds, tokens=int(n_tok.sum() + len(n_tok)))

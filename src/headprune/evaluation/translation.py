@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from ..checks import check_int
 from ..core.devices import input_device, to_device
+from ..distributed import gather, reduce_arrays, shard, spread
 from ..errors import ConfigError, DataError
 from ..extras import require
 from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
@@ -149,7 +150,7 @@ class Translation:
         nll, count = np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
         start = time.perf_counter()
         with mask_context(model, mask):
-            for idx, batch in tqdm(zip(buckets, self.batches(limit=limit), strict=True), total=len(buckets),
+            for idx, batch in tqdm(list(shard(zip(buckets, self.batches(limit=limit), strict=True))),
                                    desc="nll", unit="batch", disable=not progress):
                 batch = to_device(batch, input_device(model))
                 logits = model(**batch).logits  # [B, T, V]
@@ -158,6 +159,7 @@ class Translation:
                                         reduction="none")  # [B, T]
                 nll[idx] = token.sum(-1).double().cpu().numpy()
                 count[idx] = (labels != -100).sum(-1).cpu().numpy()
+        nll, count = reduce_arrays(nll, count)  # under torchrun: each rank's examples
         seconds = time.perf_counter() - start
         return EvalResult(metric="nll", score=float(nll.sum() / count.sum()), n=n,
                           per_example={"nll_sum": nll, "tokens": count}, higher_is_better=False,
@@ -197,14 +199,20 @@ def generate_translations(model, tokenizer, source_ids: Sequence[Sequence[int]],
     pad_id = int(tokenizer.pad_token_id)
     hyps: list[str] = [""] * len(source_ids)
     tokens = 0
-    for idx in tqdm(equal_length_batches([len(r) for r in source_ids], batch_size), desc="translate",
-                    unit="batch", disable=not progress):
+    batches = list(shard(equal_length_batches([len(r) for r in source_ids], batch_size)))  # this rank's
+    for idx in tqdm(batches, desc="translate", unit="batch", disable=not progress):
         x = torch.tensor([list(source_ids[i]) for i in idx], device=input_device(model))  # [B, S], one length
         out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), num_beams=num_beams, do_sample=False,
                              num_return_sequences=1, max_new_tokens=new_token_bound(model, x.shape[1], max_new_tokens))
         for i, text in zip(idx, tokenizer.batch_decode(out, skip_special_tokens=True), strict=True):
             hyps[i] = text.strip()
         tokens += x.numel() + int((out[:, 1:] != pad_id).sum())
+    if spread():  # under torchrun: every rank's translations
+        parts = gather(({i: hyps[i] for idx in batches for i in idx}, tokens))
+        tokens = sum(t for _, t in parts)
+        for done, _ in parts:
+            for i, text in done.items():
+                hyps[i] = text
     return hyps, tokens
 
 

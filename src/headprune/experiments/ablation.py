@@ -26,6 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core.sites import Site, find_sites
+from ..distributed import local, map_units
 from ..errors import ConfigError
 from ..evaluation.base import EvalResult
 from ..evaluation.multiplicity import adjust_rows, check_correction
@@ -81,6 +82,10 @@ class _Evaluations:
         self.model, self.evaluator, self.settings = model, evaluator, settings
         replay_decoder = not getattr(evaluator, "uses_generate", False)
         self.cache: PrefixCache | None = None
+        with local():  # every rank holds the full baseline (and its prefix cache) for the units it runs
+            self._baseline(model, evaluator, settings, progress, replay_decoder)
+
+    def _baseline(self, model, evaluator, settings: SweepSettings, progress: bool, replay_decoder: bool) -> None:
         if settings.prefix_cache:
             with recording(model, find_sites(model), decoder_replay=replay_decoder) as cache:
                 self.base = evaluator.evaluate(model, progress=progress)
@@ -119,18 +124,18 @@ def one_head_ablation(model: nn.Module, evaluator, *, sites: Iterable[str] | Non
     chosen = select_sites(model, sites)
     evals = _Evaluations(model, evaluator, chosen, settings, progress=False)
     sweep = Sweep(evals.base)
-    units = [(s, h) for s in chosen for h in range(s.num_heads)]
-    for site, head in tqdm(units, desc="one-head ablation", unit="head", disable=not progress):
-        key = f"{unit_prefix}{site.name}:{head}"
-        if run is not None and run.done(key):
-            sweep.rows.append(_stored(run.get(key)))
-            continue
-        mask = {site.name: _one_hot(site.num_heads, head, off=True)}
-        result, test = evals.score(site, mask)
-        row = _row(site, evals.base, result, test, head=head)
-        sweep.rows.append(row)
-        if run is not None:
-            run.add(key, row)
+    units = {f"{unit_prefix}{s.name}:{h}": (s, h) for s in chosen for h in range(s.num_heads)}
+    bar = tqdm(total=len(units), desc="one-head ablation", unit="head", disable=not progress)
+
+    def compute(key: str) -> list[tuple[str, dict]]:
+        site, head = units[key]
+        result, test = evals.score(site, {site.name: _one_hot(site.num_heads, head, off=True)})
+        bar.update()
+        return [(key, _row(site, evals.base, result, test, head=head))]
+
+    rows = map_units(list(units), compute, run)  # each head once, on one rank under torchrun
+    bar.close()
+    sweep.rows = [_stored(rows[key]) for key in units]
     evals.cache = None
     adjust_rows(sweep.rows, settings.correction, settings.alpha)
     return sweep
@@ -149,20 +154,22 @@ def all_but_one(model: nn.Module, evaluator, *, choose_on=None, sites: Iterable[
     report = _Evaluations(model, evaluator, chosen, settings, progress=False)
     choose = report if choose_on is None else _Evaluations(model, choose_on, chosen, settings, progress=False)
     sweep = Sweep(report.base)
-    for site in tqdm(chosen, desc="all-but-one", unit="site", disable=not progress):
-        key = f"{site.name}:all-but-one"
-        if run is not None and run.done(key):
-            sweep.rows.append(_stored(run.get(key)))
-            continue
+    units = {f"{site.name}:all-but-one": site for site in chosen}
+    bar = tqdm(total=len(units), desc="all-but-one", unit="site", disable=not progress)
+
+    def compute(key: str) -> list[tuple[str, dict]]:
+        site = units[key]
         tried = [choose.score(site, {site.name: _one_hot(site.num_heads, h, off=False)}, test=False)[0].score
                  for h in range(site.num_heads)]
         best = min(range(site.num_heads), key=lambda h: (damage(choose.base, tried[h]), h))
         result, test = report.score(site, {site.name: _one_hot(site.num_heads, best, off=False)})
-        row = _row(site, report.base, result, test, kept_head=best,
-                   chosen_on="held-out" if choose_on is not None else "same", choice_scores=tried)
-        sweep.rows.append(row)
-        if run is not None:
-            run.add(key, row)
+        bar.update()
+        return [(key, _row(site, report.base, result, test, kept_head=best,
+                           chosen_on="held-out" if choose_on is not None else "same", choice_scores=tried))]
+
+    rows = map_units(list(units), compute, run)  # each site once, on one rank under torchrun
+    bar.close()
+    sweep.rows = [_stored(rows[key]) for key in units]
     adjust_rows(sweep.rows, settings.correction, settings.alpha)
     return sweep
 

@@ -8,6 +8,7 @@ after, speed), ``results.json`` + ``report.html`` (the human summary), ``heads.c
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict
 from pathlib import Path
@@ -21,6 +22,7 @@ from ..compression.plan import CompressSettings
 from ..core.cost import flops_per_example
 from ..core.io import save_pruned
 from ..core.sites import find_sites
+from ..distributed import is_main
 from ..errors import ConfigError
 from ..evaluation.metrics import format_score
 from ..provenance import code_identity, versions
@@ -38,6 +40,8 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     out = Path(out)
     if out.exists():
         raise ConfigError(f"output {str(out)!r} already exists; choose a new directory")
+    if not is_main():  # under torchrun the ranks share the scoring; rank 0 alone writes ``out``
+        out = Path(tempfile.mkdtemp(prefix="headprune-rank-")) / out.name
     if bench_batch is not None and (isinstance(bench_batch, bool) or not isinstance(bench_batch, int) or bench_batch < 1):
         raise ConfigError(f"bench_batch={bench_batch!r}; allowed: an integer >= 1, or None for no timing")
     sites = {s.name: s for s in find_sites(model)}

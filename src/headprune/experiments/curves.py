@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from ..compression.plan import CompressSettings, plan_heads, score_heads
 from ..core.masking import mask_from_heads
 from ..core.sites import find_sites
+from ..distributed import map_units
 from ..errors import ConfigError
 from ..selection.gqa import GQA_MODES, kv_groups, select_gqa
 from .rundir import RunDir
@@ -89,7 +90,6 @@ def pruning_curves(
     shape = {s.name: s.num_heads for s in sites}
     total = sum(shape[n] for n in pool)
     counts = step_counts(total, settings.fractions)
-    rows: list[dict] = []
     seen: dict[tuple, float] = {}
     higher_is_better = getattr(evaluator, "higher_is_better", True)
     jobs = [(o, seed) for o in settings.orders for seed in (settings.seeds if o == "random" else (0,))]
@@ -103,20 +103,26 @@ def pruning_curves(
     planned: dict = {}  # the Fisher and the calibration batches, computed once for all Fisher orders
     tests: dict[tuple, dict] = {}
     base_result: list = []  # the unpruned model's evaluation, made when the first interval needs it
-    for order, seed in jobs:
+    for order, _ in jobs:
         if order == "oracle" and oracle is None:
             raise ConfigError("order 'oracle' needs one-head ablation damages (oracle=)")
         if order.startswith("importance") and importance is None:
             raise ConfigError(f"order {order!r} needs an importance scorer (importance=)")
         if order in PLANNED and calibration is None:
             raise ConfigError(f"order {order!r} needs calibration batches (calibration=)")
+    by_job = {f"{unit_prefix}{order}:{seed}": (order, seed) for order, seed in jobs}
+
+    def compute(job: str) -> list[tuple[str, dict]]:  # one order and seed: its steps, each needing the last
+        nonlocal fixed_scores, higher_is_better
+        order, seed = by_job[job]
+        done: list[tuple[str, dict]] = []
         dropped: dict[str, list[int]] = {}
         for step, (fraction, n) in enumerate(zip(settings.fractions, counts, strict=True)):
-            key = f"{unit_prefix}{order}:{seed}:{step}"
+            key = f"{job}:{step}"
             if run is not None and run.done(key):
                 record = run.get(key)
                 dropped = {k: list(v) for k, v in record["dropped"].items()}
-                rows.append({k: v for k, v in record.items() if k != "unit"})
+                done.append((key, {k: v for k, v in record.items() if k != "unit"}))
                 bar.update()
                 continue
             mask = None  # a float mask (tuned scales) instead of heads off
@@ -146,10 +152,14 @@ def pruning_curves(
             row = {"order": order, "seed": seed, "step": step, "fraction": fraction,
                    "pruned": sum(len(v) for v in dropped.values()), "of": total, "score": seen[plan_key],
                    "dropped": dropped, **tests.get(plan_key, {})}
-            rows.append(row)
-            if run is not None:
+            done.append((key, row))
+            if run is not None:  # saved step by step (by rank 0; the others' rows when gathered)
                 run.add(key, row)
             bar.update()
+        return done
+
+    found = map_units(list(by_job), compute, run)  # each (order, seed) once, on one rank under torchrun
+    rows = [found[f"{job}:{step}"] for job in by_job for step in range(len(counts))]
     bar.close()
     unpruned = next((r["score"] for r in rows if r["pruned"] == 0), None)
     for r in rows:  # relative quality: > 1 is better than unpruned, whatever the metric's direction

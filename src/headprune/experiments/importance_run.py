@@ -62,20 +62,15 @@ def score_rows(model: nn.Module, scores: Mapping[str, torch.Tensor]) -> list[dic
 
 def run_importance(model: nn.Module, batches: Callable[[], Iterable], out: str | Path, *,
                    scores: str = "importance", absolute: str = "example", normalize: str | None = "l2",
-                   signature: dict | None = None, fresh: bool = False, progress: bool = False,
-                   write: bool = True) -> Path:
-    """Score every head over ``batches()`` and write the run directory ``out`` (returns report.html).
-
-    ``write=False`` scores but writes nothing (the other ranks of a distributed run)."""
+                   signature: dict | None = None, fresh: bool = False, progress: bool = False) -> Path:
+    """Score every head over ``batches()`` and write the run directory ``out`` (returns report.html)."""
     check_settings(scores, absolute, normalize)
     settings = {"scores": scores, "absolute": absolute if scores == "importance" else None, "normalize": normalize}
     sig = {"model": None, "data": None, "split": None, **(signature or {}), "method": scores, "settings": settings,
            "seed": (signature or {}).get("seed", 0), "versions": versions()}
-    run = RunDir(out, sig, fresh=fresh) if write else None
+    run = RunDir(out, sig, fresh=fresh)  # under torchrun: rank 0 writes, the ranks share the batches
     values, n = head_scores(model, batches(), scores=scores, absolute=absolute, normalize=normalize,
                             progress=progress)
-    if run is None:
-        return Path(out) / "report.html"
     plain = {name: v.tolist() for name, v in values.items()}
     run.write_json("importance.json", {"scores": plain, "n": n, "signature": sig})
     rows = score_rows(model, values)

@@ -12,6 +12,10 @@ left by a dead process is taken over with a warning. Nothing is written until th
 first result, so a command refused on the way writes nothing. Files are opened without following
 symbolic links (:mod:`headprune.safefiles`).
 
+Under ``torchrun`` (:mod:`headprune.distributed`) only rank 0 writes the directory; the other ranks take
+its verdict on the directory, read its finished units (to resume) and write their copies of tables and
+figures to a scratch directory removed when the run is closed.
+
 ``HEADPRUNE_STOP_AFTER_UNITS=k`` makes a run exit with code 75 right after its k-th new unit is
 written: a deterministic interruption, for resume tests.
 """
@@ -22,10 +26,13 @@ import csv
 import io
 import json
 import os
+import shutil
 import sys
+import tempfile
 import weakref
 from pathlib import Path
 
+from ..distributed import gather, is_main
 from ..errors import ConfigError
 from ..safefiles import open_fd, read_bytes, write_atomic
 from .signature import difference_message
@@ -45,15 +52,31 @@ class RunDir:
         self.signature = signature
         self._state = {"started": False, "created": not self.path.exists(), "lock": None}
         self._fresh, self._written, self._stop_after = fresh, 0, _stop_after()
+        self.main = is_main()
+        refused = None
+        if self.main:
+            try:
+                self._open(made_here)
+            except ConfigError as e:
+                refused = str(e)
+        refused = gather(refused)[0]  # under torchrun every rank takes rank 0's verdict (or errors with it)
+        if refused is not None:
+            raise ConfigError(refused)
+        self.units = {} if fresh else self._read_units()
+        if not self.main:  # its copies of tables and figures go to a scratch directory
+            self.path = Path(tempfile.mkdtemp(prefix="headprune-rank-"))
+            self._finalizer = weakref.finalize(self, shutil.rmtree, self.path, True)
+            _OPEN.add(self)
+
+    def _open(self, made_here: bool) -> None:
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"output {str(self.path)!r} exists and is not a directory")
         if not self._state["created"] and not made_here:
-            self._check_existing(fresh)
+            self._check_existing(self._fresh)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock()
         self._finalizer = weakref.finalize(self, _release, self.path, self._state)
         _OPEN.add(self)
-        self.units = {} if fresh else self._read_units()
 
     def _check_existing(self, fresh: bool) -> None:
         links = sorted(p.name for p in self.path.iterdir() if p.is_symlink())
@@ -142,6 +165,9 @@ class RunDir:
         return self.units[unit]
 
     def add(self, unit: str, record: dict) -> dict:
+        if not self.main:  # rank 0 appends every rank's units as they are gathered
+            self.units[unit] = {"unit": unit, **record}
+            return self.units[unit]
         self._start()
         record = {"unit": unit, **record}
         line = (json.dumps(record, default=_plain) + "\n").encode()

@@ -23,6 +23,7 @@ from tqdm.auto import tqdm
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.inputs import batch_size, model_inputs, rows_with_tokens
 from ..core.masking import HeadMask, masked, ones_mask
+from ..distributed import reduce_sums, shard
 from ..errors import ConfigError, DataError
 
 LossFn = Callable[[object, Mapping[str, torch.Tensor]], torch.Tensor]  # (outputs, batch) -> [B]
@@ -42,16 +43,18 @@ def gradient_sums(
     per-example mask gradients of a batch's examples that have anything to score.
 
     The sums are accumulated in float64 on each site's device (no copy per batch) and moved to the CPU
-    once, at the end."""
+    once, at the end. Inside :func:`headprune.distributed.sharded`, each rank takes every world-th batch
+    and the sums and counts are all-reduced."""
     totals: dict[str, torch.Tensor] = {}
     counts: list[torch.Tensor] = []  # [] per batch, on the device: no synchronisation per batch
-    for batch in tqdm(batches, desc=desc, unit="batch", disable=not progress):
+    for batch in tqdm(shard(batches), desc=desc, unit="batch", disable=not progress):  # every batch in one process
         grads, valid = mask_gradients(model, batch, loss_fn=loss_fn, mask=mask)
         counts.append(valid.sum())
         for name, g in grads.items():  # g [B, H]
             part = reduce(g[valid.to(g.device)].to(accumulator_device(g.device), torch.float64))
             totals[name] = part if name not in totals else totals[name] + part
     count = int(sum(int(c) for c in counts))
+    totals, count = reduce_sums(totals, count)  # over the ranks under torchrun (headprune.distributed)
     totals = {name: t.cpu() for name, t in totals.items()}
     if count == 0:
         raise ConfigError("batches: no example had anything to score (empty input or all padding)")
