@@ -5,7 +5,7 @@
 
 The model is built from a config (16 layers, hidden 2048, 32 query / 8 key-value heads, intermediate
 8192, vocabulary 128256, tied embeddings; nothing downloaded) on the meta device, materialised with
-``to_empty`` and filled with a small normal init. Every case runs in its own subprocess, so each peak
+``to_empty`` (the output head tied to the embeddings, never a copy) and filled with a small normal init. Every case runs in its own subprocess, so each peak
 RSS (``ru_maxrss``) starts from a clean process; ``peak_over_weights`` = peak RSS / float32 weight bytes
 (goal <= 1.5). Cases, one after another:
 
@@ -50,7 +50,8 @@ def build(shape: dict, seed: int = 0) -> T.LlamaForCausalLM:
     config = T.LlamaConfig(**shape)
     with torch.device("meta"):
         model = T.LlamaForCausalLM(config)
-    model.to_empty(device="cpu")
+    model.model.to_empty(device="cpu")  # not model.to_empty: that would give the tied output head its own copy
+    model.lm_head.weight = model.model.embed_tokens.weight
     model.model.rotary_emb = type(model.model.rotary_emb)(config)  # its buffers were left empty
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -59,7 +60,6 @@ def build(shape: dict, seed: int = 0) -> T.LlamaForCausalLM:
                 p.fill_(1.0)
             else:
                 p.normal_(0.0, 0.02, generator=g)
-    model.tie_weights()
     return model.eval()
 
 
