@@ -114,25 +114,25 @@ def _sweep(model, ids: torch.Tensor, units: int) -> dict:
     """The baseline pass and ``units`` one-head units over the last two layers, streamed."""
     import headprune as hp
     from headprune.evaluation.lm import LanguageModelling
-    from headprune.experiments.prefix_stream import PrefixStream
+    from headprune.experiments.prefix_stream import replay, streaming
 
     ev = LanguageModelling(_Ids(), [" ".join(map(str, ids.flatten().tolist()))], block_size=ids.shape[1], batch_size=1)
     sites = hp.find_sites(model)
     last, before = sites[-1], sites[-2]
     plan = [(before, h) for h in range(units - units // 2)] + [(last, h) for h in range(units // 2)]
-    stream = PrefixStream(model, ev, plan[0][0])
+    with streaming(model, sites, first=plan[0][0]) as stream:
+        base = ev.evaluate(model)
     held, rows = 0, []
     for site, head in plan:
         mask = torch.ones(site.num_heads)
         mask[head] = 0.0
-        with stream.replaying(site):
+        with replay(stream, site, ev):
             result = ev.evaluate(model, {site.name: mask})
-        held = max(held, sum(t.numel() * t.element_size() for v in stream.cache.outputs.values() for t in v))
+        held = max(held, sum(t.numel() * t.element_size() for v in stream.outputs.values() for t in v))
         rows.append({"site": site.name, "head": head, "perplexity": result.score})
     one_block = held  # the input of one layer over the evaluation set
-    return {"base_perplexity": stream.base.score, "units": rows, "extra_passes": stream.passes,
-            "held_prefix_bytes": held, "full_cache_prefix_bytes": one_block * len(stream.cache.stacks[
-                next(iter(stream.cache.stacks))].blocks)}
+    return {"base_perplexity": base.score, "units": rows, "extra_passes": stream.passes,
+            "held_prefix_bytes": held, "full_cache_prefix_bytes": one_block * len(next(iter(stream.stacks.values())).blocks)}
 
 
 class _nothing:

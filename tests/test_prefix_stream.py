@@ -11,7 +11,7 @@ import transformers as T
 import headprune as hp
 from headprune.evaluation.lm import LanguageModelling
 from headprune.experiments.ablation import SweepSettings, all_but_one, one_head_ablation
-from headprune.experiments.prefix_stream import PrefixStream
+from headprune.experiments.prefix_stream import replay, streaming
 from tiny import COMMON, build, inputs, word_tokenizer
 
 TEXTS = ["the cat sat on the mat and the dog ran off", "a bird sang in the old tree by the river",
@@ -63,13 +63,15 @@ def test_stream_holds_one_layer_and_one_pass_per_layer():
     model = _deep("llama")
     ev = _Logits("llama")
     sites = hp.find_sites(model)
-    stream = PrefixStream(model, ev, sites[0])
+    with streaming(model, sites) as stream:
+        ev.evaluate(model)
+    assert stream.outputs == {}
     for site in sites:
         mask = {site.name: torch.tensor([0.0] + [1.0] * (site.num_heads - 1))}
-        with stream.replaying(site):
+        with replay(stream, site, ev):
             got = ev.evaluate(model, mask)
-        assert len(stream.cache.outputs) == (1 if site.layer > 0 else 0)
-        assert all(len(v) == len(ev.batches) for v in stream.cache.outputs.values())
+        assert len(stream.outputs) == (1 if site.layer > 0 else 0)
+        assert all(len(v) == len(ev.batches) for v in stream.outputs.values())
         want = ev.evaluate(model, mask)
         assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), site.name
     assert stream.passes == len(sites) - 1
@@ -82,15 +84,31 @@ def test_stream_in_any_order_equals_the_plain_masked_model(family):
     ev = _Logits(family)
     sites = hp.find_sites(model)
     order = sites[::-1] + random.Random(0).sample(sites, len(sites))
-    stream = PrefixStream(model, ev, order[0])
-    assert all(torch.equal(g, w) for g, w in zip(stream.base, ev.evaluate(model), strict=True))
+    with streaming(model, sites) as stream:
+        base = ev.evaluate(model)
+    assert all(torch.equal(g, w) for g, w in zip(base, ev.evaluate(model), strict=True))
     for site in order:
         mask = {site.name: torch.tensor([1.0] * (site.num_heads - 1) + [0.0])}
-        with stream.replaying(site):
+        with replay(stream, site, ev):
             got = ev.evaluate(model, mask)
         want = ev.evaluate(model, mask)
         assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), (family, site.name)
-        assert len(stream.cache.outputs) <= len(stream.cache.stacks)  # one held block per stack at most
+        assert len(stream.outputs) <= len(stream.stacks)  # one held block per stack at most
+
+
+def test_stream_records_the_first_sites_prefix_during_the_baseline():
+    model = _deep("llama")
+    ev = _Logits("llama")
+    sites = hp.find_sites(model)
+    with streaming(model, sites, first=sites[2]) as stream:
+        ev.evaluate(model)
+    assert list(stream.outputs) == [("model.layers", 1)] and stream.passes == 0
+    for site in sites[2:]:
+        mask = {site.name: torch.tensor([0.0] * (site.num_heads - 1) + [1.0])}
+        with replay(stream, site, ev):
+            got = ev.evaluate(model, mask)
+        assert all(torch.equal(g, w) for g, w in zip(got, ev.evaluate(model, mask), strict=True)), site.name
+    assert stream.passes == 1
 
 
 def test_bad_prefix_cache_setting():

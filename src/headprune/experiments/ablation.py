@@ -30,8 +30,8 @@ from ..errors import ConfigError
 from ..evaluation.base import EvalResult
 from ..evaluation.multiplicity import adjust_rows, check_correction
 from ..evaluation.significance import compare, pearson
-from .prefix_cache import PrefixCache, recording, replaying
-from .prefix_stream import PrefixStream
+from .prefix_cache import PrefixCache
+from .prefix_stream import recorder, replay
 from .rundir import RunDir
 
 
@@ -84,20 +84,15 @@ class _Evaluations:
         self.model, self.evaluator, self.settings = model, evaluator, settings
         replay_decoder = not getattr(evaluator, "uses_generate", False)
         self.cache: PrefixCache | None = None
-        self.stream: PrefixStream | None = None
-        if settings.prefix_cache == "stream":
-            self.stream = PrefixStream(model, evaluator, sites[0] if sites else None, decoder_replay=replay_decoder)
-            self.base = self.stream.base
-        elif settings.prefix_cache:
-            with recording(model, find_sites(model), decoder_replay=replay_decoder) as cache:
+        if settings.prefix_cache:
+            with recorder(settings.prefix_cache)(model, find_sites(model), decoder_replay=replay_decoder) as cache:
                 self.base = evaluator.evaluate(model, progress=progress)
             self.cache = cache
         else:
             self.base = evaluator.evaluate(model, progress=progress)
 
     def score(self, site: Site, mask, *, test: bool = True) -> tuple[EvalResult, dict | None]:
-        context = replaying(self.cache, site) if self.cache is not None else nullcontext()
-        context = self.stream.replaying(site) if self.stream is not None else context
+        context = replay(self.cache, site, self.evaluator) if self.cache is not None else nullcontext()
         with context:
             result = self.evaluator.evaluate(self.model, mask)
         if not test:
