@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 
 import typer
@@ -37,12 +38,16 @@ def importance(
                                   "(paper 4.1); none: raw means."),
     scores: str = typer.Option("importance", "--scores", help="importance: I_h; fisher: the diagonal of the "
                                "empirical Fisher of the head mask, per example (Kwon et al. 2022)."),
+    checkpoint_blocks: bool = typer.Option(False, "--checkpoint-blocks", help="Keep one input per transformer "
+                                           "block and recompute its activations in the backward pass: the same "
+                                           "scores in much less memory (billion-parameter models), ~1.7x the time."),
     output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS,
     *, flags: TaskFlags,
 ):
     """Score every head (paper 4.1): importance.json ({site: [score per head]} and the signature),
     importance.csv, a heatmap and report.html."""
     from ..experiments.importance_run import run_importance
+    from ..scoring import checkpointed_blocks
 
     if calib_limit is not None and calib_limit < 1:
         raise ConfigError(f"--calib-limit {calib_limit}; allowed: an integer >= 1")
@@ -61,7 +66,8 @@ def importance(
     n = len(ev) if calib_limit is None else min(calib_limit, len(ev))
     sig = {**_signature(model_dir, task, data, data2, ev, 0, flags), "n": n, "calib_limit": calib_limit,
            "scores": scores, "absolute": absolute, "normalize": normalize}
-    report = run_importance(t.model, lambda: ev.batches(limit=calib_limit), output, scores=scores, absolute=absolute,
-                            normalize=None if normalize == "none" else normalize, signature=sig, fresh=fresh,
-                            progress=bars)
+    with checkpointed_blocks(t.model) if checkpoint_blocks else nullcontext():
+        report = run_importance(t.model, lambda: ev.batches(limit=calib_limit), output, scores=scores, absolute=absolute,
+                                normalize=None if normalize == "none" else normalize, signature=sig,
+                                fresh=fresh, progress=bars)
     echo_headline(output, report)
