@@ -70,6 +70,9 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
         ["attention FLOPs kept", f"{size['after']['attention_flops'] / max(size['before']['attention_flops'], 1):.1%}"],
         ["parameters kept", f"{size['after']['params'] / size['before']['params']:.1%}"],
         ["compression time", f"{result.seconds['total']:.1f} s"]]
+    if result.calib_loss:  # which stages the guard kept: a rejected stage leaves the model as the one before
+        headline.append(["stages", ", ".join(f"{k} {'rejected' if k in result.rejected else 'kept'}"
+                                             for k in result.calib_loss)])
     if speed is not None:
         up = speed.speedups[0]
         headline.append([f"speed-up at batch {bench_batch} (FLOP limit {up['flop_limit']:.2f}x)",
