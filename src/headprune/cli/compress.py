@@ -30,7 +30,8 @@ from .options import (
 
 DEFAULT_SEQ_LEN = 128
 METHOD_HELP = ("ih (the paper's I_h), fisher (diagonal Fisher), fisher+rearrange (+ per-site swaps), "
-               "fisher+tune (+ least-squares scales folded into the weights), random.")
+               "fisher+tune (+ least-squares scales folded into the weights), random; fisher+reconstruct (least-squares "
+               "refit of every pruned projection, kept if the validation loss drops; the --units path).")
 
 
 @app.command("compress")
@@ -90,7 +91,7 @@ def compress_command(
     from ..experiments.compress import run_compress
 
     budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops)) if v is not None}
-    if units != "heads" or price != "flops" or val_data is not None:
+    if units != "heads" or price != "flops" or val_data is not None or method == "fisher+reconstruct":
         from .compress_units import compress_units_command
 
         return compress_units_command(**{k: v for k, v in locals().items() if k not in ("budgets", "compress_units_command")})
