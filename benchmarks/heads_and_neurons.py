@@ -181,6 +181,7 @@ def readme_section(results: dict) -> str:
                 f"({r['relative']:.1%}) | [{_score(entry['metric'], ci['ci_low'])}, "
                 f"{_score(entry['metric'], ci['ci_high'])}] | {r['p_holm']:.3g} | x{r['speedup']:.2f} | "
                 f"{r['compress_seconds']:.0f} s | {r['stages']['reconstruct'].split(' (')[0]} |")
+    lines += ["", *goals(results)]
     machine = next((e["machine"] for e in results.values() if "machine" in e), {})
     lines.append("")
     lines.append(f"Machine: {machine.get('cpu', machine.get('processor', 'CPU'))}, "
@@ -188,6 +189,31 @@ def readme_section(results: dict) -> str:
                  "forward at 32/32 tokens), models timed in one run with alternated rounds.")
     lines.append(END)
     return "\n".join(lines)
+
+
+def goals(results: dict) -> list[str]:
+    """The issue's goals against the results, one sentence each (met or not, as measured)."""
+    out = []
+    sst2 = results.get("sst2")
+    if sst2:
+        fast = [r for r in sst2["budgets"] if r["speedup"] >= 1.5]
+        if fast:
+            r = max(fast, key=lambda r: r["model_flops_kept"])
+            verdict = "met" if r["relative"] >= 0.99 else "not met"
+            out.append(f"Goal SST-2 (>= 99% of dev accuracy at >= x1.5 measured speed-up): {verdict}; the budget with "
+                       f"the most FLOPs that reaches x1.5 ({r['model_flops_kept']:.0%} of FLOPs, x{r['speedup']:.2f}) "
+                       f"keeps {r['relative']:.1%} (Holm p = {r['p_holm']:.2g}).")
+        slowest = max(r["compress_seconds"] for r in sst2["budgets"])
+        out.append(f"Goal compress run <= 2 min on the MiniLM classifier: {'met' if slowest <= 120 else 'not met'} "
+                   f"(at most {slowest:.0f} s, 2 CPU cores shared with other jobs).")
+    enfr = results.get("enfr")
+    if enfr:
+        at = [r for r in enfr["budgets"] if abs(r["model_flops_budget"] - 0.6) < 1e-9]
+        if at:
+            r = at[0]
+            out.append(f"Goal en->fr (>= 97% of BLEU at 60% of FLOPs): {'met' if r['relative'] >= 0.97 else 'not met'}; "
+                       f"{r['relative']:.1%} (Holm p = {r['p_holm']:.2g}).")
+    return [x for line in out for x in ("", line)][1:]
 
 
 def _score(metric: str, x: float) -> str:
