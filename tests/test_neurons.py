@@ -172,3 +172,15 @@ def test_per_example_neuron_and_head_gradients_match_single_examples(family):
 
     fd = (loss(1 + eps) - loss(1 - eps)) / (2 * eps)
     assert abs(fd - float(n1[f.name][0, i])) <= 2e-2 * abs(fd)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_ffn_names_survive_a_layer_losing_every_head(family, tmp_path):
+    model = build(family)
+    names = [f.name for f in find_ffns(model)]
+    site = hp.find_sites(model)[1]
+    hp.prune_heads(model, {site.name: list(range(site.num_heads))}, verify=False)
+    assert [f.name for f in find_ffns(model)] == names
+    prune_neurons(model, {names[1]: [0, 1]})
+    loaded = hp.load_pruned(hp.save_pruned(model, tmp_path / "m"))
+    assert [f.name for f in find_ffns(loaded)] == names and kept_neurons(loaded) == kept_neurons(model)

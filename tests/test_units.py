@@ -113,7 +113,7 @@ def test_refit_of_the_first_projection_equals_a_direct_least_squares_solve():
     assert all(r["error_after"] <= r["error_before"] * (1 + 1e-9) + 1e-9 for r in rows)
 
 
-@pytest.mark.parametrize("family", ["bert", "t5"])
+@pytest.mark.parametrize("family", ["bert", "t5", "llama", "gpt2"])
 def test_compress_units_keeps_the_budget_and_equals_the_masked_model_without_compensation(family):
     model = build(family)
     batches = _batches(family)
