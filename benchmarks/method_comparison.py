@@ -38,6 +38,7 @@ import headprune as hp
 from headprune.compression import CompressSettings, plan_heads, score_heads
 from headprune.errors import ConfigError
 from headprune.evaluation.data import same_data
+from headprune.evaluation.multiplicity import adjust_rows
 from headprune.evaluation.significance import compare
 from headprune.provenance import versions
 
@@ -234,9 +235,10 @@ def curves(model, evaluator, calib, args) -> tuple[object, list[dict], dict, dic
 
 
 def paired_tests(results: dict, against: str = "ih") -> list[dict]:
-    """Per step, each method against ``against`` on the same examples: score difference, p-value
-    and 95% interval of the difference (the paper's tests: paired t-test on correctness for accuracy,
-    paired bootstrap of corpus BLEU)."""
+    """Per step, each method against ``against`` on the same examples: score difference, two-sided
+    p-value, its Holm adjustment over that method's steps (``p_adjusted``, ``significant`` at 0.05) and
+    the 95% interval of the difference (paired t-test on correctness for accuracy, sacreBLEU's paired
+    bootstrap of corpus BLEU)."""
     out = []
     for (method, fraction), other in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         base = results.get((against, fraction))
@@ -247,6 +249,8 @@ def paired_tests(results: dict, against: str = "ih") -> list[dict]:
         test = None if same else compare(base, other, n_resamples=1000, seed=0)
         out.append({"method": method, "against": against, "fraction": fraction, "diff": other.score - base.score,
                     **({"test": None, "p_value": 1.0, "ci_low": 0.0, "ci_high": 0.0} if test is None else test)})
+    for method in {t["method"] for t in out}:  # Holm over each method's tested steps (two-sided p)
+        adjust_rows([t for t in out if t["method"] == method and t["test"] is not None], "holm", alpha=0.05)
     return out
 
 

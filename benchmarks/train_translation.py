@@ -94,7 +94,7 @@ def main() -> None:
             "epochs": [{k: r[k] for k in ("epoch", "global_step", "loss", "seconds", "tokens_per_s", "eval_nll",
                                           "eval_bleu", "eval_seconds")} for r in res.log],
             "bleu_signature": rec["bleu_signature"],
-            "decoding": "greedy, max_new_tokens = max_length",
+            "decoding": rec.get("generation", "greedy, max_new_tokens = max_length (before the shared protocol)"),
         }
         args.results.parent.mkdir(parents=True, exist_ok=True)
         args.results.write_text(json.dumps(results, indent=1) + "\n")

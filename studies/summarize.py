@@ -1,8 +1,14 @@
-"""Headline numbers of every run in studies/results/ as Markdown tables (the figures REPRODUCTION.md cites).
+"""Headline numbers of every run in studies/results/ as Markdown tables, and the check that every
+number README.md and REPRODUCTION.md quote is what the committed results files say.
 
     python studies/summarize.py [--results studies/results] > studies/results/SUMMARY.md
+    python studies/summarize.py --check    # exit 1 naming each quoted number that differs (CI runs this)
+    python studies/summarize.py --fix      # rewrite the quoted numbers from the results files
 
-Reads each run directory's results.json / CSV files as the study commands wrote them.
+Quoted numbers are marked ``<!--q:NAME-->value<!--/q-->`` and generated tables
+``<!--block:NAME-->...<!--/block-->``; studies/quotes.py says which file and field each NAME reads.
+Reads each run directory's results.json / CSV files as the study commands wrote them. Significance
+of runs committed before the two-sided tests: see quotes.two_sided and quotes.holm_rows.
 """
 
 from __future__ import annotations
@@ -10,9 +16,17 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import quotes  # noqa: E402  (studies/ is not a package)
+
 ROOT = Path(__file__).resolve().parents[1]
+DOCS = ("README.md", "REPRODUCTION.md")
+QUOTE = re.compile(r"<!--q:([^>]*?)-->(.*?)<!--/q-->", re.S)
+BLOCK = re.compile(r"<!--block:([^>]*?)-->\n(.*?)\n?<!--/block-->", re.S)
 
 
 def _load(run: Path) -> dict | None:
@@ -28,24 +42,22 @@ def ablation(name: str, res: dict) -> list[str]:
     rows, metric = res["rows"], res["metric"]
     out = [f"### {name}: one head masked (Table 1 / Fig. 1)", "",
            f"full model {metric}: {_pct(metric, res['base'])}; n = {res['signature']['n']}", "",
-           "| kind | heads | significant (p < 0.01) | masking helps | min delta | max delta |", "|---|---|---|---|---|---|"]
+           "| kind | heads | significant (Holm-adjusted two-sided p < 0.01) | masking helps | min delta | max delta |",
+           "|---|---|---|---|---|---|"]
+    sig = quotes.significant(rows, res["signature"]["settings"]["alpha"])
     for kind in ("encoder", "decoder", "cross"):
-        sub = [r for r in rows if r["kind"] == kind]
+        sub = [(r, s) for r, s in zip(rows, sig, strict=True) if r["kind"] == kind]
         if sub:
-            deltas = [r["delta"] for r in sub]
-            out.append(f"| {kind} | {len(sub)} | {sum(r['significant'] for r in sub)} | "
-                       f"{sum(r['damage'] < 0 for r in sub)} | {_pct(metric, min(deltas))} | {_pct(metric, max(deltas))} |")
+            deltas = [r["delta"] for r, _ in sub]
+            out.append(f"| {kind} | {len(sub)} | {sum(s for _, s in sub)} | "
+                       f"{sum(r['damage'] < 0 for r, _ in sub)} | {_pct(metric, min(deltas))} | {_pct(metric, max(deltas))} |")
     return out + [""]
 
 
 def all_but_one(name: str, res: dict) -> list[str]:
     metric = res["metric"]
-    out = [f"### {name}: keep one head per site", "", f"full model {metric}: {_pct(metric, res['base'])}", "",
-           "| site | kept head | delta | p | significant |", "|---|---|---|---|---|"]
-    for r in res["rows"]:
-        out.append(f"| {r['site']} | {r['kept_head']} | {_pct(metric, r['delta'])} | {r['p_value']:.3g} | "
-                   f"{'yes' if r['significant'] else 'no'} |")
-    return out + [""]
+    return [f"### {name}: keep one head per site", "", f"full model {metric}: {_pct(metric, res['base'])}", "",
+            quotes.block_all_but_one(name), ""]
 
 
 def cross_domain(name: str, res: dict) -> list[str]:
@@ -84,10 +96,68 @@ def dynamics(name: str, res: dict, run: Path) -> list[str]:
     return out + ["", f"unpruned {res['metric']} per epoch: " + ", ".join(f"{b:.2f}" for b in base), ""]
 
 
+def _regenerate(doc: str, match: re.Match, make, kind: str, problems: list[str]) -> str:
+    name, held = match.group(1), match.group(2)
+    try:
+        want = make(name)
+    except (KeyError, StopIteration, ValueError, TypeError, FileNotFoundError) as e:
+        problems.append(f"{doc}: {kind} {name!r} cannot be computed: {type(e).__name__}: {e}")
+        return match.group(0)
+    if want != held:
+        line = match.string.count("\n", 0, match.start()) + 1
+        shown = held if kind == "q" else f"{held[:60]}..."
+        problems.append(f"{doc}:{line}: {kind} {name!r} says {shown!r}, the results say {want[:60]!r}")
+    if kind == "q":
+        return f"<!--q:{name}-->{want}<!--/q-->"
+    return f"<!--block:{name}-->\n{want}\n<!--/block-->"
+
+
+def _families(doc: str, text: str, problems: list[str]) -> str:
+    """The README's model-family table (between benchmarks/families.py's markers) against families.json."""
+    start, end = "<!-- families:start -->", "<!-- families:end -->"
+    if start not in text:
+        return text
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import families  # noqa: PLC0415  (imports torch: only when a doc holds the table)
+
+    head, rest = text.split(start, 1)
+    held, tail = rest.split(end, 1)
+    want = families.readme_section(json.loads((ROOT / "benchmarks" / "results" / "families.json").read_text()))
+    if held.strip("\n") != want:
+        problems.append(f"{doc}: the model-family table differs from benchmarks/results/families.json")
+    return f"{head}{start}\n{want}\n{end}{tail}"
+
+
+def check(fix: bool = False, root: Path = ROOT) -> list[str]:
+    """Every marker in README.md and REPRODUCTION.md against quotes.py; returns the mismatches (fix: rewrites)."""
+    problems: list[str] = []
+    for doc in DOCS:
+        path = root / doc
+        text = path.read_text()
+        new = QUOTE.sub(lambda m, d=doc: _regenerate(d, m, quotes.quote, "q", problems), text)
+        new = BLOCK.sub(lambda m, d=doc: _regenerate(d, m, quotes.block, "block", problems), new)
+        new = _families(doc, new, problems)
+        if fix and new != text:
+            path.write_text(new)
+    return problems
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", type=Path, default=ROOT / "studies" / "results")
+    ap.add_argument("--check", action="store_true", help="fail (exit 1) if a quoted number differs from the results")
+    ap.add_argument("--fix", action="store_true", help="rewrite the quoted numbers from the results files")
     args = ap.parse_args()
+    if args.check or args.fix:
+        problems = check(fix=args.fix)
+        for p in problems:
+            print(p, file=sys.stderr)
+        n = sum(len(QUOTE.findall((ROOT / d).read_text())) + len(BLOCK.findall((ROOT / d).read_text())) for d in DOCS)
+        if args.fix:
+            print(f"rewrote the quoted numbers ({n} markers); {len(problems)} differed")
+            sys.exit(0 if all("cannot be computed" not in p for p in problems) else 1)
+        print(f"{n} quoted numbers and tables checked: " + ("all match" if not problems else f"{len(problems)} differ"))
+        sys.exit(1 if problems else 0)
     lines = ["# Summary of studies/results (generated by studies/summarize.py)", ""]
     for run in sorted(p for p in args.results.iterdir() if p.is_dir()):
         res = _load(run)

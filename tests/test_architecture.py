@@ -18,7 +18,7 @@ PKG = SRC / "headprune"
 ROOT = "headprune"
 MAX_LINES = 400
 SUBPACKAGES = {"core", "scoring", "selection", "compression", "evaluation", "experiments", "bench", "report",
-               "cli", "train"}
+               "cli", "train", "export"}
 
 
 def _module_name(path: Path) -> str:
@@ -199,7 +199,7 @@ def test_selection_imports_alone_in_a_fresh_interpreter():
     )
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(SRC), env.get("PYTHONPATH", "")) if p)
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"a": [1], "b": [0]}, proc.stdout
 

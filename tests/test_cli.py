@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -81,6 +82,10 @@ def test_missing_model_dir_and_existing_output(bert_dir, tmp_path):
 def test_quick_demo_writes_results_and_a_pruned_model(tmp_path):
     result = runner.invoke(app, ["demo", "--quick", "-o", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
+    printed = re.findall(r"^\[(\d)/(\d)\]", result.output, flags=re.M)  # the steps the demo says it takes ...
+    assert printed == [(str(i), "7") for i in range(1, 8)]
+    shown = " ".join(runner.invoke(app, ["demo", "--help"], terminal_width=400).output.split())
+    assert all(f"[{i}/7]" in shown for i in range(1, 8))  # ... are the steps its --help describes
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["perplexity"]["masked"] == pytest.approx(results["perplexity"]["pruned"], rel=1e-5)
     assert results["parameters"]["after"] < results["parameters"]["before"]
@@ -88,6 +93,10 @@ def test_quick_demo_writes_results_and_a_pruned_model(tmp_path):
     model = hp.load_pruned(tmp_path / "run" / "pruned_model")
     n_dropped = sum(len(v) for v in results["pruned_heads"].values())
     assert sum(s.num_heads for s in hp.find_sites(model)) == 18 - n_dropped
+    again = runner.invoke(app, ["demo", "--quick", "-o", str(tmp_path / "run")])  # a rerun resumes, same numbers
+    assert again.exit_code == 0, again.output
+    rerun = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert rerun["perplexity"] == results["perplexity"] and rerun["pruned_heads"] == results["pruned_heads"]
 
 
 def test_python_dash_m_is_the_same_app(bert_dir):

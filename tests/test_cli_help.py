@@ -62,7 +62,7 @@ def monkeypatch_module():
 def test_the_commands_are_all_there():
     names = {" ".join(path) for path, _ in COMMANDS}
     assert {"sites", "prune", "demo", "evaluate", "ablate", "all-but-one", "cross-domain", "curve", "dynamics",
-            "report", "compress", "bench", "train", "train classifier", "train translation"} <= names
+            "report", "compress", "bench", "train", "train classifier", "train translation", "importance"} <= names
 
 
 @pytest.mark.parametrize("path, command", COMMANDS, ids=[" ".join(p) for p, _ in COMMANDS])

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -18,7 +19,7 @@ from headprune.compression import CompressSettings, compress, plan_heads
 from headprune.compression.tuning import residual_norms, scale_mask, tune_scales
 from headprune.core.cost import flop_breakdown, head_costs
 from headprune.core.folding import fold_scales
-from headprune.errors import ConfigError
+from headprune.errors import ConfigError, KVCacheWarning
 from headprune.scoring.fisher import fisher_information, quadratic
 from headprune.scoring.gradients import per_example_loss
 from headprune.selection import select_heads
@@ -313,7 +314,8 @@ def test_compressed_model_saves_and_reloads_with_the_same_logits(family, tmp_pat
 def test_flop_budget_is_met_exactly_under_gqa_after_rearrangement(share):
     model = build("llama")
     costs = head_costs(model, 8)
-    result = compress(model, _batches("llama"), flops=share, method="fisher+rearrange", seq_len=8)
+    with pytest.warns(KVCacheWarning) if share == 0.7 else contextlib.nullcontext():  # the free knapsack, uneven
+        result = compress(model, _batches("llama"), flops=share, method="fisher+rearrange", seq_len=8, gqa="free")
     before, after = result.sizes["before"]["attention_flops"], result.sizes["after"]["attention_flops"]
     assert 0 < after <= share * before
     dropped = result.dropped
@@ -369,7 +371,7 @@ def test_cli_compress_end_to_end(saved, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--keep", "0.5", "--flops", "0.5"], "exactly one budget"),
-    (["--keep", "1.5"], "keep=1.5; allowed"),
+    (["--keep", "1.5"], "--keep 1.5; allowed"),
     (["--keep", "0.5", "--method", "magic"], "method='magic'; allowed"),
     (["--keep", "0.5", "--tune-target", "logits"], "target='logits'; allowed: residual, output"),
     (["--keep", "0.5", "--calib-data", "DEV"], "is the evaluation data"),
@@ -390,7 +392,7 @@ def test_cli_bad_input_exits_2_one_line_nothing_written(saved, tmp_path, args, m
 def test_method_comparison_quick_writes_valid_json(tmp_path):
     out = tmp_path / "mc.json"
     subprocess.run([sys.executable, str(ROOT / "benchmarks" / "method_comparison.py"), "--quick", "--output",
-                    str(out)], check=True, capture_output=True, text=True, timeout=120,
+                    str(out)], check=True, capture_output=True, text=True,
                    env={**os.environ, "OMP_NUM_THREADS": "1"})  # a smoke test: one core is plenty
     data = json.loads(out.read_text())
     methods = {r["method"] for r in data["rows"]}

@@ -72,7 +72,7 @@ def test_pruned_equals_masked_random_plans(family, attn):
         hp.prune_heads(model, plan)
         with torch.no_grad():
             got = model(**x).logits
-        assert (got - want).abs().max().item() <= 1e-5, plan
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), plan
         assert before - _params(model) == expected_drop, plan
         kept = hp.kept_heads(model)
         for s in sites:
@@ -131,7 +131,7 @@ def test_t5_first_layer_pruned_keeps_later_layers_bias_rows():
         hp.prune_heads(model, plan)
         with torch.no_grad():
             got = model(**x).logits
-        assert (got - want).abs().max().item() <= 1e-5
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item())
 
 
 def test_pruning_twice_composes_and_indices_refer_to_current_heads():
@@ -149,7 +149,7 @@ def test_pruning_twice_composes_and_indices_refer_to_current_heads():
             want = fresh(**x).logits
         with torch.no_grad():
             got = model(**x).logits
-        assert (got - want).abs().max().item() <= 1e-5, family
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), family
 
 
 def test_gqa_uneven_plan_keeps_groups_and_repeats_without_copying():

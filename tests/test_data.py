@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
@@ -20,8 +19,7 @@ from headprune.evaluation.data import (
     load_text,
     python_docs_text,
 )
-
-SHARED = Path(os.environ.get("HEADPRUNE_SHARED_DATA", Path(__file__).resolve().parents[1] / ".." / "shared" / "data"))
+from shared_data import shared_file
 
 
 def write(path: Path, text: str, *, gz: bool = False, encoding: str = "utf-8") -> Path:
@@ -32,9 +30,8 @@ def write(path: Path, text: str, *, gz: bool = False, encoding: str = "utf-8") -
 
 @pytest.fixture
 def shared() -> Path:
-    if not SHARED.is_dir():
-        pytest.skip(f"shared data not found at {SHARED} (set HEADPRUNE_SHARED_DATA)")
-    return SHARED
+    """``$HEADPRUNE_SHARED_DATA``: skipped when unset; a file missing under it fails the test that reads it."""
+    return shared_file()
 
 
 # ---------------------------------------------------------------- formats on small files

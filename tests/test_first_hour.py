@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -14,12 +13,13 @@ from typer.testing import CliRunner
 
 import headprune as hp
 from headprune.cli import app
+from shared_data import shared_root
 from tiny import build, word_tokenizer
 
-DATA = Path(os.environ.get("HEADPRUNE_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+DATA = shared_root() or Path("HEADPRUNE_SHARED_DATA-unset")
 SST2 = DATA / "sst2" / "dev.tsv"
 SST2_TRAIN = DATA / "sst2" / "train.tsv"
-needs_data = pytest.mark.skipif(not SST2.is_file(), reason="shared data not available")
+needs_data = pytest.mark.shared_data("sst2/dev.tsv", "sst2/train.tsv")  # failed if set and missing
 runner = CliRunner()
 
 

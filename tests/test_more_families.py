@@ -65,7 +65,7 @@ def test_more_families_pruned_equals_masked(family):
         hp.prune_heads(model, plan)
         with torch.no_grad():
             got = model(**x).logits
-        assert (got - want).abs().max().item() <= 1e-5, (family, plan)
+        assert (got - want).abs().max().item() <= 1e-5 * max(1.0, want.abs().max().item()), (family, plan)
 
 
 @pytest.mark.parametrize("family", ["gpt_neox", "qwen3", "mbart"])

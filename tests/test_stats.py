@@ -141,7 +141,9 @@ def test_bootstrap_p_value_definition():
     idx = bootstrap_indices(80, 500, 11)
     diffs = b[idx].mean(axis=1) - a[idx].mean(axis=1)
     assert res.delta == pytest.approx(b.mean() - a.mean())
-    assert res.p_value == pytest.approx(np.mean(np.sign(diffs) != np.sign(res.delta)), abs=1e-12)
+    # sacreBLEU's centred definition, written out: (1 + #{|d_i| - mean|d| > |delta|}) / (N + 1)
+    expected = (1 + np.sum(np.abs(diffs) - np.abs(diffs).mean() > abs(res.delta))) / 501
+    assert res.p_value == pytest.approx(expected, abs=1e-12) and 0.01 < res.p_value < 1.0
     assert (res.ci_low, res.ci_high) == pytest.approx(tuple(np.quantile(diffs, [0.025, 0.975])), abs=1e-12)
     assert res.mean_a == pytest.approx(a[idx].mean(), abs=1e-12)
     assert res.n == 80 and res.n_resamples == 500 and res.seed == 11
@@ -159,8 +161,8 @@ def test_bootstrap_clearly_better_system():
     b[np.flatnonzero(a == 0)[::2]] = 1  # fixes half of a's errors, breaks nothing
     res = paired_bootstrap_accuracy(a, b)
     assert res.delta > 0.15 and res.p_value < 0.01 and res.ci_low > 0
-    worse = paired_bootstrap_accuracy(b, a)  # the sign flips, the p-value stays one-sided in that direction
-    assert worse.delta == -res.delta and worse.p_value < 0.01 and worse.ci_high < 0
+    worse = paired_bootstrap_accuracy(b, a)  # the sign flips, the two-sided p-value does not change
+    assert worse.delta == -res.delta and worse.p_value == res.p_value and worse.ci_high < 0
 
 
 def test_classification_bootstrap_paths_agree():
@@ -240,8 +242,10 @@ def test_bleu_bootstrap_matches_sacrebleu_paired_bs(mt_systems, monkeypatch):
     ours = paired_bootstrap_bleu(hyps_a, hyps_b, refs)
     assert (ours.score_a, ours.score_b) == (base.score, system.score)
     assert ours.mean_a == pytest.approx(base.mean, abs=1e-6) and ours.mean_b == pytest.approx(system.mean, abs=1e-6)
-    assert ours.p_value_sacrebleu == system.p_value
-    assert 0.001 < ours.p_value_sacrebleu < 0.5  # a non-trivial case, not a saturated one
+    assert ours.p_value == system.p_value  # our reported p-value is sacreBLEU's, exactly
+    assert 0.001 < ours.p_value < 0.5  # a non-trivial case, not a saturated one
+    swapped = paired_bootstrap_bleu(hyps_b, hyps_a, refs)  # two-sided: the order of the systems does not matter
+    assert swapped.p_value == ours.p_value and swapped.delta == -ours.delta
     assert ours.signature == signatures["BLEU"].format()
     stats_a, bleu = bleu_statistics(hyps_a, refs)
     stats_b, _ = bleu_statistics(hyps_b, refs)
@@ -264,8 +268,7 @@ def test_bleu_statistics_sum_to_corpus_score(mt_systems):
 def test_bleu_bootstrap_identical_and_multi_reference(mt_systems):
     hyps_a, hyps_b, refs = mt_systems
     same = paired_bootstrap_bleu(hyps_a, hyps_a, refs, n_resamples=200)
-    assert same.delta == 0.0 and same.p_value == 1.0
-    assert same.p_value_sacrebleu == pytest.approx(1 / 201)  # sacrebleu's definition never reaches 1
+    assert same.delta == 0.0 and same.p_value == 1.0  # sacreBLEU would say 1/201: a no-op is not significant
     two_refs = paired_bootstrap_bleu(hyps_a, hyps_b, [refs, hyps_b], n_resamples=200)
     assert two_refs.signature.startswith("nrefs:2|bs:200|seed:12345|")
     assert two_refs.score_b == pytest.approx(sacrebleu.corpus_bleu(hyps_b, [refs, hyps_b]).score)
@@ -277,7 +280,7 @@ def test_bleu_bootstrap_clearly_better(mt_systems):
     good = [" ".join(r.split()[:-1]) if i % 4 == 0 else r for i, r in enumerate(refs)]  # 3/4 exact copies
     bad = [" ".join(reversed(r.split())) for r in refs]
     res = paired_bootstrap_bleu(bad, good, refs, n_resamples=200)
-    assert res.delta > 50 and res.p_value < 0.01 and res.p_value_sacrebleu < 0.01
+    assert res.delta > 50 and res.p_value < 0.01
 
 
 def test_bleu_bootstrap_rejects_mismatched_lengths(mt_systems):

@@ -29,8 +29,9 @@ from headprune.train import (
     translate,
 )
 from headprune.train.tokenizer import train_tokenizer
+from shared_data import shared_file
 
-MULTI30K = Path("/work/shared/data/multi30k")
+M30K_FILES = ("train.en.gz", "train.fr.gz", "test_2016_flickr.en.gz", "test_2016_flickr.fr.gz")
 LOG_KEYS = {"epoch", "global_step", "loss", "lr", "seconds", "examples_per_s"}
 MT_EVAL_KEYS = {"tokens_per_s", "eval_nll", "eval_bleu", "bleu_signature", "eval_seconds", "eval_n"}
 
@@ -327,10 +328,12 @@ def test_translation_settings_batching_and_presets():
     assert TranslationTrainSettings.iwslt(epochs=2).epochs == 2
 
 
-@pytest.mark.skipif(not (MULTI30K / "train.en.gz").exists(), reason="needs /work/shared/data/multi30k")
+@pytest.mark.shared_data(*(f"multi30k/{name}" for name in M30K_FILES))
 def test_multi30k_smoke(tmp_path):
+    multi30k = shared_file("multi30k")
+
     def read(name: str, n: int) -> list[str]:
-        with gzip.open(MULTI30K / name, "rt", encoding="utf-8") as f:
+        with gzip.open(multi30k / name, "rt", encoding="utf-8") as f:
             return [next(f).rstrip("\n") for _ in range(n)]
 
     en, fr = read("train.en.gz", 300), read("train.fr.gz", 300)

@@ -45,7 +45,7 @@ from .errors import (
 from .evaluation.texts import text_batches
 from .extras import MissingDependencyError
 from .provenance import __version__
-from .scoring import fisher_information, head_importance, mask_gradients, normalize_per_site
+from .scoring import fisher_information, head_importance, importance_sums, mask_gradients, normalize_per_site
 from .selection import lowest_heads, select_heads
 
 __all__ = [
@@ -53,7 +53,7 @@ __all__ = [
     "ConfigError", "DataError", "HeadpruneError", "MaskError", "PlanError", "SiteError", "UnsupportedModelError",
     "MissingDependencyError",
     "Site", "find_sites", "mask_heads", "unmask_heads", "is_masked", "masked", "ones_mask", "mask_from_heads",
-    "head_importance", "mask_gradients", "normalize_per_site", "fisher_information",
+    "head_importance", "importance_sums", "mask_gradients", "normalize_per_site", "fisher_information",
     "lowest_heads", "select_heads",
     "DroppedHeads", "KeptHeads", "prune_heads", "keep_heads", "kept_heads", "original_heads", "fold_scales",
     "save_pruned", "load_pruned", "load_model",

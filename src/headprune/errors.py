@@ -32,3 +32,11 @@ class DataError(HeadpruneError, ValueError):
 
 class ConfigError(HeadpruneError, ValueError):
     """A setting outside its allowed range."""
+
+
+class VerificationError(HeadpruneError, RuntimeError):
+    """A check of a result failed: e.g. the pruned model does not compute what the masked one did."""
+
+
+class KVCacheWarning(UserWarning):
+    """A pruning plan that makes the key/value cache larger than the unpruned model's (uneven GQA)."""

@@ -33,13 +33,15 @@ from torch import nn
 
 from ..checks import check_choice, check_int
 from ..core.cost import flop_breakdown
+from ..core.devices import input_device, peak_device_bytes, synchronize, to_device
 from ..core.inputs import example_inputs, unwrap
+from ..core.kvcache import kv_cache_bytes
 from ..core.masking import is_masked
 from ..core.sites import find_sites
 from ..core.surgery import DroppedHeads, original_heads
 from ..errors import ConfigError
 from ..provenance import versions
-from ..selection.lowest import lowest_heads
+from ..selection.gqa import kv_groups, select_gqa
 from .figures import bench_plot, bench_table, bench_warnings
 from .machine import loadavg, machine_info, peak_rss_delta
 
@@ -47,15 +49,17 @@ PRUNE_ORDERS = ("index", "random")
 NOISY_TIMES = 0.10  # a model's round times with IQR / median above this are too noisy to read a speed-up from
 
 
-def fraction_plan(model: nn.Module, fraction: float, *, order: str = "index", seed: int = 0) -> DroppedHeads:
+def fraction_plan(model: nn.Module, fraction: float, *, order: str = "index", seed: int = 0,
+                  gqa: str = "uniform") -> DroppedHeads:
     """Heads to remove, ``fraction`` of all: ``order="index"`` the lowest head indices of every site in
-    turn (even: the same count per site, +-1); ``"random"`` a seeded random global choice (uneven)."""
+    turn (even: the same count per site, +-1); ``"random"`` a seeded random global choice (uneven).
+    ``gqa``: the mode of :mod:`headprune.selection.gqa` (default: the KV cache never grows)."""
     check_choice("order", order, PRUNE_ORDERS)
     g = torch.Generator().manual_seed(seed)
     sites = find_sites(model)
     scores = {s.name: torch.arange(s.num_heads, dtype=torch.float32) if order == "index"
               else torch.rand(s.num_heads, generator=g) for s in sites}
-    return lowest_heads(scores, fraction=fraction)
+    return select_gqa(scores, kv_groups(model), mode=gqa, fraction=fraction)
 
 
 # ---------------------------------------------------------------- timing
@@ -187,14 +191,18 @@ def _references(names: list[str], reference) -> dict[str, str]:
 
 def _bench_batch(models, batch: int, s: BenchSettings, times: dict, progress: bool) -> list[dict]:
     names = list(models)
-    inputs = {n: example_inputs(models[n], batch, s.seq_len, tgt_len=s.tgt_len, seed=s.seed) for n in names}
+    inputs = {n: to_device(example_inputs(models[n], batch, s.seq_len, tgt_len=s.tgt_len, seed=s.seed),
+                           input_device(unwrap(models[n]))) for n in names}
     mem: dict[str, int | None] = {n: None for n in names}
+    gpu: dict[str, int | None] = {n: None for n in names}
     first: dict[str, float] = {}
     with torch.inference_mode():
         for i in range(max(s.warmup, 1 if s.memory else 0)):
             for n in names:
                 if i == 0 and s.memory:
-                    mem[n], (first[n], _) = peak_rss_delta(lambda n=n: time_forward(models[n], inputs[n], 1))
+                    device = input_device(unwrap(models[n]))
+                    mem[n], (gpu[n], (first[n], _)) = peak_rss_delta(
+                        lambda n=n, device=device: peak_device_bytes(lambda: time_forward(models[n], inputs[n], 1), device))
                 else:
                     first[n], _ = time_forward(models[n], inputs[n], 1)
         fastest = min(first.values(), default=0.0)
@@ -222,18 +230,23 @@ def _bench_batch(models, batch: int, s: BenchSettings, times: dict, progress: bo
                     "latency_s_std": statistics.stdev(t) if len(t) > 1 else 0.0, "latency_s_min": min(t),
                     "cpu_s": statistics.median(times[(n, batch)]["cpu"]),
                     "examples_per_s": batch / med, "examples_per_s_q25": batch / q75,
-                    "examples_per_s_q75": batch / q25, "peak_rss_delta_bytes": mem[n], "seconds": t})
+                    "examples_per_s_q75": batch / q25, "peak_rss_delta_bytes": mem[n],
+                    "peak_gpu_bytes": gpu[n], "seconds": t})
     return out
 
 
 def time_forward(model: nn.Module, inputs: dict, calls: int) -> tuple[float, float]:
-    """(wall-clock, process CPU) seconds of one forward, means over ``calls`` (garbage collection paused)."""
+    """(wall-clock, process CPU) seconds of one forward, means over ``calls`` (garbage collection paused;
+    a GPU is synchronised before the clock starts and before it stops, so the work is timed, not its launch)."""
     enabled = gc.isenabled()
+    device = input_device(unwrap(model))
     gc.disable()
     try:
+        synchronize(device)
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(calls):
             model(**inputs)
+        synchronize(device)
         return (time.perf_counter() - t0) / calls, (time.process_time() - c0) / calls
     finally:
         if enabled:
@@ -278,7 +291,8 @@ def model_info(model: nn.Module, seq_len: int, tgt_len: int | None = None) -> di
     sites = find_sites(eager)
     breakdown = flop_breakdown(eager, seq_len, tgt_len=tgt_len)
     return {"class": type(eager).__name__, "compiled": eager is not model,
-            "dtype": str(params[0].dtype) if params else None,
+            "dtype": str(params[0].dtype) if params else None, "device": str(input_device(eager)),
+            "gpu": torch.cuda.get_device_name(input_device(eager)) if input_device(eager).type == "cuda" else None,
             "attn_implementation": getattr(eager.config, "_attn_implementation", None),
             "params": sum(p.numel() for p in params),
             "param_bytes": sum(p.numel() * p.element_size() for p in params)
@@ -286,4 +300,14 @@ def model_info(model: nn.Module, seq_len: int, tgt_len: int | None = None) -> di
             "sites": len(sites), "heads": sum(s.num_heads for s in sites),
             "heads_original": sum(original_heads(eager).values()),
             "masked": is_masked(eager),
-            "flops_per_example": breakdown["total"], "flops_breakdown": breakdown}
+            "flops_per_example": breakdown["total"], "flops_breakdown": breakdown,
+            **_kv_info(eager, seq_len, tgt_len)}
+
+
+def _kv_info(model: nn.Module, seq_len: int, tgt_len: int | None) -> dict:
+    """KV-cache bytes per generated token, and per sequence of ``seq_len`` tokens (encoder-decoders: ``tgt_len``
+    decoder tokens over ``seq_len`` source tokens)."""
+    kv = kv_cache_bytes(model)
+    steps = (tgt_len or seq_len) if kv["per_source_token"] else seq_len
+    return {"kv_cache_bytes_per_token": kv["per_token"],
+            "kv_cache_bytes_per_sequence": kv["per_token"] * steps + kv["per_source_token"] * seq_len}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from . import bench, compress, evaluate, model, study, train  # noqa: F401  (each registers its commands)
+from . import bench, compress, evaluate, export, importance, model, study, train  # noqa: F401  (each registers its commands)
 from .app import app, escape_help
 
 escape_help(app)

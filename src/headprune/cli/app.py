@@ -28,6 +28,9 @@ def friendly(fn):
         try:
             return fn(*args, **kwargs)
         except (HeadpruneError, OSError) as e:  # OSError: FileNotFoundError, NotADirectoryError, ...
+            from ..experiments.rundir import close_open_runs
+
+            close_open_runs()  # a run refused midway: its lock goes, a directory it made without results too
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None
 
@@ -47,22 +50,42 @@ def main_callback(version: bool = typer.Option(False, "--version", callback=_ver
 
 
 def json_arg(value: str, name: str) -> dict:
-    """A JSON object given inline or as a path to a file holding it (e.g. ``{"encoder.0.self": [0, 3]}``)."""
-    text = Path(value).read_text() if Path(value).is_file() else value
+    """A JSON object given inline or as a path to a file holding it (e.g. ``{"encoder.0.self": [0, 3]}``).
+
+    A value that is not inline JSON (does not start with ``{`` or ``[``) is a path: a missing file is called
+    that, not "not valid JSON". A key given twice is refused (JSON would silently keep the last)."""
+    inline = value.lstrip().startswith(("{", "["))
+    if not inline and not Path(value).is_file():
+        raise HeadpruneError(f"{name} {value!r}: no such file; allowed: a JSON object inline (e.g. "
+                             '\'{"encoder.0.self": [0, 3]}\') or the path of a file holding one')
+    where = "" if inline else f" in file {value!r}"
+    text = value if inline else Path(value).read_text()
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=functools.partial(_unique_keys, name))
     except json.JSONDecodeError as e:
-        raise HeadpruneError(f"{name}: not valid JSON ({e.msg} at char {e.pos}); expected e.g. "
+        raise HeadpruneError(f"{name}: not valid JSON{where} ({e.msg} at char {e.pos}); expected e.g. "
                              '\'{"encoder.0.self": [0, 3]}\'') from None
     if not isinstance(data, dict):
         raise HeadpruneError(f"{name}: expected a JSON object mapping site -> head indices, got {type(data).__name__}")
     return data
 
 
+def _unique_keys(name: str, pairs: list[tuple[str, object]]) -> dict:
+    seen: dict = {}
+    for key, value in pairs:
+        if key in seen:
+            raise HeadpruneError(f"{name}: site {key!r} given twice; allowed: each site once, with all its heads "
+                                 f"in one list (e.g. {{{json.dumps(key)}: [0, 3]}})")
+        seen[key] = value
+    return seen
+
+
 def echo_headline(run_dir: Path, report: Path | None = None) -> None:
     """The headline rows of the run's results.json as an aligned two-column table, then the report's path."""
     path = Path(run_dir) / "results.json"
-    rows = json.loads(path.read_text()).get("headline", []) if path.is_file() else []
+    from ..report.html import read_results
+
+    rows = read_results(path).get("headline", []) if path.is_file() else []
     cells = [(str(label), f"{value:.4g}" if isinstance(value, float) else str(value)) for label, value in rows]
     width = max((len(label) for label, _ in cells), default=0)
     for label, value in cells:

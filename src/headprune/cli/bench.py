@@ -17,6 +17,7 @@ from ..core.masking import mask_from_heads, mask_heads
 from ..core.surgery import prune_heads
 from ..errors import ConfigError
 from .app import app, friendly
+from .options import DEVICE, DTYPE, device_dtype
 
 _D = BenchSettings()  # flag defaults are the library's
 
@@ -44,6 +45,17 @@ def bench(
     no_memory: bool = typer.Option(False, "--no-memory", help="Skip the peak-memory measurement."),
     trust_unverified: bool = typer.Option(False, "--trust-unverified", help="Skip the check that surgery is exact "
                                           "for this model's class (refused families): check the result yourself."),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
+    decode: bool = typer.Option(False, "--decode", help="Also measure decode throughput: tokens/s of greedy generate "
+                                "with a cache (language models)."),
+    decode_prompt: int = typer.Option(128, "--decode-prompt", help="--decode: prompt tokens."),
+    decode_new: int = typer.Option(128, "--decode-new", help="--decode: new tokens generated per call."),
+    decode_batch: int = typer.Option(1, "--decode-batch", help="--decode: prompts per generate call."),
+    onnx: bool = typer.Option(False, "--onnx", help="Also export every model to ONNX (checked against PyTorch) and "
+                              "time it with onnxruntime (the onnx extra)."),
+    gqa: str = typer.Option("uniform", "--gqa", help="How --prune-fraction chooses heads under grouped-query "
+                            "attention: uniform (never enlarges the KV cache), groups or free."),
 ):
     """Measure examples/s at several batch sizes; print measured and FLOP-limit speed-ups; write JSON + PNG."""
     sizes = _batch_sizes(batch_sizes)
@@ -52,20 +64,27 @@ def bench(
         raise ConfigError(f"--prune-fraction {prune_fraction}; allowed: 0 < F <= 1")
     if prune_order not in PRUNE_ORDERS:
         raise ConfigError(f"--prune-order {prune_order!r}; allowed: {', '.join(PRUNE_ORDERS)}")
+    if gqa not in ("uniform", "groups", "free"):
+        raise ConfigError(f"--gqa {gqa!r}; allowed: uniform, groups, free")
+    for flag, value in (("--decode-prompt", decode_prompt), ("--decode-new", decode_new),
+                        ("--decode-batch", decode_batch)):
+        if value < 1:
+            raise ConfigError(f"{flag} {value}; allowed: an integer >= 1")
     if masked and prune_fraction is None:
         raise ConfigError("--masked needs --prune-fraction (it masks the heads the pruned copy removes)")
     if threads is not None:
         if threads < 1:
             raise ConfigError(f"--threads {threads}; allowed: >= 1")
         torch.set_num_threads(threads)
+    place = device_dtype(device, dtype)  # refused before loading; models are pruned on the CPU, then moved
     models, refs, dropped = {}, {}, {}
     for model_dir in model_dirs:
         name = _unique(model_dir.name or str(model_dir), models)
-        model = load_model(model_dir)
+        model = load_model(model_dir, dtype=place["dtype"])
         models[name] = model
         if prune_fraction is None:
             continue
-        drop = fraction_plan(model, prune_fraction, order=prune_order, seed=seed)
+        drop = fraction_plan(model, prune_fraction, order=prune_order, seed=seed, gqa=gqa)
         pruned = copy.deepcopy(model)
         prune_heads(pruned, drop, verify=not trust_unverified)
         tag = f"{prune_fraction:g}"
@@ -77,6 +96,16 @@ def bench(
             mask_heads(copy_, mask_from_heads(copy_, drop))
             models[_unique(f"{name}-masked{tag}", models)] = copy_
             refs[list(models)[-1]] = name
+    for each in models.values():
+        each.to(place["device"])
+    if onnx:
+        from ..extras import require
+
+        require("onnxruntime", "bench --onnx")  # before any timing
+    if decode:
+        from ..bench.decode import check_decodable
+
+        check_decodable(models, decode_prompt, decode_new)  # before any timing
     first = next(iter(models))
     for name in models:
         if name != first and name not in refs:
@@ -85,15 +114,43 @@ def bench(
                        repeats=repeats, min_repeat_s=min_repeat_s, memory=not no_memory, seed=seed,
                        reference=refs or None)
     result.extra = {"command": shlex.join(["headprune", *sys.argv[1:]]), "model_dirs": [str(d) for d in model_dirs],
-                    "prune_fraction": prune_fraction, "prune_order": prune_order, "dropped": dropped}
+                    "prune_fraction": prune_fraction, "prune_order": prune_order, "dropped": dropped, "gqa": gqa}
+    if decode:
+        from ..bench.decode import decode_benchmark, decode_table
+
+        result.extra["decode"] = decode_benchmark({n: m for n, m in models.items() if "-masked" not in n},
+                                                  prompt_len=decode_prompt, new_tokens=decode_new,
+                                                  batch_size=decode_batch, repeats=repeats, seed=seed)
+    if onnx:
+        from ..export.onnx import bench_onnx
+
+        result.extra["onnx"] = bench_onnx({n: m for n, m in models.items() if "-masked" not in n},
+                                          batch_sizes=sizes, seq_len=seq_len, tgt_len=tgt_len, repeats=repeats,
+                                          seed=seed, reference={k: v for k, v in refs.items() if "-masked" not in k})
     output.mkdir(parents=True, exist_ok=True)
     (output / "bench.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     result.plot(output / "bench.png")
     typer.echo(result.table())
+    typer.echo(_kv_lines(result))
+    if decode:
+        typer.echo(decode_table(result.extra["decode"]))
+    if onnx:
+        from ..export.onnx import onnx_table
+
+        typer.echo(onnx_table(result.extra["onnx"]))
     typer.echo(f"{torch.get_num_threads()} torch threads.")
     for line in result.warnings():
         typer.echo(line, err=True)
     typer.echo(f"wrote {output / 'bench.json'} and {output / 'bench.png'}")
+
+
+def _kv_lines(result) -> str:
+    """KV cache per token and per sequence of every model (original vs pruned)."""
+    lines = [f"{'model':<22} {'KV cache B/token':>16} {'KV cache MB/sequence':>21}"]
+    for name, info in result.models.items():
+        lines.append(f"{name:<22} {info['kv_cache_bytes_per_token']:>16,} "
+                     f"{info['kv_cache_bytes_per_sequence'] / 1e6:>21.3f}")
+    return "\n".join(lines)
 
 
 def _batch_sizes(value: str) -> tuple[int, ...]:

@@ -12,10 +12,12 @@ import typer
 
 from ..errors import ConfigError
 from .app import app, echo_headline, friendly
-from .dataflags import split_option
+from .dataflags import in_cli_terms, split_option
+from .identity import identity
 from .options import (
     DATA,
     DATA2,
+    GQA,
     MINSITE,
     PROGRESS,
     QUIET,
@@ -53,6 +55,12 @@ def compress_command(
                                    "is required)."),
     flops: float = typer.Option(None, "--flops", help="Share of the attention heads' FLOPs to keep, 0..1 (or --keep, "
                                 "--keep-heads: one is required)."),
+    kv: float = typer.Option(None, "--kv", help="Share of the KV-cache bytes per token to keep, 0..1 (drops whole "
+                             "key/value groups; one of --keep, --keep-heads, --flops, --kv is required)."),
+    gqa: str = GQA,
+    same_per_site: bool = typer.Option(False, "--same-per-site", help="Keep the same number of heads in every site "
+                                       "(with --gqa uniform or groups, a head budget): the saved model then has a "
+                                       "stock config that plain from_pretrained loads."),
     method: str = typer.Option("fisher+tune", "--method", help=METHOD_HELP),
     min_per_site: int = MINSITE,
     seq_len: int = typer.Option(None, "--seq-len", help=f"Tokens per example for FLOPs and timing (default "
@@ -87,20 +95,38 @@ def compress_command(
 ):
     """Prune to a budget with I_h or Fisher scores (+ rearrangement, + tuned scales) and save the smaller model."""
     from ..compression.plan import CompressSettings
+    from ..evaluation.build import position_limit
     from ..evaluation.data import same_data
     from ..experiments.compress import run_compress
 
-    budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops)) if v is not None}
+    budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops), ("--kv", kv))
+               if v is not None}
     if units != "heads" or price != "flops" or val_data is not None or method == "fisher+reconstruct":
         from .compress_units import compress_units_command
 
+        heads_only = [f for f, given in (("--kv", kv is not None), ("--same-per-site", same_per_site),
+                                         ("--min-per-site", min_per_site != 0)) if given]
+        if heads_only:
+            raise ConfigError(f"{heads_only[0]} with --units {units} / --price {price} / --val-data / --method "
+                              f"{method}; allowed: only on the heads-only path (--units heads, --price flops, no "
+                              "--val-data, no --method fisher+reconstruct)")
         return compress_units_command(**{k: v for k, v in locals().items() if k not in ("budgets", "compress_units_command")})
     if len(budgets) != 1:
-        raise ConfigError(f"give exactly one budget of --keep (share of heads), --keep-heads (number of heads) or "
-                          f"--flops (share of head FLOPs); got {', '.join(budgets) or 'none'}")
-    settings = CompressSettings(keep=keep, n_keep=keep_heads, flops=flops, method=method, min_per_site=min_per_site,
-                                seq_len=seq_len or 8, tgt_len=tgt_len, damping=damping, target=tune_target,
-                                guard=not no_guard, seed=seed)  # checks all
+        raise ConfigError(f"give exactly one budget of --keep (share of heads), --keep-heads (number of heads), "
+                          f"--flops (share of head FLOPs) or --kv (share of KV-cache bytes); got "
+                          f"{', '.join(budgets) or 'none'}")
+    if kv is not None and not (0.0 <= kv <= 1.0):
+        raise ConfigError(f"--kv {kv}; allowed: a share 0..1 of the KV-cache bytes per token")
+    if gqa not in ("uniform", "groups", "free"):
+        raise ConfigError(f"--gqa {gqa!r}; allowed: uniform, groups, free")
+    if same_per_site and (gqa == "free" or flops is not None or kv is not None):
+        raise ConfigError(f"--same-per-site with --gqa {gqa} and {', '.join(budgets)}; allowed: --gqa uniform or "
+                          "groups with --keep or --keep-heads")
+    with in_cli_terms():  # checks all, in flag names
+        settings = CompressSettings(keep=keep, n_keep=keep_heads, flops=flops, method=method,
+                                    min_per_site=min_per_site, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len,
+                                    tgt_len=tgt_len, damping=damping, target=tune_target, guard=not no_guard, seed=seed,
+                                    gqa=gqa, kv=kv, same_per_site=same_per_site)
     if output.exists():
         raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
     calib = calib_data or data
@@ -120,9 +146,9 @@ def compress_command(
             raise ConfigError(f"data file {path!r} does not exist")
     t = TaskSetup(model_dir, task, flags)
     model, tok = t.model, t.tokenizer
-    if seq_len is None:  # 128 tokens, or what the position table allows
-        limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-        settings = replace(settings, seq_len=min(DEFAULT_SEQ_LEN, limit or DEFAULT_SEQ_LEN))
+    if seq_len is None:  # 128 tokens, or what the position table allows (--limit stays the examples' count)
+        positions = position_limit(model.config)
+        settings = replace(settings, seq_len=min(DEFAULT_SEQ_LEN, positions or DEFAULT_SEQ_LEN))
     ev = t.on(data, data2)
     calib_ev = t.on(calib, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
                     split=calib_split)
@@ -130,7 +156,9 @@ def compress_command(
                  "split": Path(data).name, "n": len(ev),
                  **{k: v for k, v in (("data_split", flags.split), ("calib_split", calib_split)) if v},
                  "calib_data": [calib] + ([str(calib_data2 or data2)] if (calib_data2 or data2) else []),
-                 "calib_n": len(calib_ev)}
+                 "calib_n": len(calib_ev), "calib_limit": calib_limit,
+                 **identity(flags, ev, model_dir, {"--data": data, "--data2": data2, "--calib-data": calib_data,
+                                                   "--calib-data2": calib_data2})}
     report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=settings, signature=signature,
                           bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
                           verify=not trust_unverified, progress=bars)

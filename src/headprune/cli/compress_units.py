@@ -23,7 +23,8 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
                            calib_limit, allow_same_data: bool, keep, keep_heads, flops, method: str, seq_len, tgt_len,
                            damping: float, tune_target: str, no_guard: bool, bench_batch: int, bench_repeats: int,
                            no_bench: bool, output: Path, quiet: bool, progress: bool, trust_unverified: bool,
-                           units: str, price: str, val_data, val_data2, val_split, val_limit, flags, **_ignored):
+                           units: str, price: str, val_data, val_data2, val_split, val_limit, flags, gqa: str,
+                           **_ignored):
     """The ``--units neurons|both`` (or ``--price``, ``--val-data``) branch of ``headprune compress``."""
     from ..compression.units import UnitSettings
     from ..evaluation.data import same_data
@@ -45,7 +46,8 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
                           "least-squares reconstruction of every pruned layer, kept only if it lowers the validation loss)")
     share = next(iter(given.values()))
     settings = UnitSettings(share=share, units=units, price=price, seq_len=seq_len or 8, tgt_len=tgt_len,
-                            compensate=METHODS[method], damping=damping, target=tune_target, guard=not no_guard)
+                            compensate=METHODS[method], damping=damping, target=tune_target, guard=not no_guard,
+                            gqa=gqa)
     if output.exists():
         raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
     calib = calib_data or data

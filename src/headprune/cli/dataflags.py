@@ -30,7 +30,10 @@ ARGUMENT_FLAGS = {"text_column": "--text-column", "text_pair_column": "--text-pa
                   "label_column": "--label-column", "source_column": "--source-column",
                   "target_column": "--target-column", "label2id": "--label-map", "metric": "--metric",
                   "batch_size": "--batch-size", "max_length": "--max-length", "num_beams": "--beams",
-                  "max_new_tokens": "--max-new-tokens", "block_size": "--block-size"}
+                  "max_new_tokens": "--max-new-tokens", "block_size": "--block-size",
+                  "n_resamples": "--resamples", "alpha": "--alpha", "min_per_site": "--min-per-site",
+                  "seq_len": "--seq-len", "tgt_len": "--tgt-len", "n_keep": "--keep-heads", "keep": "--keep",
+                  "flops": "--flops", "damping": "--damping"}
 # whole library phrases whose CLI form is not a flag name
 PHRASES = (
     ("label2id={label: id}", "--label-map LABEL=ID,... (e.g. negative=0,positive=1)"),

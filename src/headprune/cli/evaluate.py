@@ -43,7 +43,7 @@ def evaluate(
     """Evaluate a model on a task: corpus score, examples/s and the signature that reproduces it."""
     from ..core.masking import mask_from_heads
     from ..evaluation.build import check_task
-    from ..provenance import versions
+    from ..provenance import code_identity, versions
 
     check_task(task)
     off = _heads_off(heads_off)  # refuse bad JSON before loading anything
@@ -57,7 +57,7 @@ def evaluate(
     extra = dict(out.pop("extra"))
     extra.pop("hypotheses", None)
     signature = {**extra.pop("signature", evaluator.signature), "n": result.n, "model": str(model_dir),
-                 "heads_off": off, "versions": versions()}
+                 "heads_off": off, "code": code_identity(), "versions": versions()}
     if as_json:
         typer.echo(json.dumps({"task": task, **out, "extra": extra, "signature": signature}, indent=2))
         return

@@ -29,6 +29,9 @@ SEED = typer.Option(0, "--seed", help="Seed of the bootstrap and of the random o
 OUT = typer.Option(..., "-o", "--output", help="Run directory (rerun the same command to resume).")
 FRESH = typer.Option(False, "--fresh", help="Start over in an existing run directory.")
 MINSITE = typer.Option(0, "--min-per-site", help="Keep at least this many heads in every site.")
+GQA = typer.Option("uniform", "--gqa", help="Grouped-query attention: uniform (the same query heads kept per key/value "
+                   "group; never enlarges the KV cache), groups (whole key/value groups) or free (any heads; warns "
+                   "when the KV cache grows). Models without GQA: no effect.")
 TEXT = typer.Option(None, "--text-column", help="Classification text column, a name or a position (default: "
                     "guessed from common names, e.g. sentence).")
 PAIR = typer.Option(None, "--text-pair-column", help="Second text column of pair tasks (default: guessed, e.g. "
@@ -43,6 +46,10 @@ BATCH = typer.Option(None, "--batch-size", help="Batch size (default 32; lm 8)."
 METRIC = typer.Option(None, "--metric", help="Classification: accuracy (default), f1 or matthews.")
 BEAMS = typer.Option(1, "--beams", help="Translation: beam size (1 = greedy).")
 CALIB_LIMIT = 256  # the first N examples of a calibration or choice data set
+DEVICE = typer.Option(None, "--device", help="Where the model runs: cpu, cuda, cuda:1, mps (default: the best "
+                      "available: cuda, else mps, else cpu).")
+DTYPE = typer.Option(None, "--dtype", help="The model's dtype: float32, bfloat16 or float16 (default: as saved). "
+                     "Scores are summed in float64 either way.")
 QUIET = typer.Option(False, "--quiet", "-q", help="No progress bars (default: bars on stderr when it is a terminal).")
 PROGRESS = typer.Option(False, "--progress", hidden=True, help="Progress bars even when stderr is not a terminal.")
 
@@ -89,6 +96,8 @@ class TaskFlags(Flags):
     beams: int = dataclasses.field(default=BEAMS)
     split: str = dataclasses.field(default=split_option("--data"))
     label_map: str = dataclasses.field(default=LABEL_MAP)
+    device: str = dataclasses.field(default=DEVICE)
+    dtype: str = dataclasses.field(default=DTYPE)
 
     def columns(self) -> dict:
         """The column flags as library arguments: digits are a position (a headerless file), else a name."""
@@ -105,11 +114,19 @@ class SweepFlags(Flags):
     alpha: float = dataclasses.field(default=typer.Option(0.01, "--alpha", help="Significance level for the flag."))
     resamples: int = dataclasses.field(default=typer.Option(1000, "--resamples", help="Bootstrap resamples."))
     seed: int = dataclasses.field(default=SEED)
+    correction: str = dataclasses.field(default=typer.Option(
+        "holm", "--correction", help="Multiplicity control over the sweep: holm (family-wise error) or bh "
+        "(Benjamini-Hochberg, false discovery rate); 'significant' uses the adjusted p."))
 
     def settings(self):
+        from ..errors import ConfigError
         from ..experiments.ablation import SweepSettings
 
-        return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed)
+        if self.correction not in ("holm", "bh"):
+            raise ConfigError(f"--correction {self.correction!r}: allowed: holm, bh")
+        with in_cli_terms():
+            return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed,
+                                 correction=self.correction)
 
     def site_list(self) -> list[str] | None:
         return comma_list(self.sites)
@@ -156,15 +173,15 @@ def comma_list(value: str | None) -> list[str] | None:
     return None if not value else [s.strip() for s in value.split(",") if s.strip()]
 
 
-def load_model_dir(model_dir: Path, task: str | None = None):
-    """(model, tokenizer) of a model directory; a directory without a tokenizer is refused, and so is a
-    model without the head ``task`` needs (one line naming its class and what to do)."""
+def load_model_dir(model_dir: Path, task: str | None = None, device: str | None = None, dtype: str | None = None):
+    """(model, tokenizer) of a model directory, on ``--device`` in ``--dtype``; a directory without a tokenizer is
+    refused, and so is a model without the head ``task`` needs (one line naming its class and what to do)."""
     from ..core.io import load_model, load_tokenizer
     from ..evaluation.build import check_model, check_task
 
     if task is not None:
         check_task(task)
-    model = load_model(model_dir)
+    model = load_model(model_dir, **device_dtype(device, dtype))
     if task is not None:
         check_model(task, model, str(model_dir))
     tokenizer = load_tokenizer(model_dir)
@@ -172,6 +189,13 @@ def load_model_dir(model_dir: Path, task: str | None = None):
         raise ConfigError(f"model directory {str(model_dir)!r} has no tokenizer (tokenizer.json, "
                           "tokenizer_config.json, vocab.txt or spiece.model); save one beside the model")
     return model, tokenizer
+
+
+def device_dtype(device: str | None, dtype: str | None) -> dict:
+    """``--device`` and ``--dtype`` as :func:`headprune.load_model` arguments (refused in one line when unknown)."""
+    from ..core.devices import resolve_device, resolve_dtype
+
+    return {"device": resolve_device(device), "dtype": resolve_dtype(dtype)}
 
 
 def check_checkpoint(model_dir: Path, task: str) -> None:
@@ -193,7 +217,7 @@ class TaskSetup:
     refused before any data is read or anything is written."""
 
     def __init__(self, model_dir: Path, task: str, flags: TaskFlags):
-        self.model, self.tokenizer = load_model_dir(model_dir, task)
+        self.model, self.tokenizer = load_model_dir(model_dir, task, flags.device, flags.dtype)
         self.task, self.flags = task, flags
         self.label_map = parse_label_map(flags.label_map, self.model.config)
 

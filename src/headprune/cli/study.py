@@ -12,12 +12,15 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
+from ..provenance import data_sha256
 from .app import app, echo_headline, friendly
-from .dataflags import split_option
+from .dataflags import in_cli_terms, split_option
+from .identity import content_sha256, identity
 from .options import (
     DATA,
     DATA2,
     FRESH,
+    GQA,
     MINSITE,
     OUT,
     TASK,
@@ -34,11 +37,12 @@ from .options import (
 MODEL = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune).")
 
 
-def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int) -> dict:
+def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int, flags: TaskFlags) -> dict:
     chosen = getattr(evaluator, "signature", {}).get("split")  # a datasets directory's split, when given
     return {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
             "split": Path(data).name, **({"data_split": chosen} if chosen else {}), "n": len(evaluator),
-            "seed": seed, "command": " ".join(sys.argv[1:])}
+            "seed": seed, **identity(flags, evaluator, model_dir, {"--data": data, "--data2": data2}),
+            "command": " ".join(sys.argv[1:])}
 
 
 @app.command("ablate")
@@ -52,7 +56,7 @@ def ablate(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: P
     settings = sweep.settings()
     t = TaskSetup(model_dir, task, flags)
     ev = t.on(data, data2)
-    report = run_ablation(t.model, ev, output, signature=_signature(model_dir, task, data, data2, ev, sweep.seed),
+    report = run_ablation(t.model, ev, output, signature=_signature(model_dir, task, data, data2, ev, sweep.seed, flags),
                           sites=sweep.site_list(), settings=settings, fresh=fresh)
     echo_headline(output, report)
 
@@ -79,9 +83,11 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
     ev = t.on(data, data2)
     choose = (t.on(choose_data or data, choose_data2 if choose_data else data2, limit=calib_limit,
                    flag="--choose-data", split=choose_split) if choose_data or choose_split else None)
-    sig = _signature(model_dir, task, data, data2, ev, sweep.seed)
+    sig = _signature(model_dir, task, data, data2, ev, sweep.seed, flags)
     if choose is not None:
-        sig.update(choose_data=choose_data or data, choose_n=len(choose))
+        sig.update(choose_data=choose_data or data, choose_n=len(choose), calib_limit=calib_limit)
+        sig["data_sha256"].update({"--choose-data": content_sha256(choose_data or data),
+                                   **({"--choose-data2": content_sha256(choose_data2)} if choose_data2 else {})})
         if choose_split:
             sig.update(choose_split=choose_split)
     report = run_all_but_one(t.model, ev, output, choose_on=choose, signature=sig, sites=sweep.site_list(),
@@ -108,14 +114,16 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
     t = TaskSetup(model_dir, task, flags)
     ev_a = t.on(data, data2)
     ev_b = t.on(data_b, data2_b, flag="--data-b", split=split_b)
-    sig = {**_signature(model_dir, task, data, data2, ev_a, sweep.seed), "data_b": data_b, "n_b": len(ev_b),
+    sig = {**_signature(model_dir, task, data, data2, ev_a, sweep.seed, flags), "data_b": data_b, "n_b": len(ev_b),
            **({"split_b": split_b} if split_b else {})}
+    sig["data_sha256"].update({"--data-b": content_sha256(data_b),
+                               **({"--data2-b": content_sha256(data2_b)} if data2_b else {})})
     report = run_cross_domain(t.model, ev_a, ev_b, output, names=pair, signature=sig, sites=sweep.site_list(),
                               settings=settings, fresh=fresh)
     echo_headline(output, report)
 
 
-def _curve_settings(orders: str, step: float, seeds: int, kinds: str | None, min_per_site: int):
+def _curve_settings(orders: str, step: float, seeds: int, kinds: str | None, min_per_site: int, gqa: str = "uniform"):
     from ..experiments.curves import CurveSettings
 
     if not 0 < step <= 1:
@@ -124,9 +132,10 @@ def _curve_settings(orders: str, step: float, seeds: int, kinds: str | None, min
     fractions = sorted({min(1.0, round(i * step, 6)) for i in range(n + 1)} | {1.0})
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds}; allowed: >= 1")
-    return CurveSettings(fractions=tuple(fractions), orders=tuple(o.strip() for o in orders.split(",")),
-                         seeds=tuple(range(seeds)), kinds=tuple(comma_list(kinds)) if kinds else None,
-                         min_per_site=min_per_site)
+    with in_cli_terms():
+        return CurveSettings(fractions=tuple(fractions), orders=tuple(o.strip() for o in orders.split(",")),
+                             seeds=tuple(range(seeds)), kinds=tuple(comma_list(kinds)) if kinds else None,
+                             min_per_site=min_per_site, gqa=gqa)
 
 
 ORDERS = typer.Option("importance,oracle,random", "--orders", help="Comma-separated: importance, "
@@ -150,11 +159,13 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
           oracle_from: Path = typer.Option(None, "--oracle-from", help="Take the oracle order from this "
                                            "`headprune ablate` run directory (default: none, computed here by a one-head ablation)."),
           orders: str = ORDERS, step: float = STEP, seeds: int = SEEDS, kind: str = KINDS, min_per_site: int = MINSITE,
-          output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags):
+          output: Path = OUT, fresh: bool = FRESH, gqa: str = GQA, *, flags: TaskFlags):
     """Pruning curves in I_h, oracle and random order (paper 4.2, 5, App. B; Figs. 3, 4, 6)."""
     from ..experiments.study import oracle_from_run, run_curves
 
-    settings = _curve_settings(orders, step, seeds, kind, min_per_site)
+    if gqa not in ("uniform", "groups", "free"):
+        raise ConfigError(f"--gqa {gqa!r}; allowed: uniform, groups, free")
+    settings = _curve_settings(orders, step, seeds, kind, min_per_site, gqa)
     check_calib_limit(calib_limit)
     if calib_data2 is not None and calib_data is None:
         raise ConfigError("--calib-data2 needs --calib-data")
@@ -163,9 +174,12 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
     ev = t.on(data, data2)
     calib = (t.on(calib_data or data, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
                   split=calib_split) if calib_data or calib_split else ev)
-    sig = {**_signature(model_dir, task, data, data2, ev, 0), "importance_data": calib_data or data,
+    sig = {**_signature(model_dir, task, data, data2, ev, 0, flags), "importance_data": calib_data or data,
            **({"importance_split": calib_split} if calib_split else {}),
-           "importance_n": len(calib), "oracle_from": str(oracle_from) if oracle else None}
+           "importance_n": len(calib), "calib_limit": calib_limit, "oracle_from": str(oracle_from) if oracle else None,
+           "oracle_sha256": data_sha256(Path(oracle_from) / "ablation.csv") if oracle else None}
+    sig["data_sha256"].update({k: content_sha256(v) for k, v in (("--calib-data", calib_data),
+                                                               ("--calib-data2", calib_data2)) if v})
     report = run_curves(t.model, ev, output, settings=settings, importance_batches=calib.batches, signature=sig,
                         oracle=oracle, fresh=fresh)
     echo_headline(output, report)
@@ -202,7 +216,9 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
 
     sig = {"model": [str(p) for p in checkpoints], "task": task, "data": data, "split": Path(data).name,
            **({"data_split": flags.split} if flags.split else {}),
-           "n": flags.limit, "seed": 0, "command": " ".join(sys.argv[1:])}
+           "n": flags.limit, "seed": 0,
+           **identity(flags, ready[order[0][1]][1], list(checkpoints), {"--data": data, "--data2": data2}),
+           "command": " ".join(sys.argv[1:])}
     report = run_dynamics([(e, loader(p)) for e, p in order], output, settings=settings, signature=sig, fresh=fresh)
     echo_headline(output, report)
 

@@ -57,6 +57,20 @@ def _threads(threads: int | None) -> None:
         torch.set_num_threads(threads)
 
 
+def _check_positions(model_dir: Path, max_length: int) -> None:
+    """``--max-length`` within the pretrained model's position table (from its config alone)."""
+    import transformers
+
+    from ..evaluation.build import position_limit
+
+    if not (Path(model_dir) / "config.json").is_file():
+        return  # the loader names a directory without a model
+    positions = position_limit(transformers.AutoConfig.from_pretrained(model_dir))
+    if positions is not None and max_length > positions:
+        raise ConfigError(f"--max-length {max_length}; allowed: an integer 2..{positions} (the model has "
+                          f"{positions} positions)")
+
+
 @train_app.command("classifier")
 @friendly
 def classifier(
@@ -87,6 +101,8 @@ def classifier(
                 label_column=column(label_column))
     settings = ClassifierTrainSettings(**_options(epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length),
                                        seed=seed)
+    if max_length is not None:
+        _check_positions(model_dir, max_length)
     mapping = _label_map(label_map)
     with in_cli_terms("--data"):
         train = load_classification(data, **cols, limit=limit, split=split)

@@ -16,6 +16,7 @@ from torch import nn
 
 from ..core.cost import flop_breakdown
 from ..core.folding import fold_scales
+from ..core.kvcache import kv_cache_bytes
 from ..core.sites import find_sites
 from ..core.surgery import DroppedHeads, KeptHeads, kept_heads, prune_heads
 from ..core.verify import verify_surgery
@@ -66,6 +67,9 @@ def compress(
     inplace: bool = False,
     verify: bool = True,
     progress: bool = False,
+    gqa: str = "uniform",
+    kv: float | None = None,
+    same_per_site: bool = False,
 ) -> CompressResult:
     """Prune ``model`` (a copy unless ``inplace``) to one budget with ``method``; see the module doc.
 
@@ -73,11 +77,16 @@ def compress(
     from whatever the result is evaluated on. ``sites``: prune only these (the budget is of their
     heads). ``verify=False`` skips the check that surgery is exact for the model's class
     (:mod:`headprune.core.verify`). Returns the physically pruned model (tuned scales folded in: it computes exactly what
-    the plan's mask computes) with sizes before and after.
+    the plan's mask computes) with sizes before and after. ``gqa``: how heads sharing key/value heads are
+    chosen (:mod:`headprune.selection.gqa`; the default never enlarges the KV cache); ``kv``: a budget as
+    the share of the KV-cache bytes per token kept (instead of ``keep`` / ``n_keep`` / ``flops``);
+    ``same_per_site``: the same number of heads kept in every site, so that :func:`headprune.save_pruned`
+    can write a stock config that plain ``from_pretrained`` loads.
     """
     settings = CompressSettings(keep=keep, n_keep=n_keep, flops=flops, method=method, min_per_site=min_per_site,
                                 seq_len=seq_len, tgt_len=tgt_len, damping=damping, max_scale=max_scale,
-                                target=target, guard=guard, seed=seed)
+                                target=target, guard=guard, seed=seed, gqa=gqa, kv=kv,
+                                same_per_site=same_per_site)
     batches = list(calib_batches)
     if not batches:
         raise ConfigError("calib_batches: empty; compression needs calibration examples")
@@ -108,4 +117,5 @@ def _sizes(model: nn.Module, settings: CompressSettings) -> dict:
     flops = flop_breakdown(model, settings.seq_len, tgt_len=settings.tgt_len)
     return {"heads": sum(s.num_heads for s in find_sites(model)), "params": sum(p.numel() for p in model.parameters()),
             "flops": flops["total"], "attention_flops": flops["projections"] + flops["attention"],
-            "seq_len": settings.seq_len, "tgt_len": settings.tgt_len}
+            "seq_len": settings.seq_len, "tgt_len": settings.tgt_len,
+            "kv_cache_bytes_per_token": kv_cache_bytes(model)["per_token"]}

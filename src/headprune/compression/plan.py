@@ -32,6 +32,7 @@ from torch import nn
 
 from ..checks import check_choice, check_int, check_number, check_share
 from ..core.cost import HeadCosts, head_costs
+from ..core.kvcache import kv_head_bytes
 from ..core.masking import HeadMask
 from ..core.sites import find_sites
 from ..core.surgery import DroppedHeads
@@ -39,7 +40,7 @@ from ..errors import ConfigError
 from ..scoring.fisher import Fisher, fisher_information
 from ..scoring.gradients import LossFn, mean_loss
 from ..scoring.importance import head_importance
-from ..selection.budget import select_heads
+from ..selection.gqa import GQA_MODES, kv_groups, select_gqa
 from ..selection.rearrange import rearrange
 from .tuning import TARGETS, scale_mask, tune_scales
 
@@ -62,12 +63,21 @@ class CompressSettings:
     target: str = "residual"  # what tuning reproduces: the residual stream after each site, or its "output"
     guard: bool = True  # keep rearrangement / tuning only where they lower the calibration loss
     seed: int = 0  # of the random method
+    gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (headprune.selection.gqa)
+    kv: float | None = None  # share of the KV-cache bytes per token kept, 0..1 (drops whole key/value groups)
+    same_per_site: bool = False  # the same heads kept in every site: a stock config can describe the result
 
     def __post_init__(self):
-        given = {k: v for k, v in (("keep", self.keep), ("n_keep", self.n_keep), ("flops", self.flops)) if v is not None}
+        given = {k: v for k, v in (("keep", self.keep), ("n_keep", self.n_keep), ("flops", self.flops),
+                                   ("kv", self.kv)) if v is not None}
         if len(given) != 1:
-            raise ConfigError(f"give exactly one budget: keep (share of heads), n_keep (number of heads) or flops "
-                              f"(share of head FLOPs); got {given or 'none'}")
+            raise ConfigError(f"give exactly one budget: keep (share of heads), n_keep (number of heads), flops "
+                              f"(share of head FLOPs) or kv (share of KV-cache bytes); got {given or 'none'}")
+        check_share("kv", self.kv, optional=True)
+        check_choice("gqa", self.gqa, GQA_MODES)
+        if self.same_per_site and (self.gqa == "free" or self.flops is not None or self.kv is not None):
+            raise ConfigError(f"same_per_site=True needs gqa 'uniform' or 'groups' and a head budget (keep or n_keep); "
+                              f"got gqa={self.gqa!r}, {given}")
         check_share("keep", self.keep, optional=True)
         check_share("flops", self.flops, optional=True)
         check_int("n_keep", self.n_keep, 0, optional=True)
@@ -156,8 +166,11 @@ def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], 
     start = time.perf_counter()
     if settings.flops is not None and costs is None:
         costs = head_costs(model, settings.seq_len, tgt_len=settings.tgt_len)
-    drop = select_heads(scored.scores, keep=settings.keep, n_keep=settings.n_keep, flops=settings.flops,
-                        costs=costs, min_per_site=settings.min_per_site, sites=sites)
+    groups = kv_groups(model)
+    drop = select_gqa(scored.scores, groups, mode=settings.gqa, keep=settings.keep, n_keep=settings.n_keep,
+                      flops=settings.flops, costs=costs, kv=settings.kv,
+                      kv_bytes=kv_head_bytes(model) if settings.kv is not None else None,
+                      min_per_site=settings.min_per_site, sites=sites, same_per_site=settings.same_per_site)
     plan = CompressPlan(drop=drop, seconds=seconds)
     if scored.fisher is not None:
         plan.loss_estimate["selected"] = scored.fisher.loss_increase(drop) / scored.fisher.n
@@ -169,8 +182,9 @@ def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], 
         seconds["guard"] = time.perf_counter() - start
     if settings.rearranges:
         start = time.perf_counter()
-        groups = costs.group if settings.flops is not None else None  # a FLOP budget: no key/value head more
-        moved = rearrange(drop, scored.fisher, groups=groups)
+        within = settings.gqa != "free" or settings.kv is not None  # keep the kept heads per key/value group
+        moved = rearrange(drop, scored.fisher, groups=groups if within or settings.flops is not None else None,
+                          within_groups=within)  # a FLOP budget: no key/value head more
         plan.loss_estimate["rearranged"] = scored.fisher.loss_increase(moved) / scored.fisher.n
         seconds["rearrange"] = time.perf_counter() - start
         plan.drop = _guarded(plan, "rearranged", CompressPlan(drop=moved), model, batches, loss_fn, guarded, seconds).drop

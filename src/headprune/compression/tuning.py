@@ -39,6 +39,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..core.devices import accumulator_device, input_device, module_device, to_device
 from ..core.inputs import model_inputs
 from ..core.masking import HeadMask, masked, validate_mask
 from ..core.sites import Site, find_sites, is_conv1d
@@ -64,8 +65,9 @@ def scale_mask(model_or_sites: nn.Module | list[Site], drop: Mapping[str, Iterab
     sites = model_or_sites if isinstance(model_or_sites, list) else find_sites(model_or_sites)
     mask = {}
     for s in sites:
-        m = torch.ones(s.num_heads) if scales is None or s.name not in scales else \
-            torch.as_tensor(scales[s.name], dtype=torch.float32).clone()
+        device = module_device(s.o)
+        m = torch.ones(s.num_heads, device=device) if scales is None or s.name not in scales else \
+            torch.as_tensor(scales[s.name], dtype=torch.float32).to(device).clone()
         m[list(drop.get(s.name, []))] = 0.0
         mask[s.name] = m
     return validate_mask(sites, mask)
@@ -96,7 +98,7 @@ def tune_scales(
         raise ConfigError(f"max_scale={max_scale!r}; allowed: a number > 0")
     if target not in TARGETS:
         raise ConfigError(f"target={target!r}; allowed: {', '.join(TARGETS)}")
-    batches = list(batches)
+    batches = [to_device(b, input_device(model)) for b in batches]  # once, beside the model
     if not batches:
         raise ConfigError("batches: empty; mask tuning needs calibration examples")
     sites = find_sites(model)
@@ -114,7 +116,7 @@ def tune_scales(
             cached = None if targets is None else [t[site.name] for t in targets]
             gram, rhs, norm = _normal_equations(model, batches, site, kept, mask, norms.get(site.name), cached)
             scales, row = _solve(gram, rhs, norm, damping, max_scale)
-            mask[site.name][kept] = scales.float()
+            mask[site.name][kept] = scales.to(mask[site.name].device, torch.float32)
             report.append({"site": site.name, "kept": len(kept),
                            "target": "residual" if site.name in norms else "output", **row})
     finally:
@@ -125,10 +127,10 @@ def tune_scales(
 def _solve(gram: torch.Tensor, rhs: torch.Tensor, norm: float, damping: float, max_scale: float):
     """Scales [k] and the report row of one site's damped least squares."""
     k = gram.shape[0]
-    ones = torch.ones(k, dtype=torch.float64)
+    ones = torch.ones(k, dtype=torch.float64, device=gram.device)
     lam = damping * float(gram.diagonal().mean())
     try:
-        s = torch.linalg.solve(gram + lam * torch.eye(k, dtype=torch.float64), rhs + lam * ones)
+        s = torch.linalg.solve(gram + lam * torch.eye(k, dtype=torch.float64, device=gram.device), rhs + lam * ones)
         ok = bool(torch.isfinite(s).all()) and float(s.abs().max()) <= max_scale
     except RuntimeError:  # singular without damping
         s, ok = ones, False
@@ -236,7 +238,7 @@ def _read_targets(model, batch, sites: list[Site], norms: Mapping[str, nn.Module
 def _real(t: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
     """[B, T, d] -> [N, d]: the rows of real tokens (all when ``rows`` is None)."""
     t = t.reshape(-1, t.shape[-1])
-    return t if rows is None else t[rows]
+    return t if rows is None else t[rows.to(t.device)]
 
 
 def _normal_equations(model, batches, site: Site, kept: list[int], mask: HeadMask, norm_layer: nn.Module | None,
@@ -248,15 +250,16 @@ def _normal_equations(model, batches, site: Site, kept: list[int], mask: HeadMas
     k, hd = len(kept), site.head_dim
     weight = _head_weights(site, kept)  # [k, hd, d_out]
     bias = getattr(site.o, "bias", None)
-    gram = torch.zeros(k, k, dtype=torch.float64)
-    rhs = torch.zeros(k, dtype=torch.float64)
-    norm = 0.0
+    device = accumulator_device(weight.device)  # float64 sums on the site's device (the CPU for mps)
+    gram = torch.zeros(k, k, dtype=torch.float64, device=device)
+    rhs = torch.zeros(k, dtype=torch.float64, device=device)
+    norm = torch.zeros((), dtype=torch.float64, device=device)
     student = {n: m for n, m in mask.items() if n != site.name}  # this site's raw head outputs are read
-    index = torch.tensor(kept, dtype=torch.long)
+    index = torch.tensor(kept, dtype=torch.long, device=weight.device)
     for i, batch in enumerate(batches):
         z, y_own, u_own = _record(model, batch, site, norm_layer, student)  # pruned model: o input [B, T, H*hd]
         rows = _token_rows(model, batch, site, z.shape)
-        z = _real(z, rows).view(-1, site.num_heads, hd).index_select(1, index).double()  # [N, k, hd]
+        z = _real(z, rows).view(-1, site.num_heads, hd).index_select(1, index.to(z.device)).to(device, torch.float64)  # [N, k, hd]
         if targets is None:
             _, y_t, u_t = _record(model, batch, site, norm_layer, None)  # the unpruned model
             y = _real(y_t if norm_layer is None else u_t, rows)
@@ -264,24 +267,24 @@ def _normal_equations(model, batches, site: Site, kept: list[int], mask: HeadMas
             y = targets[i]
         if y.shape[0] != z.shape[0]:
             raise ConfigError(f"site {site.name}: {y.shape[0]} output rows do not match {z.shape[0]} input rows")
-        y = y.double()  # [N, d]
+        y = y.to(device, torch.float64)  # [N, d]
         if norm_layer is not None:  # minus the pruned model's residual: u = residual + o(z)
-            y = y - (_real(u_own, rows) - _real(y_own, rows)).double()
+            y = y - (_real(u_own, rows) - _real(y_own, rows)).to(device, torch.float64)
         if bias is not None:
-            y = y - bias.detach().double()
+            y = y - bias.detach().to(device, torch.float64)
         for start in range(0, z.shape[0], ROWS_PER_CHUNK):
             piece = slice(start, start + ROWS_PER_CHUNK)
-            c = torch.einsum("njc,jcd->njd", z[piece], weight)  # [n, k, d] head contributions
+            c = torch.einsum("njc,jcd->njd", z[piece], weight.to(device))  # [n, k, d] head contributions
             gram += torch.einsum("njd,nid->ji", c, c)
             rhs += torch.einsum("njd,nd->j", c, y[piece])
-        norm += float((y * y).sum())
-    return gram, rhs, norm
+        norm += (y * y).sum()
+    return gram, rhs, float(norm)
 
 
 def _head_weights(site: Site, kept: list[int]) -> torch.Tensor:
     """The output projection's weights of the kept heads as [k, head_dim, d_out], float64."""
     w = site.o.weight.detach().double()
-    idx = torch.tensor(kept, dtype=torch.long)
+    idx = torch.tensor(kept, dtype=torch.long, device=w.device)
     if is_conv1d(site.o):  # [in, out]
         return w.view(site.num_heads, site.head_dim, -1).index_select(0, idx)
     return w.view(w.shape[0], site.num_heads, site.head_dim).index_select(1, idx).permute(1, 2, 0)  # [out, in]

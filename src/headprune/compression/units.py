@@ -37,6 +37,7 @@ from ..core.verify import verify_surgery
 from ..errors import ConfigError
 from ..scoring.gradients import LossFn, mean_loss
 from ..scoring.units import unit_fisher
+from ..selection.gqa import GQA_MODES, kv_groups
 from ..selection.units import UNITS, select_units
 from .reconstruct import reconstruct
 from .tuning import TARGETS
@@ -58,6 +59,7 @@ class UnitSettings:
     target: str = "residual"  # what each layer reproduces: the residual stream after it, or its output
     val_share: float = 0.25  # without val_batches: share of the calibration batches held out for the guard
     guard: bool = True  # keep the reconstruction only where it lowers the validation loss
+    gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (see headprune.selection.gqa)
 
     def __post_init__(self):
         check_share("share", self.share)
@@ -69,6 +71,7 @@ class UnitSettings:
         check_number("damping", self.damping, low=0)
         check_choice("target", self.target, TARGETS)
         check_share("val_share", self.val_share, one=False)
+        check_choice("gqa", self.gqa, GQA_MODES)
 
 
 @dataclass
@@ -143,7 +146,8 @@ def compress_units(
     seconds["score"] = time.perf_counter() - start
     costs = prices if prices is not None else unit_costs(model, settings.price, seq_len=settings.seq_len,
                                                           tgt_len=settings.tgt_len)
-    drop_h, drop_n, selection = select_units(fisher.heads, fisher.neurons, costs, settings.share, units=settings.units)
+    drop_h, drop_n, selection = select_units(fisher.heads, fisher.neurons, costs, settings.share, units=settings.units,
+                                             groups=kv_groups(model), gqa=settings.gqa)
     t = time.perf_counter()
     pruned = copy.deepcopy(model)
     prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)

@@ -45,7 +45,8 @@ def rows_with_tokens(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """[B] bool: examples with at least one real token (all of them without an attention mask)."""
     mask = batch.get("attention_mask")
     if mask is None:
-        return torch.ones(batch_size(batch), dtype=torch.bool)
+        first = next(v for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+        return torch.ones(batch_size(batch), dtype=torch.bool, device=first.device)
     return mask.reshape(mask.shape[0], -1).sum(-1) > 0
 
 

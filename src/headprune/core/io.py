@@ -31,6 +31,8 @@ from .checkpoint import (
     read_config,
     weight_files,
 )
+from .gguf import is_gguf, load_gguf, load_gguf_tokenizer
+from .stock import write_stock
 from .surgery import KEPT_KEY, config_record
 from .verify import check_model
 
@@ -40,20 +42,25 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 __all__ = ["save_pruned", "load_pruned", "load_model", "load_tokenizer", "check_output_dir"]
 
 
-def save_pruned(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
+def save_pruned(model: nn.Module, path: str | Path, tokenizer=None, *, stock: bool = True) -> Path:
     """Write ``model`` (pruned or not) and optionally its tokenizer to the new directory ``path``.
 
     ``path`` must not exist or be an empty directory. The directory appears only once complete: a
     failure half way (a full disk) leaves nothing behind. An unpruned model is saved exactly as
-    ``save_pretrained`` does; a pruned one in headprune's layout (load it with :func:`load_pruned`).
-    The attention implementation is recorded in ``config.json`` so loading keeps it.
+    ``save_pretrained`` does. A pruned one whose shape a stock config can say (the same heads in every
+    layer of a family with ``head_dim`` in its config, :mod:`.stock`) is saved as a stock directory that
+    plain ``from_pretrained`` loads exactly (checked by reloading it before the directory appears);
+    otherwise (or with ``stock=False``) in headprune's layout (load it with :func:`load_pruned`;
+    plain ``from_pretrained`` refuses it). The attention implementation is recorded in ``config.json``
+    so loading keeps it.
     """
     path = check_output_dir(path)
     model.config.headprune_version = __version__
     pruned = bool(config_record(model.config, KEPT_KEY))
     with atomic_directory(path) as tmp:
-        model.save_pretrained(tmp)
-        finish_layout(tmp, model, pruned)
+        if not (pruned and stock and write_stock(model, tmp) is None):
+            model.save_pretrained(tmp)
+            finish_layout(tmp, model, pruned)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
     return path
@@ -61,12 +68,13 @@ def save_pruned(model: nn.Module, path: str | Path, tokenizer=None) -> Path:
 
 def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | str | None = None,
                 device: torch.device | str | None = None, attn_implementation: str | None = None,
-                verify: bool = True) -> nn.Module:
+                verify: bool = True, device_map: str | dict | None = None) -> nn.Module:
     """Load a model written by :func:`save_pruned` (or any local Hugging Face directory), in eval mode.
 
     ``model_class`` defaults to the config's first architecture (e.g. ``BertForSequenceClassification``);
     ``dtype`` and ``attn_implementation`` default to what the model was saved with; ``device``
-    (default CPU) is where the model ends up. A pruned directory is built from its config, its kept
+    (default CPU) is where the model ends up; ``device_map`` (e.g. ``"auto"``, needs ``accelerate``) spreads
+    it over several devices instead, as transformers does (give one of the two). A pruned directory is built from its config, its kept
     heads are replayed, and transformers' ``from_pretrained`` loads the weights into it; anything
     that does not fit raises a typed error naming the directory. Unpruned directories go through
     plain ``from_pretrained`` with these arguments. Custom code (``auto_map``) and quantized models
@@ -89,6 +97,10 @@ def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
         kwargs["dtype"] = dtype
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
+    if device_map is not None:
+        if device is not None:
+            raise ConfigError(f"device={device!r} and device_map={device_map!r}; allowed: one of them")
+        kwargs["device_map"] = device_map
     weights = weight_files(path, required=bool(kept))
     if kept:
         model = from_pretrained_pruned(cls, path, config, kept, original, weights, strict=model_class is None,
@@ -117,8 +129,17 @@ def _architecture(config, path: Path) -> type:
     raise PlanError(f"config in {str(path)!r} names no known architecture ({names}); pass model_class=")
 
 
-def load_model(model_dir: str | Path, *, model_class: type | None = None) -> nn.Module:
-    """A model from a local directory: pruned ones get their kept heads replayed; eval mode, saved dtype."""
+def load_model(model_dir: str | Path, *, model_class: type | None = None, device: torch.device | str | None = None,
+               dtype: torch.dtype | str | None = None, device_map: str | dict | None = None) -> nn.Module:
+    """A model from a local directory: pruned ones get their kept heads replayed; eval mode; the saved dtype
+    unless ``dtype``; on ``device`` (default CPU) or spread by ``device_map`` (see :func:`load_pruned`).
+    A path ending in ``.gguf`` is a GGUF file, loaded through transformers' GGUF reader (:mod:`.gguf`)."""
+    if is_gguf(model_dir):
+        if device_map is not None:
+            raise ConfigError(f"device_map={device_map!r} with a GGUF file; allowed: device= (one device)")
+        model = load_gguf(model_dir, **({"dtype": getattr(torch, dtype) if isinstance(dtype, str) else dtype}
+                                        if dtype is not None else {}))
+        return model.to(device) if device is not None else model
     path = Path(model_dir)
     if not path.is_dir():
         raise ConfigError(f"model directory {str(path)!r} does not exist; expected a local Hugging Face model "
@@ -128,13 +149,16 @@ def load_model(model_dir: str | Path, *, model_class: type | None = None) -> nn.
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # one model directory: a bar per weight file is noise
-    return load_pruned(path, model_class=model_class).eval()
+    return load_pruned(path, model_class=model_class, device=device, dtype=dtype, device_map=device_map).eval()
 
 
 def load_tokenizer(model_dir: str | Path):
-    """The directory's tokenizer, or None when it has none. Never runs code from the directory."""
+    """The directory's tokenizer, or None when it has none. Never runs code from the directory.
+    A ``.gguf`` file: the tokenizer in its metadata."""
     from transformers import AutoTokenizer
 
+    if is_gguf(model_dir):
+        return load_gguf_tokenizer(model_dir)
     path = Path(model_dir)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")):
         return None

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..errors import MaskError, SiteError
+from .devices import module_device
 from .sites import Site, find_sites
 
 HeadMask = dict[str, torch.Tensor]  # site name -> [num_heads] or [batch, num_heads]
@@ -33,11 +34,14 @@ _STACK = "_headprune_mask_stack"  # [(token, validated mask)], innermost last
 
 
 def ones_mask(model_or_sites: nn.Module | list[Site], batch: int | None = None, *,
-              requires_grad: bool = False, dtype: torch.dtype = torch.float32) -> HeadMask:
-    """A mask of ones for every site: ``[num_heads]`` each, or ``[batch, num_heads]``."""
+              requires_grad: bool = False, dtype: torch.dtype = torch.float32,
+              device: torch.device | str | None = None) -> HeadMask:
+    """A mask of ones for every site: ``[num_heads]`` each, or ``[batch, num_heads]``; on ``device``, by
+    default each site's own (its output projection's, so a model spread by a ``device_map`` works too)."""
     sites = model_or_sites if isinstance(model_or_sites, list) else find_sites(model_or_sites)
     shape = (lambda s: (s.num_heads,)) if batch is None else (lambda s: (batch, s.num_heads))
-    return {s.name: torch.ones(shape(s), dtype=dtype, requires_grad=requires_grad) for s in sites}
+    return {s.name: torch.ones(shape(s), dtype=dtype, requires_grad=requires_grad,
+                               device=device if device is not None else module_device(s.o)) for s in sites}
 
 
 def mask_from_heads(model_or_sites: nn.Module | list[Site], heads: Mapping[str, list[int]]) -> HeadMask:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
+from ..checks import check_int
 from ..errors import ConfigError
 from .classification import Classification
-from .data import load_classification, load_parallel, load_text, python_docs_text
+from .data import check_limit, load_classification, load_parallel, load_text, python_docs_text
 from .lm import LanguageModelling
 from .translation import Translation
 
@@ -27,24 +28,76 @@ def build_task(task: str, tokenizer, config, *, data: str, data2: Path | None = 
     to the task are refused by name). ``split``: one split of a datasets directory; ``label_map``
     ``{label: id}`` (classification): the data's labels as the model's ids."""
     check_task(task)
+    counts = dict(limit=limit, batch_size=batch_size, max_length=max_length, beams=beams,
+                  max_new_tokens=max_new_tokens, block_size=block_size)
     columns = {k: (columns or {}).get(k) for k in COLUMNS}
     text_cols = {k: columns[k] for k in ("text_column", "text_pair_column", "label_column")}
     pair_cols = {k: columns[k] for k in ("source_column", "target_column")}
     if task == "classification":
         _refuse(task, data2=data2, **pair_cols, max_new_tokens=max_new_tokens)
+        _check_counts(config, task, **counts)
         rows = load_classification(data, **text_cols, limit=limit, split=split)
         return _signed(Classification(tokenizer, rows, config=config, label2id=label_map, metric=metric or "accuracy",
-                                      max_length=max_length or 128, batch_size=batch_size or 32),
+                                      max_length=_given(max_length, 128), batch_size=_given(batch_size, 32)),
                        split=split, label_map=label_map)
     if task == "translation":
         _refuse(task, **text_cols, metric=metric, label_map=label_map)
+        _check_counts(config, task, **counts)
         pairs = load_parallel(data, data2, **pair_cols, limit=limit, split=split)
-        return _signed(Translation(tokenizer, pairs, batch_size=batch_size or 32, num_beams=beams,
-                                   max_new_tokens=max_new_tokens, max_source_length=max_length or 256), split=split)
+        return _signed(Translation(tokenizer, pairs, batch_size=_given(batch_size, 32), num_beams=beams,
+                                   max_new_tokens=max_new_tokens, max_source_length=_given(max_length, 256)), split=split)
     _refuse(task, data2=data2, **text_cols, **pair_cols, metric=metric, split=split, label_map=label_map,
             max_new_tokens=max_new_tokens)
+    _check_counts(config, task, **counts)
     texts = python_docs_text() if data == PYDOC else load_text(data)
-    return LanguageModelling(tokenizer, texts, block_size=block_size, batch_size=batch_size or 8, max_blocks=limit)
+    return LanguageModelling(tokenizer, texts, block_size=block_size, batch_size=_given(batch_size, 8),
+                             max_blocks=limit)
+
+
+def _given(value, default):
+    """``value`` unless it was left out (None): a 0 given is refused by the checks, never replaced."""
+    return default if value is None else value
+
+
+def _check_counts(config, task: str, **counts) -> None:
+    """Every count is an integer >= its minimum (0 is refused, never read as "the default"), and a length
+    fits the model's position table: ``max_length`` (classification, translation sources) or ``block_size``
+    (lm) beyond :func:`position_limit` would index past it."""
+    check_limit(counts["limit"])
+    check_int("batch_size", counts["batch_size"], 1, optional=True)
+    check_int("max_length", counts["max_length"], 2 if task == "classification" else 1, optional=True)
+    check_int("num_beams", counts["beams"], 1)
+    check_int("max_new_tokens", counts["max_new_tokens"], 1, optional=True)
+    check_int("block_size", counts["block_size"], 2)
+    positions = position_limit(config)
+    name = "block_size" if task == "lm" else "max_length"
+    length = counts[name]
+    if positions is not None and length is not None and length > positions:
+        lo = 2 if task != "translation" else 1
+        raise ConfigError(f"{name}={length}; allowed: an integer {lo}..{positions} (the model has {positions} "
+                          "positions)")
+
+
+ROBERTA_LIKE = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text", "xmod",
+                "roberta-prelayernorm", "mpnet", "ernie_m")  # position ids start after the padding index
+
+
+def position_limit(config) -> int | None:
+    """The longest input the model's absolute position table holds (None: no such table, e.g. T5's
+    relative positions or rotary ones, which run past ``max_position_embeddings`` without an error).
+    RoBERTa-like tables start after the padding index, so hold ``pad_token_id + 1`` fewer."""
+    if config is None or getattr(config, "rope_parameters", None) is not None or \
+            getattr(config, "rope_theta", None) is not None:
+        return None
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    if not isinstance(positions, int) or isinstance(positions, bool):
+        return None
+    if getattr(config, "relative_attention_num_buckets", None) is not None and \
+            getattr(config, "max_position_embeddings", None) is None:
+        return None  # T5-like: relative position buckets, no table to run past
+    if getattr(config, "model_type", None) in ROBERTA_LIKE:
+        positions -= int(getattr(config, "pad_token_id", None) or 0) + 1
+    return positions
 
 
 def _signed(evaluator, **given):

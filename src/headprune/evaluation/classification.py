@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..checks import check_int
+from ..core.devices import input_device, to_device
 from ..errors import ConfigError, DataError
 from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
 from .batching import length_buckets, pad_rows
@@ -104,15 +105,15 @@ class Classification:
         start = time.perf_counter()
         with mask_context(model, mask):
             for idx in tqdm(buckets, desc="classification", unit="batch", disable=not progress):
-                inputs = self._inputs(idx)
+                inputs = to_device(self._inputs(idx), input_device(model))
                 logits = model(**inputs).logits
                 if logits.dim() != 2 or logits.shape[-1] < max(self.num_labels, 2):
                     raise ConfigError(f"model output logits of shape {tuple(logits.shape)}; classification needs "
                                       f"[batch, >= {max(self.num_labels, 2)} labels] (a ...ForSequenceClassification)")
-                gold = torch.tensor([self.label_ids[i] for i in idx])
+                gold = torch.tensor([self.label_ids[i] for i in idx], device=logits.device)
                 check_finite(logits, "logits")
-                pred[idx] = logits.argmax(-1).numpy()
-                loss[idx] = F.cross_entropy(logits.float(), gold, reduction="none").double().numpy()
+                pred[idx] = logits.argmax(-1).cpu().numpy()
+                loss[idx] = F.cross_entropy(logits.float(), gold, reduction="none").double().cpu().numpy()
                 tokens += int(inputs["attention_mask"].sum())
         seconds = time.perf_counter() - start
         label = np.asarray(self.label_ids[:n], dtype=np.int64)

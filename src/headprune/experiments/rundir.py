@@ -2,7 +2,18 @@
 
 A long sweep appends one JSON line per finished unit (a head, a step, an epoch) to ``units.jsonl``
 and flushes it, so a killed run restarted with the same command skips what is done and ends with
-the same results. A directory that holds a run with another signature is refused, never mixed.
+the same results (a line cut short by a kill is dropped from the file and computed again, once).
+
+Strict resume: a directory whose ``run.json`` holds another signature (any option, the data's or the
+model's content hash, the code) is refused in one line naming the first difference; a non-empty
+directory that is not a headprune run is refused (a user's files are never overwritten); ``run.lock``
+(the writer's pid, created with ``O_EXCL``) keeps a second run out while one is writing, and a lock
+left by a dead process is taken over with a warning. Nothing is written until the run produces its
+first result, so a command refused on the way writes nothing. Files are opened without following
+symbolic links (:mod:`headprune.safefiles`).
+
+``HEADPRUNE_STOP_AFTER_UNITS=k`` makes a run exit with code 75 right after its k-th new unit is
+written: a deterministic interruption, for resume tests.
 """
 
 from __future__ import annotations
@@ -11,44 +22,117 @@ import csv
 import io
 import json
 import os
+import sys
+import weakref
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..safefiles import open_fd, read_bytes, write_atomic
+from .signature import difference_message
 
 IGNORED_IN_SIGNATURE = ("versions", "command")
+LOCK, META, UNITS = "run.lock", "run.json", "units.jsonl"
+STOP_ENV = "HEADPRUNE_STOP_AFTER_UNITS"
+STOPPED = 75  # exit code of a run stopped by STOP_ENV (EX_TEMPFAIL: rerun to go on)
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # runs of this process not yet closed
 
 
 class RunDir:
-    def __init__(self, path: str | Path, signature: dict, *, fresh: bool = False):
+    def __init__(self, path: str | Path, signature: dict, *, fresh: bool = False, made_here: bool = False):
+        """``made_here``: the caller has just created ``path`` and written its first files (e.g. the pruned
+        model of ``compress``): they are this run's, not a user's."""
         self.path = Path(path)
         self.signature = signature
-        meta = self.path / "run.json"
+        self._state = {"started": False, "created": not self.path.exists(), "lock": None}
+        self._fresh, self._written, self._stop_after = fresh, 0, _stop_after()
         if self.path.exists() and not self.path.is_dir():
             raise ConfigError(f"output {str(self.path)!r} exists and is not a directory")
-        if meta.is_file() and not fresh:
-            old = json.loads(meta.read_text())["signature"]
-            if _comparable(old) != _comparable(signature):
-                diff = sorted(k for k in set(old) | set(signature)
-                              if k not in IGNORED_IN_SIGNATURE and old.get(k) != signature.get(k))
-                raise ConfigError(f"output {str(self.path)!r} holds a different run (differs in {diff}); "
-                                  "choose another -o directory or pass --fresh to start over")
+        if not self._state["created"] and not made_here:
+            self._check_existing(fresh)
         self.path.mkdir(parents=True, exist_ok=True)
-        if fresh and (self.path / "units.jsonl").exists():
-            (self.path / "units.jsonl").unlink()
-        self.write_json("run.json", {"signature": signature})
-        self.units = self._read_units()
+        self._lock()
+        self._finalizer = weakref.finalize(self, _release, self.path, self._state)
+        _OPEN.add(self)
+        self.units = {} if fresh else self._read_units()
+
+    def _check_existing(self, fresh: bool) -> None:
+        links = sorted(p.name for p in self.path.iterdir() if p.is_symlink())
+        if links:
+            raise ConfigError(f"output {str(self.path)!r} holds symbolic links ({', '.join(links)}); headprune does "
+                              "not follow links in a run directory (allowed: regular files; remove them)")
+        meta = self.path / META
+        if meta.exists():
+            old = _load_signature(meta)
+            if not fresh:
+                new = json.loads(json.dumps(_comparable(self.signature), default=_plain))  # as run.json holds it
+                message = difference_message(_comparable(old), new)
+                if message:
+                    raise ConfigError(f"output {str(self.path)!r} holds another run: {message}; pass --fresh to "
+                                      "start over, or choose another -o directory")
+            return
+        foreign = sorted(p.name for p in self.path.iterdir() if not _own(p.name))
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise ConfigError(f"output {str(self.path)!r} is not empty ({shown}) and holds no headprune run "
+                              "(no run.json); allowed: a new or empty directory, or a run directory of this "
+                              "command (to resume)")
+
+    def _lock(self) -> None:
+        lock = self.path / LOCK
+        for _ in range(3):
+            try:
+                fd = open_fd(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                pid = _lock_pid(lock)
+                if pid is not None and pid != os.getpid() and _alive(pid):
+                    raise ConfigError(f"output {str(self.path)!r} is in use by another headprune run (pid {pid}, "
+                                      f"{LOCK}); allowed: one run per directory at a time (wait for it to end, or "
+                                      "choose another -o directory; if no such run is going on, delete "
+                                      f"{LOCK})") from None
+                if pid != os.getpid():
+                    print(f"warning: {str(lock)!r} was left by pid {pid}, which is no longer running; taking it "
+                          "over", file=sys.stderr)
+                try:
+                    os.unlink(lock)
+                except FileNotFoundError:
+                    pass
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()}\n")
+            self._state["lock"] = lock
+            return
+        raise ConfigError(f"output {str(self.path)!r}: could not take {LOCK}; another run keeps taking it")
+
+    def _start(self) -> None:
+        """The first write of this run: only now does the directory get its run.json (and, --fresh, loses
+        its old units)."""
+        if self._state["started"]:
+            return
+        if self._fresh:
+            (self.path / UNITS).unlink(missing_ok=True)
+        write_atomic(self.path / META, json.dumps({"signature": self.signature}, indent=2, default=_plain))
+        self._state["started"] = True
 
     def _read_units(self) -> dict[str, dict]:
         units: dict[str, dict] = {}
-        path = self.path / "units.jsonl"
-        if not path.is_file():
+        path = self.path / UNITS
+        if not os.path.lexists(path):
             return units
-        for line in path.read_text().splitlines():
+        data = read_bytes(path)
+        complete, newline, partial = data.rpartition(b"\n")
+        if partial:  # a line cut short by a kill: drop it from the file, so the unit is written again whole
+            fd = open_fd(path, os.O_WRONLY)
+            try:
+                os.ftruncate(fd, len(complete) + len(newline))
+            finally:
+                os.close(fd)
+        for line in complete.split(b"\n") if newline else []:
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a kill: that unit is simply redone
-            units[record["unit"]] = record
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                continue
+            if isinstance(record, dict) and "unit" in record:
+                units[record["unit"]] = record
         return units
 
     def done(self, unit: str) -> bool:
@@ -58,12 +142,18 @@ class RunDir:
         return self.units[unit]
 
     def add(self, unit: str, record: dict) -> dict:
+        self._start()
         record = {"unit": unit, **record}
-        with open(self.path / "units.jsonl", "a") as f:
-            f.write(json.dumps(record) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        line = (json.dumps(record, default=_plain) + "\n").encode()
+        fd = open_fd(self.path / UNITS, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        try:
+            os.write(fd, line)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         self.units[unit] = record
+        self._written += 1
+        _maybe_stop(self)
         return record
 
     def write_json(self, name: str, data) -> Path:
@@ -78,11 +168,88 @@ class RunDir:
         return self.write_text(name, buf.getvalue())
 
     def write_text(self, name: str, text: str) -> Path:
-        target = self.path / name
-        tmp = target.with_suffix(target.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(target)
-        return target
+        self._start()
+        return write_atomic(self.path / name, text)
+
+    def close(self) -> None:
+        """Release the lock (and, when the run wrote nothing into a directory it created, remove it)."""
+        self._finalizer()
+        _OPEN.discard(self)
+
+
+def close_open_runs() -> None:
+    """Close every run of this process still open (a command refused midway: its lock goes, and a directory
+    it created without writing a result is removed)."""
+    for run in list(_OPEN):
+        run.close()
+
+
+def _release(path: Path, state: dict) -> None:
+    lock = state.get("lock")
+    if lock is not None and _lock_pid(lock) == os.getpid():
+        Path(lock).unlink(missing_ok=True)
+    state["lock"] = None
+    if state["created"] and not state["started"]:
+        try:
+            path.rmdir()  # only if empty: nothing of a result was written
+        except OSError:
+            pass
+
+
+def _stop_after() -> int | None:
+    value = os.environ.get(STOP_ENV)
+    if not value:
+        return None
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ConfigError(f"{STOP_ENV}={value!r}; allowed: an integer >= 1 (units to write before stopping)")
+    return int(value)
+
+
+def _maybe_stop(run: RunDir) -> None:
+    if run._stop_after is not None and run._written >= run._stop_after:
+        run.close()
+        print(f"stopped after {run._written} units ({STOP_ENV}={run._stop_after}); rerun the same command to "
+              "resume", file=sys.stderr)
+        raise SystemExit(STOPPED)
+
+
+def _own(name: str) -> bool:
+    return name in (LOCK, UNITS) or name.endswith(".tmp")
+
+
+def _load_signature(meta: Path) -> dict:
+    """The signature of a run directory's run.json; any other run.json (malformed, or another tool's, e.g. a
+    training run's) is refused even with --fresh: that folder is not this kind of run, and is left alone."""
+    try:
+        data = json.loads(read_bytes(meta))
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        data = None
+    signature = data.get("signature") if isinstance(data, dict) else None
+    if not isinstance(signature, dict):
+        raise ConfigError(f"{str(meta.parent)!r} holds a run.json that is not a headprune study run's (no "
+                          "signature; e.g. a training run); allowed: a new or empty directory, or a run directory "
+                          "of this command; choose another -o directory")
+    return signature
+
+
+def _lock_pid(lock: Path) -> int | None:
+    try:
+        text = read_bytes(lock).decode(errors="replace").strip()
+    except (OSError, ConfigError):
+        return None
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _comparable(signature: dict) -> dict:
@@ -105,4 +272,6 @@ def _plain(value):
         return value.tolist()
     if hasattr(value, "to_dict"):
         return value.to_dict()
+    if isinstance(value, Path):
+        return str(value)
     raise TypeError(f"cannot write {type(value).__name__} as JSON")

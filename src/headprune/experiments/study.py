@@ -15,7 +15,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..evaluation.metrics import format_score
-from ..provenance import versions
+from ..provenance import code_identity, versions
 from ..report import build_report
 from ..report import figures as fig
 from ..scoring.importance import head_importance
@@ -24,21 +24,44 @@ from .curves import CurveSettings, pruning_curves, summarize
 from .rundir import RunDir
 
 
-def _signature(signature: dict | None, method: str, settings: dict) -> dict:
+def _signature(signature: dict | None, method: str, settings: dict, *evaluators) -> dict:
+    """The caller's signature (model, data, ...) with the method, its settings, the evaluators' own
+    settings (metric, lengths, batch size, beams) and the code: what a resume must match."""
     sig = {"model": None, "data": None, "split": None, "n": None, **(signature or {})}
-    sig.update(method=method, settings=settings, seed=settings.get("seed", 0), versions=versions())
+    sig["evaluation"] = [getattr(e, "signature", None) for e in evaluators if e is not None]
+    sig.update(method=method, settings=settings, seed=settings.get("seed", 0), code=code_identity(),
+               versions=versions())
     return sig
 
 
-def _finish(run: RunDir, results: dict) -> Path:
+def _finish(run: RunDir, results: dict, evaluated=None) -> Path:
+    """Write results.json (with sacreBLEU's signature and the generation protocol for BLEU) and report.html."""
     results.setdefault("signature", run.signature)
+    extra = getattr(evaluated, "extra", None) or {}
+    if "sacrebleu" in extra:
+        results["bleu"] = {"sacrebleu": extra["sacrebleu"], "generation": extra.get("signature", {}).get("generation")}
     run.write_json("results.json", results)
-    return build_report(run.path)
+    report = build_report(run.path)
+    run.close()
+    return report
+
+
+P_KEYS = ("p_value", "p_ttest", "p_mcnemar", "p_bootstrap", "p_adjusted", "ci_low", "ci_high", "significant")
+
+
+def _csv_rows(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
+    """``keys`` then the significance columns the rows hold (p_ttest/p_mcnemar for accuracy only)."""
+    wanted = [*keys, *(k for k in P_KEYS if rows and k in rows[0])]
+    return [{k: r.get(k) for k in wanted} for r in rows]
 
 
 def _ablation_csv_rows(rows: list[dict]) -> list[dict]:
-    keys = ("site", "kind", "layer", "head", "score", "delta", "damage", "p_value", "significant")
-    return [{k: r[k] for k in keys} for r in rows]
+    return _csv_rows(rows, ("site", "kind", "layer", "head", "score", "delta", "damage"))
+
+
+def _significant_label(settings: ablation.SweepSettings, n: int, what: str) -> str:
+    name = {"holm": "Holm", "bh": "Benjamini-Hochberg"}[settings.correction]
+    return f"significant: {name}-adjusted p < {settings.alpha} over {n} {what}"
 
 
 def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dict | None = None,
@@ -46,7 +69,7 @@ def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dic
                  fresh: bool = False, progress: bool = True) -> Path:
     """Paper 3.2 (Table 1, Fig. 1): one head masked at a time, with significance."""
     settings = settings or ablation.SweepSettings()
-    run = RunDir(out, _signature(signature, "one-head ablation", {**vars(settings), "sites": sites}), fresh=fresh)
+    run = RunDir(out, _signature(signature, "one-head ablation", {**vars(settings), "sites": sites}, evaluator), fresh=fresh)
     sweep = ablation.one_head_ablation(model, evaluator, sites=sites, settings=settings, run=run, progress=progress)
     metric, base = sweep.base.metric, sweep.base.score
     run.write_csv("ablation.csv", _ablation_csv_rows(sweep.rows))
@@ -60,14 +83,15 @@ def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dic
         "title": "One head masked at a time (Michel et al. 2019, 3.2)",
         "experiment": "ablation", "metric": metric, "base": base,
         "headline": [["full model " + metric, format_score(metric, base)], ["heads", len(sweep.rows)],
-                     [f"significant at p < {settings.alpha}", n_sig], ["masking improves the score", better],
+                     [_significant_label(settings, len(sweep.rows), "heads"), n_sig],
+                     ["masking improves the score", better],
                      [f"worst: {worst['site']} head {worst['head']}", format_score(metric, worst["score"])]],
         "rows": sweep.rows,
         "figures": [{"file": "ablation_heatmap.png", "caption": "Change of the score when each head alone is masked."},
                     {"file": "ablation_histogram.png", "caption": "Distribution of scores with one head masked; dashed: full model."}],
         "tables": [{"title": "Heads sorted by damage (most harmful to remove first)", "file": "ablation_by_damage.csv",
                     "max_rows": 20}],
-    })
+    }, sweep.base)
 
 
 def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=None, signature: dict | None = None,
@@ -76,22 +100,22 @@ def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=N
     """Paper 3.3 / App. A (Tables 2, 3, 5, 6): keep one head per site."""
     settings = settings or ablation.SweepSettings()
     method = "all-but-one" + (" (head chosen on a held-out split)" if choose_on is not None else "")
-    run = RunDir(out, _signature(signature, method, {**vars(settings), "sites": sites}), fresh=fresh)
+    run = RunDir(out, _signature(signature, method, {**vars(settings), "sites": sites}, evaluator, choose_on), fresh=fresh)
     sweep = ablation.all_but_one(model, evaluator, choose_on=choose_on, sites=sites, settings=settings, run=run,
                                  progress=progress)
     metric, base = sweep.base.metric, sweep.base.score
-    keys = ("site", "kind", "layer", "kept_head", "score", "delta", "p_value", "significant", "chosen_on")
-    run.write_csv("all_but_one.csv", [{k: r[k] for k in keys} for r in sweep.rows])
+    run.write_csv("all_but_one.csv", _csv_rows(sweep.rows, ("site", "kind", "layer", "kept_head", "chosen_on", "score",
+                                                             "delta")))
     fig.all_but_one_bars(sweep.rows, base, metric, run.path / "all_but_one.png", settings.alpha)
     return _finish(run, {
         "title": "All heads but one per layer (Michel et al. 2019, 3.3" + (", App. A)" if choose_on else ")"),
         "experiment": "all-but-one", "metric": metric, "base": base, "rows": sweep.rows,
         "headline": [["full model " + metric, format_score(metric, base)], ["sites", len(sweep.rows)],
-                     [f"significant at p < {settings.alpha}", sum(r["significant"] for r in sweep.rows)],
+                     [_significant_label(settings, len(sweep.rows), "sites"), sum(r["significant"] for r in sweep.rows)],
                      ["largest drop", format_score(metric, min(r["delta"] for r in sweep.rows))]],
         "figures": [{"file": "all_but_one.png", "caption": "Score change when each site keeps only its best head."}],
         "tables": [{"title": "Per site", "file": "all_but_one.csv"}],
-    })
+    }, sweep.base)
 
 
 def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, out: str | Path, *, names: tuple[str, str],
@@ -100,13 +124,18 @@ def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, out: str | Path
     """Paper 3.4 (Fig. 2): one-head ablation on two datasets, Pearson r."""
     settings = settings or ablation.SweepSettings()
     run = RunDir(out, _signature(signature, "cross-domain one-head ablation",
-                                 {**vars(settings), "sites": sites, "datasets": list(names)}), fresh=fresh)
+                                 {**vars(settings), "sites": sites, "datasets": list(names)}, evaluator_a,
+                                 evaluator_b), fresh=fresh)
     result = ablation.cross_domain(model, evaluator_a, evaluator_b, sites=sites, settings=settings, run=run,
                                    progress=progress)
     a, b = result["a"], result["b"]
     run.write_csv("cross_domain.csv", [
         {"site": x["site"], "head": x["head"], f"delta_{names[0]}": x["delta"], f"delta_{names[1]}": y["delta"],
-         f"p_{names[0]}": x["p_value"], f"p_{names[1]}": y["p_value"]} for x, y in zip(a.rows, b.rows, strict=True)])
+         f"p_{names[0]}": x["p_value"], f"p_{names[1]}": y["p_value"],
+         f"p_adjusted_{names[0]}": x["p_adjusted"], f"p_adjusted_{names[1]}": y["p_adjusted"],
+         f"ci_low_{names[0]}": x["ci_low"], f"ci_high_{names[0]}": x["ci_high"],
+         f"ci_low_{names[1]}": y["ci_low"], f"ci_high_{names[1]}": y["ci_high"]}
+        for x, y in zip(a.rows, b.rows, strict=True)])
     metric = a.base.metric
     fig.cross_domain_scatter(a.rows, b.rows, result["pearson_r"], result["p_value"], names, metric,
                              run.path / "cross_domain.png")
@@ -138,7 +167,8 @@ def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveS
     """
     run = RunDir(out, _signature(signature, "pruning curves", {
         "fractions": list(settings.fractions), "orders": list(settings.orders), "seeds": list(settings.seeds),
-        "kinds": settings.kinds, "min_per_site": settings.min_per_site}), fresh=fresh)
+        "kinds": settings.kinds, "min_per_site": settings.min_per_site,
+        "oracle_sweep": vars(sweep_settings) if sweep_settings is not None else None}, evaluator), fresh=fresh)
     if "oracle" in settings.orders and oracle is None:
         sweep = ablation.one_head_ablation(model, evaluator, sites=settings.kinds, settings=sweep_settings, run=run,
                                            unit_prefix="oracle:", progress=progress)
@@ -148,11 +178,12 @@ def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveS
         oracle = {k: torch.tensor([v[h] for h in sorted(v)]) for k, v in oracle.items()}
     scorer = importance_scorer(model, importance_batches or evaluator.batches)
     rows = pruning_curves(model, evaluator, settings=settings, importance=scorer, oracle=oracle, run=run,
-                          progress=progress, calibration=importance_batches or evaluator.batches)
+                          progress=progress, calibration=importance_batches or evaluator.batches, intervals=True)
     summary = summarize(rows)
     metric = getattr(evaluator, "metric", "score")
-    run.write_csv("curves.csv", [{k: r[k] for k in ("order", "seed", "fraction", "pruned", "of", "score", "relative")}
-                                 for r in rows])
+    keys = ("order", "seed", "fraction", "pruned", "of", "score", "relative", "ci_low", "ci_high", "p_value")
+    keys = tuple(k for k in keys if any(k in r for r in rows))
+    run.write_csv("curves.csv", [{k: r.get(k) for k in keys} for r in rows])
     run.write_csv("curves_summary.csv", summary)
     kinds = f" ({', '.join(settings.kinds)} attention only)" if settings.kinds else ""
     fig.pruning_curves(summary, metric, run.path / "curves.png", title=title or f"Pruning curve{kinds}")

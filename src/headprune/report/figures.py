@@ -65,7 +65,7 @@ def ablation_heatmap(rows: list[dict], base: float, metric: str, path: Path, alp
         ax.set_xticks(range(heads), [str(h) for h in range(heads)], fontsize=7)
     cbar = fig.colorbar(image, ax=axes[0].tolist(), shrink=0.9)
     cbar.set_label(f"Δ {_metric_label(metric)} when masked")
-    fig.suptitle(f"One head masked at a time (full model: {base * scale:.2f}); * = significant at p < {alpha}",
+    fig.suptitle(f"One head masked at a time (full model: {base * scale:.2f}); * = significant (adjusted p < {alpha})",
                  fontsize=11)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
@@ -90,12 +90,17 @@ def all_but_one_bars(rows: list[dict], base: float, metric: str, path: Path, alp
     fig, ax = plt.subplots(figsize=(max(6.0, 0.45 * len(rows) + 2), 3.8))
     deltas = [r["delta"] * scale for r in rows]
     colors = ["#d62728" if r["significant"] else "#1f77b4" for r in rows]
-    ax.bar(range(len(rows)), deltas, color=colors)
+    errors = None
+    if rows and all(r.get("ci_low") is not None for r in rows):  # 95% interval of delta (older runs: none)
+        errors = np.array([[d - r["ci_low"] * scale for d, r in zip(deltas, rows, strict=True)],
+                           [r["ci_high"] * scale - d for d, r in zip(deltas, rows, strict=True)]]).clip(min=0)
+    ax.bar(range(len(rows)), deltas, color=colors, yerr=errors, capsize=2, ecolor="#444444")
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(rows)), [r["site"] for r in rows], rotation=60, ha="right", fontsize=8)
     ax.set_ylabel(f"Δ {_metric_label(metric)}")
     chosen = "chosen on a held-out split" if rows and rows[0].get("chosen_on") == "held-out" else "best head"
-    ax.set_title(f"Keep one head per site ({chosen}); full model {base * scale:.2f}; red: p < {alpha}")
+    ax.set_title(f"Keep one head per site ({chosen}); full model {base * scale:.2f}; red: adjusted p < {alpha}; "
+                 "bars: 95% CI", fontsize=10)
     return _save(fig, path)
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import io
 import json
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..safefiles import check_not_link, inside, read_bytes, read_text, write_atomic
 
 CSS = """
 body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222}
@@ -32,7 +34,17 @@ def build_report(run_dir: str | Path) -> Path:
     results_path = run_dir / "results.json"
     if not results_path.is_file():
         raise ConfigError(f"run directory {str(run_dir)!r} has no results.json; expected a headprune run directory")
-    results = json.loads(results_path.read_text())
+    results = read_results(results_path)
+    _check_inside(run_dir, results)
+    try:
+        text = _render(run_dir, results)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+        raise ConfigError(f"{str(results_path)!r} does not have the layout a headprune command writes ({e!r:.80}); "
+                          "allowed: title, headline [[label, value], ...], notes, figures, tables, signature") from None
+    return write_atomic(run_dir / "report.html", text)
+
+
+def _render(run_dir: Path, results: dict) -> str:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(results.get('title', 'headprune'))}</title>",
              f"<style>{CSS}</style></head><body>",
              f"<h1>{_e(results.get('title', 'headprune run'))}</h1>"]
@@ -48,7 +60,7 @@ def build_report(run_dir: str | Path) -> Path:
     for fig in results.get("figures", []):
         png = run_dir / fig["file"]
         if png.is_file():
-            data = base64.b64encode(png.read_bytes()).decode()
+            data = base64.b64encode(read_bytes(png)).decode()
             parts.append(f"<figure><img alt='{_e(fig.get('caption', ''))}' src='data:image/png;base64,{data}'>"
                          f"<figcaption>{_e(fig.get('caption', ''))}</figcaption></figure>")
     for table in results.get("tables", []):
@@ -58,19 +70,41 @@ def build_report(run_dir: str | Path) -> Path:
         shown = json.dumps(value) if isinstance(value, (dict, list)) else str(value)
         parts.append(f"<tr><th>{_e(key)}</th><td>{_e(shown)}</td></tr>")
     parts.append("</table></body></html>")
-    out = run_dir / "report.html"
-    tmp = out.with_suffix(".html.tmp")
-    tmp.write_text("\n".join(parts))
-    tmp.replace(out)
-    return out
+    return "\n".join(parts)
+
+
+def _check_inside(run_dir: Path, results: dict) -> None:
+    """Every file results.json names (figures, tables) lies inside the run directory and is no link: a report
+    never embeds what lies elsewhere (``/etc/passwd``, ``../secret.csv``)."""
+    for key in ("figures", "tables"):
+        specs = results.get(key, [])
+        if not isinstance(specs, list) or not all(isinstance(s, dict) and isinstance(s.get("file"), str)
+                                                  for s in specs):
+            raise ConfigError(f"{str(run_dir / 'results.json')!r}: {key!r} = {specs!r:.60}; allowed: a list of "
+                              "objects, each with the 'file' name of a file inside the run directory")
+        for spec in specs:
+            inside(run_dir, spec["file"], what=f"results.json {key[:-1]}")
+            check_not_link(run_dir / spec["file"])
+
+
+def read_results(path: Path) -> dict:
+    """A run's ``results.json`` as a dict; a malformed one is refused in one line (no traceback)."""
+    try:
+        results = json.loads(read_text(path))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{str(path)!r} is not valid JSON ({getattr(e, 'msg', e)}); allowed: the results.json a "
+                          "headprune command writes (rerun the command to rewrite it)") from None
+    if not isinstance(results, dict):
+        raise ConfigError(f"{str(path)!r} holds a JSON {type(results).__name__}; allowed: the JSON object a "
+                          "headprune command writes")
+    return results
 
 
 def _table(run_dir: Path, spec: dict) -> str:
     path = run_dir / spec["file"]
     if not path.is_file():
         return ""
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = list(csv.DictReader(io.StringIO(read_text(path), newline="")))
     columns = spec.get("columns") or (list(rows[0]) if rows else [])
     limit = spec.get("max_rows", 40)
     head = "".join(f"<th>{_e(c)}</th>" for c in columns)

@@ -2,10 +2,10 @@
 
 from .fisher import Fisher, fisher_information
 from .gradients import LossFn, mask_gradients, mean_loss, per_example_loss
-from .importance import head_importance, normalize_per_site
+from .importance import head_importance, importance_sums, normalize_per_site
 
 __all__ = ["Fisher", "fisher_information", "LossFn", "mask_gradients", "mean_loss", "per_example_loss",
-           "head_importance", "normalize_per_site"]
+           "head_importance", "importance_sums", "normalize_per_site"]
 
 from .units import UnitFisher, unit_fisher, unit_gradients  # noqa: E402  (heads and FFN neurons, one backward)
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..core.devices import accumulator_device, input_device, to_device
 from ..core.inputs import batch_size, model_inputs, rows_with_tokens
 from ..core.masking import HeadMask, masked, ones_mask
 from ..errors import ConfigError, DataError
@@ -38,15 +39,20 @@ def gradient_sums(
     desc: str = "scoring",
 ) -> tuple[dict[str, torch.Tensor], int]:
     """({site: sum over batches of ``reduce(g)``}, examples scored), with ``g`` [n_valid, H] float64 the
-    per-example mask gradients of a batch's examples that have anything to score."""
+    per-example mask gradients of a batch's examples that have anything to score.
+
+    The sums are accumulated in float64 on each site's device (no copy per batch) and moved to the CPU
+    once, at the end."""
     totals: dict[str, torch.Tensor] = {}
-    count = 0
+    counts: list[torch.Tensor] = []  # [] per batch, on the device: no synchronisation per batch
     for batch in tqdm(batches, desc=desc, unit="batch", disable=not progress):
         grads, valid = mask_gradients(model, batch, loss_fn=loss_fn, mask=mask)
-        count += int(valid.sum())
+        counts.append(valid.sum())
         for name, g in grads.items():  # g [B, H]
-            part = reduce(g[valid].double())
+            part = reduce(g[valid.to(g.device)].to(accumulator_device(g.device), torch.float64))
             totals[name] = part if name not in totals else totals[name] + part
+    count = int(sum(int(c) for c in counts))
+    totals = {name: t.cpu() for name, t in totals.items()}
     if count == 0:
         raise ConfigError("batches: no example had anything to score (empty input or all padding)")
     bad = [name for name, t in totals.items() if not bool(torch.isfinite(t).all())]
@@ -65,13 +71,14 @@ def mask_gradients(
     One forward and one backward; parameters are frozen meanwhile; the model runs in eval mode.
     """
     n = batch_size(batch)
-    xi = ones_mask(model, n)
+    batch = to_device(batch, input_device(model))
+    xi = ones_mask(model, n)  # on each site's device
     for name, value in (mask or {}).items():  # start from the given [H] mask, one row per example
-        xi[name] = torch.as_tensor(value, dtype=torch.float32).expand(n, -1).clone()
+        xi[name] = torch.as_tensor(value, dtype=torch.float32).to(xi[name].device).expand(n, -1).clone()
     for t in xi.values():
         t.requires_grad_(True)
     with scoring_mode(model), masked(model, xi), torch.enable_grad():
-        outputs = model(**model_inputs(model, batch, labels=loss_fn is not None))
+        outputs = model(**model_inputs(model, batch, labels=loss_fn is not None, cache=False))
         losses, valid = example_losses(model, batch, outputs, loss_fn)
         names = list(xi)
         grads = torch.autograd.grad((losses * valid).sum(), [xi[n] for n in names], allow_unused=True)
@@ -85,7 +92,8 @@ def mean_loss(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *
     total, n = 0.0, 0
     with scoring_mode(model), torch.no_grad(), (masked(model, mask) if mask else nullcontext()):
         for batch in batches:
-            losses, valid = example_losses(model, batch, model(**model_inputs(model, batch, labels=loss_fn is not None)), loss_fn)
+            batch = to_device(batch, input_device(model))
+            losses, valid = example_losses(model, batch, model(**model_inputs(model, batch, labels=loss_fn is not None, cache=False)), loss_fn)
             total += float(losses[valid].sum())
             n += int(valid.sum())
     if n == 0:
@@ -98,13 +106,14 @@ def example_losses(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs,
     """([B] losses, [B] valid) of one batch: ``loss_fn``'s, else the model's own; rows without tokens invalid."""
     n = batch_size(batch)
     if loss_fn is not None:
-        losses, valid = loss_fn(outputs, batch), torch.ones(n, dtype=torch.bool)
+        losses = loss_fn(outputs, batch)
+        valid = torch.ones(n, dtype=torch.bool, device=losses.device)
     else:
         losses, valid = per_example_loss(model, batch, outputs)
     if losses.shape != (n,):
         raise ConfigError(f"loss_fn must return one loss per example, shape ({n},); "
                           f"got {tuple(losses.shape)}")
-    return losses, valid & rows_with_tokens(batch)
+    return losses, valid & rows_with_tokens(batch).to(valid.device)
 
 
 def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,15 +122,18 @@ def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor], output
     Sequence classification: cross-entropy (MSE for one regression label). Token outputs
     (causal LM, seq2seq, token classification): mean cross-entropy over the example's tokens
     whose label is not -100 (labels shifted by one for causal LMs; a causal LM without labels
-    predicts its own ``input_ids`` where ``attention_mask`` is 1).
+    predicts its own ``input_ids`` where ``attention_mask`` is 1, and no target is scored whose
+    predicting position is padding: the first real token of a left-padded row has no context).
     """
-    logits = outputs.logits
+    logits = outputs.logits  # the loss in float32 at least (a bfloat16/float16 model's gradients stay in its dtype)
+    logits = logits.float() if logits.is_floating_point() and logits.element_size() < 4 else logits
     labels = batch.get("labels")
     causal = _is_causal_lm(model)
     if labels is None and causal:
         labels = batch["input_ids"].masked_fill(batch.get("attention_mask", torch.ones_like(batch["input_ids"])) == 0, -100)
     if labels is None:
         raise ConfigError("batch has no 'labels'; pass labels in the batch or a loss_fn(outputs, batch) -> [batch]")
+    labels = labels.to(logits.device)  # a model spread by a device_map returns its logits on the last device
     if logits.dim() == 2:  # [B, C]
         if logits.shape[-1] == 1 and labels.is_floating_point():
             return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype), reduction="none"), torch.ones_like(labels, dtype=torch.bool)
@@ -129,6 +141,9 @@ def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor], output
         return F.cross_entropy(logits, labels.clamp_min(0), reduction="none") * valid, valid
     if causal:
         logits, labels = logits[:, :-1], labels[:, 1:]
+        mask = batch.get("attention_mask")
+        if mask is not None:  # a target predicted from a padding position (left padding) means nothing: not scored
+            labels = labels.masked_fill(mask[:, :-1].to(labels.device) == 0, -100)
     token = F.cross_entropy(logits.transpose(1, 2), labels.clamp_min(0), reduction="none")  # [B, T]
     keep = labels != -100
     n_tokens = keep.sum(-1)

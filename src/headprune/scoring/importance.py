@@ -39,13 +39,27 @@ def head_importance(
     """
     if normalize not in (None, "l2"):
         raise ConfigError(f"normalize={normalize!r}; allowed: 'l2' or None")
+    total, count = importance_sums(model, batches, loss_fn=loss_fn, absolute=absolute, mask=mask, progress=progress)
+    scores = {name: (t / count).float() for name, t in total.items()}
+    return normalize_per_site(scores) if normalize == "l2" else scores
+
+
+def importance_sums(
+    model: nn.Module,
+    batches: Iterable[Mapping[str, torch.Tensor]],
+    *,
+    loss_fn: LossFn | None = None,
+    absolute: str = "example",
+    mask: Mapping[str, torch.Tensor] | None = None,
+    progress: bool = False,
+) -> tuple[dict[str, torch.Tensor], int]:
+    """({site: sum over examples of |dL_b/dxi_h|, [H] float64}, examples scored): the sums behind
+    :func:`head_importance` (I_h = sum / n), so that sums and counts from several processes or data
+    shards add up before the division."""
     if absolute not in ("example", "batch"):
         raise ConfigError(f"absolute={absolute!r}; allowed: 'example', 'batch'")
     reduce = (lambda g: g.abs().sum(0)) if absolute == "example" else (lambda g: g.sum(0).abs())  # [H]
-    total, count = gradient_sums(model, batches, reduce, loss_fn=loss_fn, mask=mask, progress=progress,
-                                 desc="importance")
-    scores = {name: (t / count).float() for name, t in total.items()}
-    return normalize_per_site(scores) if normalize == "l2" else scores
+    return gradient_sums(model, batches, reduce, loss_fn=loss_fn, mask=mask, progress=progress, desc="importance")
 
 
 def normalize_per_site(scores: Mapping[str, torch.Tensor], eps: float = 1e-20) -> dict[str, torch.Tensor]:

@@ -24,23 +24,24 @@ from ..scoring.fisher import Fisher, quadratic
 
 
 def rearrange(drop: Mapping[str, list[int]], fisher: Fisher, *, groups: Mapping[str, list[int]] | None = None,
-              max_swaps: int = 1000) -> dict[str, list[int]]:
+              max_swaps: int = 1000, within_groups: bool = False) -> dict[str, list[int]]:
     """The plan ``drop`` ({site: heads dropped}) with each site's set improved; counts per site unchanged.
 
     ``groups``: {site: key/value head of each query head} (``HeadCosts.group``) to keep the number
-    of key/value heads in use from growing (a FLOP budget), or None.
+    of key/value heads in use from growing (a FLOP budget), or None. ``within_groups``: swap only heads
+    of the same key/value group, so the number kept per group stays (GQA modes ``uniform``, ``groups``).
     """
     out = {}
     for name, heads in drop.items():
         if name not in fisher.blocks:
             raise ConfigError(f"drop: site {name!r} has no Fisher block; allowed: {', '.join(fisher.blocks)}")
         out[name] = rearrange_site(fisher.blocks[name], heads, groups=None if groups is None else groups[name],
-                                   max_swaps=max_swaps)
+                                   max_swaps=max_swaps, within_groups=within_groups)
     return out
 
 
 def rearrange_site(block: torch.Tensor, dropped: list[int], *, groups: list[int] | None = None,
-                   max_swaps: int = 1000) -> list[int]:
+                   max_swaps: int = 1000, within_groups: bool = False) -> list[int]:
     """Improved dropped set of one site (same size), never with a higher ``quadratic(block, .)`` nor,
     with ``groups``, more key/value heads in use."""
     block = torch.as_tensor(block, dtype=torch.float64)
@@ -55,21 +56,22 @@ def rearrange_site(block: torch.Tensor, dropped: list[int], *, groups: list[int]
     if not chosen or len(chosen) == n:
         return chosen
     group = torch.as_tensor(list(range(n)) if groups is None else list(groups), dtype=torch.long)
-    chosen = _kwon_pass(block, chosen, group)
-    return _swap_search(block, chosen, group, max_swaps)
+    chosen = _kwon_pass(block, chosen, group, within_groups)
+    return _swap_search(block, chosen, group, max_swaps, within_groups)
 
 
-def _allowed(group: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """[d, k] bool: may dropped head d and kept head k trade places without a key/value head more in use?"""
+def _allowed(group: torch.Tensor, x: torch.Tensor, within: bool = False) -> torch.Tensor:
+    """[d, k] bool: may dropped head d and kept head k trade places without a key/value head more in use
+    (``within``: only inside one key/value group)?"""
     kept = (x == 0).double()
     count = torch.zeros(int(group.max()) + 1, dtype=torch.float64).index_add_(0, group, kept)[group]  # [H]
     opens = count == 0  # d's key/value head is unused now
     closes = count == 1  # k is the last kept head of its key/value head
     same = group[:, None] == group[None, :]
-    return same | ~opens[:, None] | closes[None, :]
+    return same if within else same | ~opens[:, None] | closes[None, :]
 
 
-def _kwon_pass(block: torch.Tensor, chosen: list[int], group: torch.Tensor) -> list[int]:
+def _kwon_pass(block: torch.Tensor, chosen: list[int], group: torch.Tensor, within: bool = False) -> list[int]:
     n = block.shape[0]
     diag = block.diagonal()
     others = sorted((h for h in range(n) if h not in chosen), key=lambda h: (float(diag[h]), h))
@@ -85,7 +87,7 @@ def _kwon_pass(block: torch.Tensor, chosen: list[int], group: torch.Tensor) -> l
         without = total - 2 * row + sub.diagonal()
         x = torch.zeros(n, dtype=torch.float64)
         x[current] = 1.0
-        ok = torch.cat([_allowed(group, x)[idx[:-1], h], torch.tensor([True])])  # r back in, h out
+        ok = torch.cat([_allowed(group, x, within)[idx[:-1], h], torch.tensor([True])])  # r back in, h out
         without = torch.where(ok, without, torch.full_like(without, float("inf")))
         best = int(torch.argmin(without))
         if best != len(current) and float(without[best]) < float(without[-1]):
@@ -93,7 +95,8 @@ def _kwon_pass(block: torch.Tensor, chosen: list[int], group: torch.Tensor) -> l
     return sorted(current)
 
 
-def _swap_search(block: torch.Tensor, chosen: list[int], group: torch.Tensor, max_swaps: int) -> list[int]:
+def _swap_search(block: torch.Tensor, chosen: list[int], group: torch.Tensor, max_swaps: int,
+                 within: bool = False) -> list[int]:
     n = block.shape[0]
     x = torch.zeros(n, dtype=torch.float64)
     x[chosen] = 1.0
@@ -103,7 +106,7 @@ def _swap_search(block: torch.Tensor, chosen: list[int], group: torch.Tensor, ma
         u = block @ x  # [H]
         # swap d (dropped -> kept) with k (kept -> dropped): change 2(u_k - u_d) + F_kk + F_dd - 2 F_kd
         change = 2 * (u[None, :] - u[:, None]) + diag[None, :] + diag[:, None] - 2 * block  # [d, k]
-        valid = (x[:, None] == 1) & (x[None, :] == 0) & _allowed(group, x)
+        valid = (x[:, None] == 1) & (x[None, :] == 0) & _allowed(group, x, within)
         change = torch.where(valid, change, torch.full_like(change, float("inf")))
         flat = int(torch.argmin(change))
         if not float(change.flatten()[flat]) < -tol:

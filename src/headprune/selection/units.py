@@ -15,6 +15,13 @@ score: every layer keeps its top-k) and ``h`` is enumerated the same way; budget
 filled greedily with any unit that still fits. This is exact for one unit type of one price and an
 approximation otherwise (a knapsack; the greedy gap is at most one unit's score per type).
 Interactions between units (off-diagonal Fisher) are ignored, as in Kwon et al.'s search.
+
+Grouped-query attention (``groups``, ``gqa``; see :mod:`.gqa`): under ``uniform`` (the default) a head
+unit of a GQA site is one *step* — one head from every key/value group, lowest first — so the kept
+heads stay even over the groups and the KV cache never grows; steps of a site must go in order, so
+their score per price is made non-decreasing along that order (a running maximum) and a site keeps
+its last steps. Under ``groups`` a unit is a whole key/value group; under ``free`` single heads (a
+:class:`~headprune.errors.KVCacheWarning` names the cache growth).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ import torch
 from ..checks import check_choice, check_share
 from ..core.unit_cost import UnitCosts
 from ..errors import ConfigError
+from .gqa import GQA_MODES, gqa_steps, warn_kv_growth
 
 UNITS = ("heads", "neurons", "both")
 
@@ -37,12 +45,19 @@ def select_units(
     share: float,
     *,
     units: str = "both",
+    groups: Mapping[str, list[int]] | None = None,
+    gqa: str = "uniform",
 ) -> tuple[dict[str, list[int]], dict[str, list[int]], dict]:
     """(heads to drop {site: indices}, neurons to drop {ffn: indices}, summary) keeping at most ``share``
-    of the pool's price. ``units``: which kinds are in the pool (the others are all kept and not counted)."""
+    of the pool's price. ``units``: which kinds are in the pool (the others are all kept and not counted).
+    ``groups``: {site: the key/value head each query head reads} (:func:`.gqa.kv_groups`; None: no GQA)."""
     check_choice("units", units, UNITS)
     check_share("share", share)
-    pools = {"heads": (head_scores, costs.heads), "neurons": (neuron_scores, costs.neurons)}
+    check_choice("gqa", gqa, GQA_MODES)
+    head_prices, steps = costs.heads, None
+    if groups is not None and gqa != "free" and units != "neurons" and head_scores:
+        head_scores, head_prices, steps = gqa_steps(head_scores, costs.heads, groups, gqa)
+    pools = {"heads": (head_scores, head_prices), "neurons": (neuron_scores, costs.neurons)}
     kinds = ["heads", "neurons"] if units == "both" else [units]
     ranked = {}
     for kind in kinds:
@@ -64,6 +79,11 @@ def select_units(
                 kept_sets[kind].add(i)
                 spent += float(price[i])
     drops = {kind: _drops(ranked[kind][0], kept_sets[kind]) for kind in ranked}
+    if steps is not None:  # steps back to heads: a site that drops d steps drops its first d (its lowest)
+        drops["heads"] = {site: sorted(h for step in steps[site][:len(d)] for h in step)
+                          for site, d in drops["heads"].items()}
+    elif groups is not None and "heads" in drops and gqa == "free":
+        warn_kv_growth(drops["heads"], groups)
     total = sum(float(r[1].sum()) for r in ranked.values())
     summary = {"units": units, "share": share, "price_kept": spent, "price_total": total,
                "kept": {k: len(v) for k, v in kept_sets.items()}, "of": {k: len(r[0]) for k, r in ranked.items()},

@@ -14,6 +14,7 @@ from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from ..errors import ConfigError, DataError
 from ..evaluation.batching import length_buckets, pad_rows
+from ..evaluation.translation import generate_translations, generation_protocol
 from ..provenance import versions
 from .batching import epoch_seed
 from .checkpoint import _find_resume, _fingerprint, _prepare_dir, _settings_json
@@ -41,8 +42,8 @@ class TranslationTrainSettings:
     weight_decay: float = 1e-4
     max_grad_norm: float | None = 1.0
     label_smoothing: float = 0.1
-    max_length: int = 128  # tokens incl. </s>; longer training pairs are skipped, eval sources truncated,
-    # and it bounds max_new_tokens of the greedy decoding used for BLEU
+    max_length: int = 128  # tokens incl. </s>; longer training pairs are skipped, eval sources truncated;
+    # BLEU is decoded by headprune's one protocol (evaluation.translation.generate_translations), greedy
     adam_betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-8
     vocab_size: int = 8000  # joint source+target vocabulary when the tokenizer is trained here
@@ -133,22 +134,12 @@ def _encode_eos(tokenizer: Any, texts: list[str]) -> list[list[int]]:
 
 
 def translate(model: Any, tokenizer: Any, sources: list[str], *, max_length: int = 128,
-              batch_size: int = 64) -> list[str]:
-    """Greedy translations of `sources` (truncated to `max_length` tokens), in the input order."""
-    model.eval()
+              batch_size: int = 64, num_beams: int = 1) -> list[str]:
+    """Translations of `sources` (truncated to `max_length` tokens), in the input order, by headprune's one
+    BLEU protocol (:func:`headprune.evaluation.translation.generate_translations`)."""
     ids = [x[:max_length - 1] + [tokenizer.eos_token_id] if len(x) > max_length else x
            for x in _encode_eos(tokenizer, sources)]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    hyps: list[str] = [""] * len(ids)
-    with torch.no_grad():
-        for start in range(0, len(order), batch_size):
-            idx = order[start:start + batch_size]
-            x = pad_rows([ids[i] for i in idx], tokenizer.pad_token_id)  # [B, S]
-            gen = model.generate(input_ids=x, attention_mask=(x != tokenizer.pad_token_id).long(),
-                                 max_new_tokens=max_length, num_beams=1, do_sample=False)
-            for i, text in zip(idx, tokenizer.batch_decode(gen, skip_special_tokens=True), strict=True):
-                hyps[i] = text.strip()
-    return hyps
+    return generate_translations(model, tokenizer, ids, num_beams=num_beams, batch_size=batch_size)[0]
 
 
 def train_translation(
@@ -256,8 +247,9 @@ def train_translation(
                              batch_size=s.eval_batch_size)
             bleu = sacrebleu.metrics.BLEU()
             score = bleu.corpus_score(hyps, [eval_targets])
-            return {"eval_nll": nll / n_tok, "eval_bleu": round(score.score, 2),
-                    "bleu_signature": str(bleu.get_signature()), "eval_n": len(eval_sources)}
+            return {"eval_nll": nll / n_tok, "eval_bleu": round(score.score, 2), "eval_bleu_exact": score.score,
+                    "bleu_signature": str(bleu.get_signature()), "eval_n": len(eval_sources),
+                    "generation": generation_protocol(1)}
 
     info = {"task": "translation", "architecture": "MarianMTModel", "n_pairs": len(sources),
             "n_train": len(keep), "n_skipped_too_long": len(sources) - len(keep),

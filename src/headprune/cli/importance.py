@@ -1,0 +1,67 @@
+"""``headprune importance``: one score per head (I_h or the Fisher diagonal) as JSON, CSV and heatmap."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..errors import ConfigError
+from .app import app, echo_headline, friendly
+from .options import (
+    DATA,
+    DATA2,
+    FRESH,
+    OUT,
+    PROGRESS,
+    QUIET,
+    TASK,
+    TaskFlags,
+    TaskSetup,
+    show_progress,
+    with_flags,
+)
+from .study import MODEL, _signature
+
+
+@app.command("importance")
+@friendly
+@with_flags(flags=TaskFlags)
+def importance(
+    model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Path = DATA2,
+    calib_limit: int = typer.Option(None, "--calib-limit", help="Score only the first N examples of --data (lm: N "
+                                    "blocks; default: all, after --limit)."),
+    absolute: str = typer.Option("example", "--absolute", help="example: |dL/dxi_h| per example, then the mean "
+                                 "(paper 4.1); batch: |sum over a batch| (the bertology script's variant)."),
+    normalize: str = typer.Option("l2", "--normalize", help="l2: divide each layer's scores by their l2 norm "
+                                  "(paper 4.1); none: raw means."),
+    scores: str = typer.Option("importance", "--scores", help="importance: I_h; fisher: the diagonal of the "
+                               "empirical Fisher of the head mask, per example (Kwon et al. 2022)."),
+    output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS,
+    *, flags: TaskFlags,
+):
+    """Score every head (paper 4.1): importance.json ({site: [score per head]} and the signature),
+    importance.csv, a heatmap and report.html."""
+    from ..experiments.importance_run import run_importance
+
+    if calib_limit is not None and calib_limit < 1:
+        raise ConfigError(f"--calib-limit {calib_limit}; allowed: an integer >= 1")
+    if absolute not in ("example", "batch"):
+        raise ConfigError(f"--absolute {absolute!r}; allowed: example, batch")
+    if normalize not in ("l2", "none"):
+        raise ConfigError(f"--normalize {normalize!r}; allowed: l2, none")
+    if scores not in ("importance", "fisher"):
+        raise ConfigError(f"--scores {scores!r}; allowed: importance, fisher")
+    if scores == "fisher" and absolute != "example":
+        raise ConfigError(f"--absolute {absolute!r} with --scores fisher; allowed: --absolute only with "
+                          "--scores importance (the Fisher squares per-example gradients)")
+    bars = show_progress(quiet, progress)
+    t = TaskSetup(model_dir, task, flags)
+    ev = t.on(data, data2)
+    n = len(ev) if calib_limit is None else min(calib_limit, len(ev))
+    sig = {**_signature(model_dir, task, data, data2, ev, 0, flags), "n": n, "calib_limit": calib_limit,
+           "scores": scores, "absolute": absolute, "normalize": normalize}
+    report = run_importance(t.model, lambda: ev.batches(limit=calib_limit), output, scores=scores, absolute=absolute,
+                            normalize=None if normalize == "none" else normalize, signature=sig, fresh=fresh,
+                            progress=bars)
+    echo_headline(output, report)

@@ -1,0 +1,326 @@
+"""Selection that knows grouped-query attention: which heads to drop without growing the KV cache.
+
+Under GQA several query heads read one key/value head. Surgery keeps a key/value head while any of
+its query heads stays, and when the kept query heads are spread unevenly over the key/value groups
+(7 query heads over 2 key/value heads) it repeats key/value heads, and the cache holds each copy
+(:mod:`headprune.core.kvcache`). Three modes:
+
+- ``uniform`` (default): the same number of query heads kept in every key/value group of a site, so
+  no key/value head is repeated and the cache never grows. A step drops, in every group of one site,
+  its lowest-scoring remaining head; steps are taken across sites by the lowest mean score of the
+  heads they drop (per unit of cost for FLOP budgets), so the total may fall short of a head count
+  by less than one step.
+- ``groups``: whole key/value groups with all their query heads (the group's score: the sum of its
+  heads' scores; groups compared by the mean over their heads), the only way to shrink the cache.
+- ``free``: the heads with the lowest scores wherever they are (the paper's choice); a
+  :class:`~headprune.errors.KVCacheWarning` names how much the cache grows when it does.
+
+Sites without GQA (one query head per key/value head) are selected head by head in every mode. A
+budget in KV-cache bytes (``kv``) always drops whole groups, the unit that frees cache.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+
+import torch
+from torch import nn
+
+from ..checks import check_choice, check_int, check_share
+from ..core.cost import HeadCosts
+from ..core.kvcache import cached_kv_heads
+from ..core.sites import find_sites, kv_of_heads
+from ..core.surgery import DroppedHeads
+from ..errors import ConfigError, KVCacheWarning
+from .budget import select_heads
+from .lowest import lowest_heads
+
+GQA_MODES = ("uniform", "groups", "free")
+Groups = Mapping[str, Sequence[int]]  # {site: [H] key/value head each query head reads}
+
+
+def kv_groups(model: nn.Module) -> dict[str, list[int]]:
+    """{site: the key/value head each of its query heads reads} (``list(range(H))`` without GQA)."""
+    return {s.name: kv_of_heads(s) for s in find_sites(model)}
+
+
+def select_gqa(
+    scores: Mapping[str, torch.Tensor],
+    groups: Groups | None,
+    *,
+    mode: str = "uniform",
+    n_drop: int | None = None,
+    fraction: float | None = None,
+    keep: float | None = None,
+    n_keep: int | None = None,
+    flops: float | None = None,
+    costs: HeadCosts | None = None,
+    kv: float | None = None,
+    kv_bytes: Mapping[str, float] | None = None,
+    min_per_site: int = 0,
+    sites: list[str] | None = None,
+    same_per_site: bool = False,
+) -> DroppedHeads:
+    """Heads to drop ({site: sorted indices}), lowest scores first, under one budget and a GQA ``mode``.
+
+    Budgets (exactly one): ``n_drop`` / ``fraction`` (heads dropped: at most that many of the pool),
+    ``keep`` / ``n_keep`` (share / count of the pool's heads kept: at least that many), ``flops``
+    (share of the pool's head FLOPs kept, ``costs`` from :func:`headprune.core.cost.head_costs`), ``kv``
+    (share of the pool's KV-cache bytes per token kept, ``kv_bytes`` {site: bytes per token of one
+    cached key/value head} from :func:`headprune.core.kvcache.kv_head_bytes`). ``groups``: {site: [H]
+    key/value head of each query head} (:func:`kv_groups`; None: no GQA). ``sites`` restricts the pool.
+    ``same_per_site``: every site of the pool keeps the same number of heads (steps taken in all sites at
+    once, by their summed scores), so a stock config can describe the pruned model (:mod:`headprune.core.stock`);
+    needs a head budget, mode ``uniform`` or ``groups`` and sites of one shape.
+    """
+    check_choice("mode", mode, GQA_MODES)
+    check_int("min_per_site", min_per_site, 0)
+    given = {k: v for k, v in (("n_drop", n_drop), ("fraction", fraction), ("keep", keep), ("n_keep", n_keep),
+                               ("flops", flops), ("kv", kv)) if v is not None}
+    if len(given) != 1:
+        raise ConfigError(f"give exactly one budget: n_drop, fraction, keep, n_keep, flops or kv; got {given or 'none'}")
+    if same_per_site and (mode == "free" or kv is not None or flops is not None):
+        raise ConfigError(f"same_per_site=True needs mode 'uniform' or 'groups' and a head budget; got mode={mode!r}, "
+                          f"budget {', '.join(given)}")
+    if sites is not None and (unknown := [s for s in sites if s not in scores]):
+        raise ConfigError(f"sites: unknown {unknown}; allowed: {', '.join(scores)}")
+    pool = {k: torch.as_tensor(v, dtype=torch.float64).flatten() for k, v in scores.items()
+            if sites is None or k in sites}
+    groups = _check_groups(groups, pool)
+    total = sum(v.numel() for v in pool.values())
+    if kv is not None:
+        return _by_kv(pool, groups, kv, kv_bytes, min_per_site)
+    if flops is not None:
+        if mode == "free":
+            drop = select_heads(pool, flops=flops, costs=costs, min_per_site=min_per_site)
+            warn_kv_growth(drop, groups)
+            return drop
+        return _by_flops(pool, groups, mode, flops, costs, min_per_site)
+    n = _drop_count(total, n_drop, fraction, keep, n_keep)
+    if same_per_site:
+        return _same_per_site(pool, groups, mode, n, min_per_site)
+    if mode == "free":
+        drop = lowest_heads(pool, n_heads=n, min_per_site=min_per_site)
+        warn_kv_growth(drop, groups)
+        return drop
+    return _greedy(pool, _units(pool, groups, mode), lambda unit, spent: spent + len(unit[1]) <= n,
+                   lambda unit: len(unit[1]), min_per_site)
+
+
+def kv_growth(drop: Mapping[str, Sequence[int]], groups: Groups) -> tuple[float, str | None, float, int, int]:
+    """(whole-pool factor, worst site, its factor, its heads cached after, before) of the KV cache (in key/value
+    heads) when ``drop`` is removed; factors > 1 mean a larger cache."""
+    before = after = 0
+    worst, worst_factor, worst_after, worst_before = None, 1.0, 0, 0
+    for name, g in groups.items():
+        dropped = set(drop.get(name, []))
+        b = cached_kv_heads(g, range(len(g)))
+        a = cached_kv_heads(g, [h for h in range(len(g)) if h not in dropped])
+        before, after = before + b, after + a
+        if b and a / b > worst_factor:
+            worst, worst_factor, worst_after, worst_before = name, a / b, a, b
+    return (after / before if before else 1.0), worst, worst_factor, worst_after, worst_before
+
+
+def warn_kv_growth(drop: Mapping[str, Sequence[int]], groups: Groups) -> float:
+    """Warn (:class:`KVCacheWarning`) when ``drop`` grows the KV cache of any site; returns the whole factor."""
+    factor, worst, worst_factor, after, before = kv_growth(drop, groups)
+    if worst is not None:
+        warnings.warn(f"gqa='free': query heads removed unevenly across key/value groups make the KV cache "
+                      f"{factor:.2f}x the unpruned one ({worst}: {worst_factor:.2f}x, {after} key/value heads cached "
+                      f"instead of {before}); gqa='uniform' or 'groups' never enlarge it", KVCacheWarning, stacklevel=3)
+    return factor
+
+
+def _check_groups(groups: Groups | None, pool: dict[str, torch.Tensor]) -> dict[str, list[int]]:
+    out = {}
+    for name, s in pool.items():
+        g = list(range(s.numel())) if groups is None or name not in groups else [int(x) for x in groups[name]]
+        if len(g) != s.numel():
+            raise ConfigError(f"groups[{name!r}] has {len(g)} entries; allowed: one key/value head per query head "
+                              f"({s.numel()})")
+        out[name] = g
+    return out
+
+
+def _drop_count(total: int, n_drop, fraction, keep, n_keep) -> int:
+    if fraction is not None or keep is not None:
+        name, share = ("fraction", fraction) if fraction is not None else ("keep", keep)
+        check_share(name, share)
+        return int(round(share * total)) if fraction is not None else total - int(round(keep * total))
+    name, n = ("n_drop", n_drop) if n_drop is not None else ("n_keep", n_keep)
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= total:
+        raise ConfigError(f"{name}={n!r}; allowed: an integer 0..{total}")
+    return n if n_drop is not None else total - n
+
+
+def _units(pool: dict[str, torch.Tensor], groups: dict[str, list[int]], mode: str) -> dict[str, list[list[int]]]:
+    """{site: steps in the order they must be taken, each the heads it drops}."""
+    out = {}
+    for name, s in pool.items():
+        members: dict[int, list[int]] = {}
+        for h, j in enumerate(groups[name]):
+            members.setdefault(j, []).append(h)
+        for j in members:  # lowest score first (NaN last), then head index
+            members[j].sort(key=lambda h: (_value(s[h]), h))
+        if mode == "groups" or all(len(hs) == 1 for hs in members.values()):  # (no GQA: head by head)
+            out[name] = sorted(members.values(), key=lambda hs: (_mean(s, hs), hs[0]))
+        else:  # uniform: step k takes every group from keeping (size - k) heads to (size - k - 1)
+            size = max(len(hs) for hs in members.values())
+            out[name] = [[hs[len(hs) - level - 1] for hs in members.values() if len(hs) > level]
+                         for level in range(size - 1, -1, -1)]
+            out[name] = [u for u in out[name] if u]
+    return out
+
+
+def gqa_steps(scores: Mapping[str, torch.Tensor], prices: Mapping[str, torch.Tensor], groups: Groups, mode: str):
+    """Head units of a one-budget search (:func:`.units.select_units`) under ``mode`` (``uniform`` or ``groups``):
+    ({site: step scores [S]}, {site: step prices [S]}, {site: steps, each the heads it drops, in drop order}).
+
+    A step's score and price are the sums over its heads. Under ``uniform`` a site's steps must go in
+    order, so its score per price is made non-decreasing along that order (a running maximum, which a
+    ranking by score per price then respects); whole groups (``groups``) go in any order.
+    """
+    pool = {k: torch.as_tensor(v, dtype=torch.float64).flatten() for k, v in scores.items()}
+    units = _units(pool, _check_groups(groups, pool), mode)
+    out_s, out_p = {}, {}
+    for site, steps in units.items():
+        price = torch.as_tensor(prices[site], dtype=torch.float64).flatten()
+        p = torch.stack([price[hs].sum() for hs in steps])
+        s = torch.stack([pool[site][hs].sum() for hs in steps])
+        if mode == "uniform":
+            s = torch.cummax(s / p, 0).values * p
+        out_s[site], out_p[site] = s, p
+    return out_s, out_p, units
+
+
+def _greedy(pool, units, fits, size, min_per_site) -> dict[str, list[int]]:
+    """Take steps lowest mean score first while ``fits(step, spent)``; a site whose next step does not fit
+    (or would leave fewer than ``min_per_site`` heads) takes no more."""
+    nxt = {name: 0 for name in pool}
+    left = {name: s.numel() for name, s in pool.items()}
+    order = {name: i for i, name in enumerate(pool)}
+    drop: dict[str, list[int]] = {}
+    spent = 0.0
+    while True:
+        open_ = [(name, units[name][nxt[name]]) for name in pool if nxt[name] < len(units[name])]
+        if not open_:
+            break
+        name, heads = min(open_, key=lambda t: (_mean(pool[t[0]], t[1]), order[t[0]]))
+        if left[name] - len(heads) < min(min_per_site, pool[name].numel()) or not fits((name, heads), spent):
+            nxt[name] = len(units[name])  # closed
+            continue
+        drop.setdefault(name, []).extend(heads)
+        left[name] -= len(heads)
+        spent += size((name, heads))
+        nxt[name] += 1
+    return {name: sorted(v) for name, v in drop.items()}
+
+
+def _same_per_site(pool, groups, mode, n, min_per_site) -> dict[str, list[int]]:
+    """One step = the next step of every site at once, lowest summed score first (sites of one shape)."""
+    shapes = {tuple(sorted(_count(g).values())) for g in groups.values()}
+    if len(shapes) > 1:
+        raise ConfigError(f"same_per_site=True: the sites have different head layouts {sorted(shapes)}; allowed: "
+                          "sites of one shape (e.g. sites=[one kind])")
+    units = _units(pool, groups, mode)
+    merged = {"all": torch.cat([pool[name] for name in pool])}
+    offsets, start = {}, 0
+    for name in pool:
+        offsets[name], start = start, start + pool[name].numel()
+    steps = [[offsets[name] + h for name in pool for h in units[name][k]] for k in range(len(units[next(iter(pool))]))]
+    per_site = min(min_per_site, min(s.numel() for s in pool.values())) * len(pool)
+    drop = _greedy(merged, {"all": steps}, lambda unit, spent: spent + len(unit[1]) <= n, lambda unit: len(unit[1]),
+                   per_site)
+    out: dict[str, list[int]] = {}
+    for i in drop.get("all", []):
+        name = next(name for name in reversed(list(pool)) if offsets[name] <= i)
+        out.setdefault(name, []).append(i - offsets[name])
+    return {name: sorted(v) for name, v in out.items()}
+
+
+def _count(g: Sequence[int]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for j in g:
+        counts[j] = counts.get(j, 0) + 1
+    return counts
+
+
+def _by_flops(pool, groups, mode, share, costs: HeadCosts | None, min_per_site) -> dict[str, list[int]]:
+    """Drop steps, lowest score per FLOP saved first, until the kept FLOPs fit ``share`` of the pool's."""
+    check_share("flops", share)
+    if costs is None:
+        raise ConfigError("flops= needs costs= (FLOPs per head, from headprune.core.cost.head_costs(model))")
+    full = {name: list(range(s.numel())) for name, s in pool.items()}
+    total = costs.cost(full)
+    budget = share * total
+    units = _units(pool, groups, mode)
+    drop: dict[str, list[int]] = {}
+    nxt = {name: 0 for name in pool}
+    order = {name: i for i, name in enumerate(pool)}
+    while costs.cost(_kept(full, drop)) > budget * (1 + 1e-12):
+        best = None
+        for name in pool:
+            if nxt[name] >= len(units[name]):
+                continue
+            heads = units[name][nxt[name]]
+            if len(full[name]) - len(drop.get(name, [])) - len(heads) < min(min_per_site, len(full[name])):
+                continue
+            trial = dict(drop) | {name: drop.get(name, []) + heads}
+            saved = costs.cost(_kept(full, drop)) - costs.cost(_kept(full, trial))
+            key = (float(sum(_value(pool[name][h]) for h in heads)) / saved if saved > 0 else math.inf, order[name])
+            if best is None or key < best[0]:
+                best = (key, name, heads)
+        if best is None:
+            raise ConfigError(f"flops={share}: min_per_site={min_per_site} keeps more than that; allowed: a larger "
+                              "flops share or a smaller min_per_site")
+        _, name, heads = best
+        drop[name] = drop.get(name, []) + heads
+        nxt[name] += 1
+    return {name: sorted(v) for name, v in drop.items() if v}
+
+
+def _by_kv(pool, groups, share, kv_bytes, min_per_site) -> dict[str, list[int]]:
+    """Drop whole key/value groups, lowest mean score first, until the cache kept fits ``share`` of the pool's."""
+    check_share("kv", share)
+    if kv_bytes is None:
+        raise ConfigError("kv= needs kv_bytes= (bytes per token of one cached key/value head per site, from "
+                          "headprune.core.kvcache.kv_head_bytes(model))")
+    price = {name: float(kv_bytes.get(name, 0.0)) for name in pool}
+
+    def cache(drop) -> float:
+        return sum(price[name] * cached_kv_heads(g, [h for h in range(len(g)) if h not in set(drop.get(name, []))])
+                   for name, g in groups.items())
+
+    total = cache({})
+    cached = {name: p for name, p in price.items() if p > 0}  # sites that cache nothing are not touched
+    units = _units({k: pool[k] for k in cached}, {k: groups[k] for k in cached}, "groups")
+    nxt = {name: 0 for name in cached}
+    order = {name: i for i, name in enumerate(cached)}
+    drop: dict[str, list[int]] = {}
+    while cache(drop) > share * total * (1 + 1e-12):
+        open_ = [(name, units[name][nxt[name]]) for name in cached if nxt[name] < len(units[name])
+                 and pool[name].numel() - len(drop.get(name, [])) - len(units[name][nxt[name]])
+                 >= min(min_per_site, pool[name].numel())]
+        if not open_:
+            raise ConfigError(f"kv={share}: min_per_site={min_per_site} keeps more cache than that; allowed: a larger "
+                              "kv share or a smaller min_per_site")
+        name, heads = min(open_, key=lambda t: (_mean(pool[t[0]], t[1]) / price[t[0]], order[t[0]]))
+        drop[name] = drop.get(name, []) + heads
+        nxt[name] += 1
+    return {name: sorted(v) for name, v in drop.items() if v}
+
+
+def _kept(full: dict[str, list[int]], drop: Mapping[str, list[int]]) -> dict[str, list[int]]:
+    return {name: [h for h in heads if h not in set(drop.get(name, []))] for name, heads in full.items()}
+
+
+def _value(x) -> float:
+    v = float(x)
+    return math.inf if math.isnan(v) else v
+
+
+def _mean(s: torch.Tensor, heads: Sequence[int]) -> float:
+    return sum(_value(s[h]) for h in heads) / len(heads)

@@ -1,0 +1,280 @@
+"""Where every number quoted in README.md and REPRODUCTION.md comes from (used by studies/summarize.py --check).
+
+In the Markdown a quoted number is ``<!--q:NAME-->value<!--/q-->`` and a generated table
+``<!--block:NAME-->...<!--/block-->``. NAME is ``kind:arg:arg...`` and an optional ``~FORMAT``
+(a Python format spec, or ``p`` for a p-value; default per kind). Each kind below reads one committed file:
+
+- ``base:RUN``                      results.json ``base`` of a study run (accuracy/F1/Matthews in %)
+- ``score:RUN:ORDER:FRACTION``      a pruning-curve step's score (``curves`` runs; %-scaled as above)
+- ``rel:RUN:ORDER:FRACTION``        the same step relative to the unpruned model, in %
+- ``abl:RUN:KIND:STAT``             one-head ablation per attention kind (KIND ``all`` for every head):
+                                    ``n``, ``sig`` (Holm-significant), ``better`` (masking helps), ``min``/``max`` delta
+- ``abo:RUN:SITE:STAT``             all-but-one per site: ``delta``, ``p`` (two-sided), ``padj`` (Holm)
+- ``abo:RUN:*:STAT``                over sites: ``sig``, ``min``/``max`` delta of the sites not Holm-significant
+- ``cd:RUN:STAT``                   cross-domain: ``r``, ``p``, ``n``, ``base:NAME``
+- ``dyn:RUN:EPOCH:FRACTION``        relative score (%) at that epoch (``base`` for FRACTION: the unpruned score)
+- ``speed:PLAN:BATCH:STAT``         benchmarks/results/pruned_speed.json (``x``, ``flop``, ``orig``, ``pruned``,
+                                    ``eff`` in %; PLAN ``*`` and STAT ``effmin``/``effmax``: over plans and batches)
+- ``train:MODEL:FIELD``             last epoch of benchmarks/results/train_models.json (``n_train``, ``n_eval``,
+                                    ``eval_accuracy`` in %, ``eval_bleu``)
+- ``mc:FILE:METHOD:FRACTION``       method comparison score (benchmarks/results/FILE.json; %-scaled)
+- ``demo:FIELD``                    benchmarks/results/demo.json (dotted path into it)
+- ``sig:RUN:FIELD``                 a study run's signature field (e.g. ``n``, ``n_b``: examples)
+- ``json:FILE:FIELD``               any benchmarks/results/FILE.json (dotted path into it)
+- ``mcmin:FILE:METHOD``             smallest two-sided p of METHOD's steps below I_h (method comparison)
+
+Significance of committed runs: see :func:`two_sided` (how one-sided p-values of runs made before
+the change are turned into two-sided ones) and :func:`holm_rows`.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDIES = ROOT / "studies" / "results"
+BENCH = ROOT / "benchmarks" / "results"
+PERCENT = ("accuracy", "f1", "matthews")
+ONE_SIDED = "paired bootstrap"  # tests whose committed p is the old one-sided sign share
+
+
+@functools.cache
+def load(path: str) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def study(run: str) -> dict:
+    return load(str(STUDIES / run / "results.json"))
+
+
+def bench(name: str) -> dict:
+    return load(str(BENCH / f"{name}.json"))
+
+
+def scaled(metric: str, x: float) -> float:
+    return 100 * x if metric in PERCENT else x
+
+
+def two_sided(row: dict) -> float:
+    """Two-sided p of a committed row. Runs made before headprune's two-sided bootstrap stored, for
+    corpus metrics, the one-sided share of resamples whose delta lacks the observed sign; the
+    two-sided percentile-bootstrap p of the same resamples is twice that (capped at 1). Paired t-tests
+    were always two-sided. Rows written by the current code (they carry ``p_bootstrap`` or
+    ``p_adjusted``) are two-sided already and used as they are."""
+    p = row["p_value"]
+    if "p_adjusted" in row or "p_bootstrap" in row or not str(row.get("test", "")).startswith(ONE_SIDED):
+        return p
+    return min(1.0, 2 * p)
+
+
+def holm_rows(rows: list[dict]) -> list[float]:
+    """Holm-adjusted two-sided p of each row, over all ``rows`` (one sweep; rows with their own
+    ``p_adjusted`` keep it, e.g. a study run with ``--correction bh`` keeps its BH values)."""
+    if rows and all("p_adjusted" in r for r in rows):
+        return [r["p_adjusted"] for r in rows]
+    p = [two_sided(r) for r in rows]
+    order = sorted(range(len(p)), key=lambda i: p[i])
+    out, running = [0.0] * len(p), 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def significant(rows: list[dict], alpha: float = 0.01) -> list[bool]:
+    return [q < alpha for q in holm_rows(rows)]
+
+
+# ---------------------------------------------------------------- kinds
+
+
+def _base(run: str) -> float:
+    res = study(run)
+    return scaled(res["metric"], res["base"])
+
+
+def _curve_row(run: str, order: str, fraction: str) -> dict:
+    return next(r for r in study(run)["rows"] if r["order"] == order and abs(r["fraction"] - float(fraction)) < 1e-9)
+
+
+def _score(run: str, order: str, fraction: str) -> float:
+    return scaled(study(run)["metric"], _curve_row(run, order, fraction)["score"])
+
+
+def _rel(run: str, order: str, fraction: str) -> float:
+    return 100 * _curve_row(run, order, fraction)["relative"]
+
+
+def _abl(run: str, kind: str, stat: str) -> float:
+    res = study(run)
+    sig = significant(res["rows"], res["signature"]["settings"]["alpha"])
+    rows = [(r, s) for r, s in zip(res["rows"], sig, strict=True) if kind == "all" or r["kind"] == kind]
+    deltas = [scaled(res["metric"], r["delta"]) for r, _ in rows]
+    return {"n": lambda: len(rows), "sig": lambda: sum(s for _, s in rows),
+            "better": lambda: sum(r["damage"] < 0 for r, _ in rows),
+            "min": lambda: min(deltas), "max": lambda: max(deltas)}[stat]()
+
+
+def _abo(run: str, site: str, stat: str) -> float:
+    res = study(run)
+    rows, adj = res["rows"], holm_rows(res["rows"])
+    alpha = res["signature"]["settings"]["alpha"]
+    if site == "*":
+        rest = [scaled(res["metric"], r["delta"]) for r, q in zip(rows, adj, strict=True) if q >= alpha]
+        return {"sig": lambda: sum(q < alpha for q in adj), "min": lambda: min(rest), "max": lambda: max(rest)}[stat]()
+    i = next(i for i, r in enumerate(rows) if r["site"] == site)
+    return {"delta": lambda: scaled(res["metric"], rows[i]["delta"]), "p": lambda: two_sided(rows[i]),
+            "padj": lambda: adj[i]}[stat]()
+
+
+def _cd(run: str, stat: str, name: str = "") -> float:
+    res = study(run)
+    if stat == "base":
+        return scaled(res["metric"], res["base"][name])
+    if stat == "n":
+        return len((STUDIES / run / "cross_domain.csv").read_text().strip().splitlines()) - 1
+    return {"r": res["pearson_r"], "p": res["p_value"]}[stat]
+
+
+def _dyn(run: str, epoch: str, fraction: str) -> float:
+    rows = [r for r in study(run)["rows"] if r["epoch"] == int(epoch)]
+    if fraction == "base":
+        return next(r["score"] for r in rows if r["fraction"] == 0)
+    return 100 * next(r["relative"] for r in rows if abs(r["fraction"] - float(fraction)) < 1e-9)
+
+
+def _speed(plan: str, batch: str, stat: str) -> float:
+    per = bench("pruned_speed")["per_batch"]
+    if plan == "*":
+        effs = [100 * b[p]["efficiency"] for b in per for p in ("even", "uneven")]
+        return {"effmin": min(effs), "effmax": max(effs)}[stat]
+    b = next(b for b in per if b["batch"] == int(batch))
+    return {"x": lambda: b[plan]["measured"], "flop": lambda: b[plan]["flop_limit"],
+            "orig": lambda: b["examples_per_s"]["original"], "pruned": lambda: b["examples_per_s"][plan],
+            "eff": lambda: 100 * b[plan]["efficiency"]}[stat]()
+
+
+def _train(model: str, field: str) -> float:
+    m = bench("train_models")["models"][model]
+    if field in ("n_train", "n_eval"):
+        return m[field]
+    value = m["epochs"][-1][field]
+    return 100 * value if field == "eval_accuracy" else value
+
+
+def _mc(file: str, method: str, fraction: str) -> float:
+    d = bench(file)
+    row = next(r for r in d["summary"] if r["method"] == method and abs(r["fraction"] - float(fraction)) < 1e-9)
+    return scaled(d["metric"], row["score"])
+
+
+def _json(file: str, path: str) -> float | str:
+    value = bench(file)
+    for key in path.split("."):
+        value = value[int(key)] if isinstance(value, list) else value[key]
+    return value
+
+
+def _sig(run: str, field: str) -> float | str:
+    return study(run)["signature"][field]
+
+
+def _demo(path: str) -> float | str:
+    return _json("demo", path)
+
+
+def _mcmin(file: str, method: str) -> float:
+    tests = [t for t in bench(file)["paired_tests"] if t["method"] == method and t["against"] == "ih"
+             and t["test"] is not None and t["diff"] < 0]
+    return min(two_sided(t) for t in tests)
+
+
+KINDS: dict[str, tuple[Callable, str]] = {  # kind -> (function of the args, default format)
+    "base": (_base, ".2f"), "score": (_score, ".2f"), "rel": (_rel, ".0f"), "abl": (_abl, ".2f"),
+    "abo": (_abo, ".2f"), "cd": (_cd, ".2f"), "dyn": (_dyn, ".0f"), "speed": (_speed, ".3f"),
+    "train": (_train, ".2f"), "mc": (_mc, ".2f"), "demo": (_demo, ".2f"), "json": (_json, ".2f"),
+    "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"),
+}
+INTEGER_STATS = ("n", "sig", "better", "n_train", "n_eval")
+
+
+def quote(name: str) -> str:
+    """The text a ``<!--q:NAME-->`` marker must hold."""
+    spec, _, fmt = name.partition("~")
+    kind, *args = spec.split(":")
+    if kind not in KINDS:
+        raise KeyError(f"unknown quote kind {kind!r} in {name!r}; allowed: {', '.join(KINDS)}")
+    fn, default = KINDS[kind]
+    value = fn(*args)
+    if isinstance(value, str):
+        return value
+    if not fmt:
+        fmt = "d" if args and args[-1] in INTEGER_STATS else default
+    if fmt == "d":
+        return f"{int(value):,}"
+    if fmt == "p":  # a p-value: "< 0.001" below what 1000 resamples resolve
+        return _p(value)
+    if fmt.endswith("e"):  # 4e-05 -> 4e-5
+        mantissa, exp = f"{value:{fmt}}".split("e")
+        return f"{mantissa}e{int(exp)}"
+    return f"{value:{fmt}}"
+
+
+# ---------------------------------------------------------------- generated tables
+
+
+def _p(x: float) -> str:
+    return "< 0.001" if x < 0.001 else f"{x:.3f}"
+
+
+def block_all_but_one(run: str) -> str:
+    """Per site of an all-but-one run: kept head, delta, 95% CI (runs with CI columns), two-sided p, Holm p."""
+    res = study(run)
+    metric, rows, adj = res["metric"], res["rows"], holm_rows(res["rows"])
+    alpha = res["signature"]["settings"]["alpha"]
+    has_ci = all("ci_low" in r for r in rows)
+    head = "| site | kept head | delta | " + ("95% CI | " if has_ci else "") + "p (two-sided) | Holm-adjusted p | significant |"
+    out = [head, "|---" * (head.count("|") - 1) + "|"]
+    for r, q in zip(rows, adj, strict=True):
+        ci = f"[{scaled(metric, r['ci_low']):+.2f}, {scaled(metric, r['ci_high']):+.2f}] | " if has_ci else ""
+        out.append(f"| {r['site']} | {r['kept_head']} | {scaled(metric, r['delta']):+.2f} | {ci}{_p(two_sided(r))} | "
+                   f"{_p(q)} | {'**yes**' if q < alpha else 'no'} |")
+    return "\n".join(out)
+
+
+def block_method_comparison(alpha: float = 0.05) -> str:
+    """README's method table: I_h, Fisher, Fisher+rearrange+tune per step, from the two benchmark files;
+    bold = above I_h with Holm-adjusted (over the table's steps of that method) two-sided p < alpha."""
+    files = ("method_comparison", "method_comparison_enfr")
+    methods = ("ih", "fisher", "fisher+tune")
+    bold: dict[tuple[str, str, float], bool] = {}
+    for file in files:
+        for method in methods[1:]:
+            tests = [t for t in bench(file)["paired_tests"] if t["method"] == method and t["against"] == "ih"
+                     and t["test"] is not None]
+            for t, q in zip(tests, holm_rows(tests), strict=True):
+                bold[(file, method, round(t["fraction"], 6))] = q < alpha and t["diff"] > 0
+    fractions = sorted({round(r["fraction"], 6) for r in bench(files[0])["summary"] if r["fraction"] < 1})
+    out = ["| pruned | SST-2 MiniLM, accuracy: I_h | Fisher | Fisher+rearrange+tune | en->fr Marian, BLEU: I_h | "
+           "Fisher | Fisher+rearrange+tune |", "|---|---|---|---|---|---|---|"]
+    for f in fractions:
+        cells = []
+        for file in files:
+            for method in methods:
+                text = f"{_mc(file, method, str(f)):.2f}"
+                cells.append(f"**{text}**" if bold.get((file, method, f)) else text)
+        out.append(f"| {f:.0%} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def block(name: str) -> str:
+    """The text a ``<!--block:NAME-->`` marker must hold (``abo:RUN`` or ``method_comparison``)."""
+    kind, *args = name.split(":")
+    if kind == "abo":
+        return block_all_but_one(*args)
+    if kind == "method_comparison":
+        return block_method_comparison()
+    raise KeyError(f"unknown block {name!r}; allowed: abo:RUN, method_comparison")

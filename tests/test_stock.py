@@ -1,0 +1,120 @@
+"""Pruned models people can ship: a stock transformers config when the pruned shape is expressible."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import transformers
+from typer.testing import CliRunner
+
+import headprune as hp
+from headprune.cli import app
+from headprune.core.stock import stock_config
+from headprune.selection.gqa import kv_groups, select_gqa
+from tiny import build, inputs
+
+GQA_FAMILIES = ["llama", "qwen2", "mistral"]
+AUTO = {"llama": transformers.AutoModelForCausalLM, "qwen2": transformers.AutoModelForCausalLM,
+        "mistral": transformers.AutoModelForCausalLM, "bert": transformers.AutoModelForSequenceClassification}
+
+
+def _even_uniform_plan(model, seed=0):
+    """--gqa uniform with the same scores in every layer: the same heads dropped in every layer."""
+    g = torch.Generator().manual_seed(seed)
+    groups = kv_groups(model)
+    one = torch.rand(len(next(iter(groups.values()))), generator=g, dtype=torch.float64)
+    n_groups = len(set(next(iter(groups.values()))))  # one uniform step per site
+    return select_gqa({name: one for name in groups}, groups, mode="uniform", n_drop=n_groups * len(groups))
+
+
+@pytest.mark.parametrize("family", GQA_FAMILIES)
+def test_even_uniform_pruning_reloads_with_plain_from_pretrained(family, tmp_path):
+    model = build(family)
+    plan = _even_uniform_plan(model)
+    assert len({len(v) for v in plan.values()}) == 1 and len(plan) == len(hp.find_sites(model))
+    hp.prune_heads(model, plan)
+    hp.save_pruned(model, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    site = hp.find_sites(model)[0]
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (site.num_heads, site.num_kv_heads)
+    assert "transformers_weights" not in config
+    plain = AUTO[family].from_pretrained(tmp_path / "m").eval()
+    assert type(plain) is type(model)
+    x = inputs(family, pad=False)
+    with torch.no_grad():
+        want, got = model(**x).logits, plain(**x).logits
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+        kw = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, use_cache=True, pad_token_id=0)
+        assert torch.equal(plain.generate(**x, **kw), model.generate(**x, **kw))
+    again = hp.load_pruned(tmp_path / "m")  # headprune reads it too
+    with torch.no_grad():
+        assert torch.equal(again(**x).logits, got)
+
+
+@pytest.mark.parametrize("family, plan", [
+    ("llama", {"decoder.0.self": [0, 3]}),  # one layer pruned, the other not
+    ("llama", {"decoder.0.self": [0], "decoder.1.self": [0]}),  # uneven GQA: key/value heads repeated
+    ("llama", {"decoder.0.self": list(range(6)), "decoder.1.self": [0, 3]}),  # a site emptied
+    ("bert", {"encoder.0.self": [0], "encoder.1.self": [1]}),  # head size from hidden_size / heads
+])
+def test_inexpressible_shapes_are_refused_by_plain_from_pretrained(family, plan, tmp_path):
+    model = build(family)
+    hp.prune_heads(model, plan)
+    config, reason = stock_config(model)
+    assert config is None and reason
+    hp.save_pruned(model, tmp_path / "m")
+    with pytest.raises(Exception, match=r"headprune\.load_pruned"):
+        AUTO[family].from_pretrained(tmp_path / "m")
+    x = inputs(family)
+    with torch.no_grad():
+        want = model(**x).logits
+        assert torch.equal(hp.load_pruned(tmp_path / "m")(**x).logits, want)
+
+
+def test_unpruned_and_stock_false(tmp_path):
+    model = build("llama")
+    assert stock_config(model) == (None, "the model is not pruned")
+    hp.prune_heads(model, _even_uniform_plan(model))
+    hp.save_pruned(model, tmp_path / "m", stock=False)
+    with pytest.raises(Exception, match=r"headprune\.load_pruned"):
+        transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+
+
+def test_cli_prune_writes_a_stock_directory(tmp_path):
+    hp.save_pruned(build("llama"), tmp_path / "llama")
+    drop = json.dumps({"decoder.0.self": [0, 3], "decoder.1.self": [0, 3]})
+    r = CliRunner().invoke(app, ["prune", str(tmp_path / "llama"), "--drop", drop, "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert plain.config.num_attention_heads == 4 and plain.config.num_key_value_heads == 2
+
+
+@pytest.mark.parametrize("mode", ["uniform", "groups"])
+def test_compress_same_per_site_ships_a_stock_directory(mode, tmp_path):
+    from headprune.compression import compress
+    from tiny import labels
+
+    model = build("llama")
+    x = inputs("llama", batch=4)
+    x["labels"] = labels("llama", x)
+    result = compress(model, [x], keep=0.5, method="fisher+tune", gqa=mode, same_per_site=True)
+    kept = {len(v) for v in result.kept.values()}
+    assert len(kept) == 1 and kept != {6}
+    hp.save_pruned(result.model, tmp_path / "m")
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m").eval()
+    y = inputs("llama", pad=False)
+    with torch.no_grad():
+        want = result.model(**y).logits
+        assert (plain(**y).logits - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_same_per_site_refuses_free_and_other_budgets():
+    from headprune.compression import CompressSettings
+    from headprune.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="same_per_site"):
+        CompressSettings(keep=0.5, gqa="free", same_per_site=True)
+    with pytest.raises(ConfigError, match="same_per_site"):
+        CompressSettings(flops=0.5, same_per_site=True)
