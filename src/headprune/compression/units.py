@@ -151,7 +151,8 @@ def compress_units(
     t = time.perf_counter()
     pruned = copy.deepcopy(model)
     prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
-    prune_neurons(pruned, {k: v for k, v in drop_n.items() if v})
+    if any(drop_n.values()):
+        prune_neurons(pruned, {k: v for k, v in drop_n.items() if v})
     pruned.eval()
     seconds["select+remove"] = time.perf_counter() - t
     stages = {"select": "kept", "remove": "kept"}
@@ -179,7 +180,7 @@ def compress_units(
     seconds["total"] = time.perf_counter() - start
     after = sizes(pruned, settings)
     return UnitResult(model=pruned, settings=asdict(settings), dropped_heads=drop_h, dropped_neurons=drop_n,
-                      kept_heads=kept_heads(pruned), kept_neurons=kept_neurons(pruned), selection=selection,
+                      kept_heads=kept_heads(pruned), kept_neurons=kept_neurons(pruned) if find_ffns(pruned, skip_moe=True) else {}, selection=selection,
                       sizes={"before": before, "after": after}, stages=stages, val_loss=val_loss,
                       reconstruction=rows, seconds=seconds,
                       split={"calib_batches": len(calib), "val_batches": len(val),
@@ -208,6 +209,6 @@ def _examples(batches: list) -> int:
 
 def sizes(model: nn.Module, settings: UnitSettings) -> dict:
     flops = flop_breakdown(model, settings.seq_len, tgt_len=settings.tgt_len)
-    return {"heads": sum(s.num_heads for s in find_sites(model)), "neurons": sum(f.width for f in find_ffns(model)),
+    return {"heads": sum(s.num_heads for s in find_sites(model)), "neurons": sum(f.width for f in find_ffns(model, skip_moe=True)),
             "params": sum(p.numel() for p in model.parameters()), "flops": flops["total"],
             "seq_len": settings.seq_len, "tgt_len": settings.tgt_len}

@@ -74,9 +74,15 @@ def out_features(module: nn.Module) -> int:
     return module.weight.shape[1] if is_conv1d(module) else module.weight.shape[0]
 
 
-def find_ffns(model: nn.Module) -> list[FFN]:
-    """Every FFN of ``model`` in module order; raises :class:`UnsupportedModelError` for MoE models."""
-    _refuse_moe(model)
+def find_ffns(model: nn.Module, *, skip_moe: bool = False) -> list[FFN]:
+    """Every FFN of ``model`` in module order; raises :class:`UnsupportedModelError` for MoE models (``skip_moe``:
+    returns no FFN for them instead, for heads-only work that only counts or refits around FFNs)."""
+    try:
+        _refuse_moe(model)
+    except UnsupportedModelError:
+        if skip_moe:
+            return []
+        raise
     stacks = {_prefix(s.path): s.name.split(".")[0] for s in find_sites(model) if s.kind != "cross"}
     found: list[FFN] = []
     for path, module in model.named_modules():
