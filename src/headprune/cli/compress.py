@@ -80,8 +80,8 @@ def compress_command(
     price: str = typer.Option("flops", "--price", help="--units neurons|both: price of a unit, flops (at --seq-len), "
                               "params, or latency (a table timed once on this machine at --bench-batch, --seq-len)."),
     val_data: str = typer.Option(None, "--val-data", help="--units neurons|both: validation data for the guard of "
-                                 "the reconstruction, disjoint from --calib-data and --data (default: the last quarter "
-                                 "of the calibration batches is held out)."),
+                                 "the reconstruction, disjoint from --calib-data and --data (default: a quarter of the "
+                                 "calibration batches, spread over their lengths, is held out)."),
     val_data2: Path = typer.Option(None, "--val-data2", help="Translation: target file of --val-data (default: none)."),
     val_split: str = split_option("--val-data"),
     val_limit: int = typer.Option(None, "--val-limit", help="First N examples of --val-data (default: all)."),
