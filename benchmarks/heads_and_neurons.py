@@ -64,6 +64,8 @@ def parse(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="Timed rounds per model.")
     p.add_argument("--quick", action="store_true", help="Tiny random BERT, made-up data (seconds).")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--note", default=None, help="Stored with the entry (e.g. that a setting was changed after seeing "
+                   "test results).")
     return p.parse_args(argv)
 
 
@@ -282,7 +284,8 @@ def main(argv=None):
                            "seed": 0, "versions": versions()},
              "command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
              "metric": base.metric, "unpruned": base.score, "budgets": rows, "machine": speed.machine,
-             "bench_settings": speed.settings, "holm_over": "the budgets of this task"}
+             "bench_settings": speed.settings, "holm_over": "the budgets of this task",
+             **({"note": args.note} if args.note else {})}
     out = json.loads(args.out.read_text()) if args.out.is_file() else {}
     out[("quick" if args.quick else args.task)] = entry
     args.out.parent.mkdir(parents=True, exist_ok=True)
