@@ -46,3 +46,23 @@ def test_all_but_one_headline_names_the_worst_site_and_its_score(tiny, tmp_path)
     assert float(value) == pytest.approx(100 * float(worst["score"]), abs=0.006)
     assert float(worst["score"]) <= base
     assert "largest drop" not in result.stdout and label in result.stdout
+
+
+def test_dynamics_headline_at_any_step(tiny, tmp_path):
+    """The headline read 'relative score at 40% pruned  nan%' whenever --step did not land on 0.4 (0.25 here);
+    it reports the point closest to 40% (here 50%; ties: the smaller), with the share it is at, as dynamics.csv has it."""
+    model, data = tiny
+    from transformers import AutoTokenizer
+
+    epochs, tokenizer = tmp_path / "model", AutoTokenizer.from_pretrained(model)
+    for e in (1, 2):
+        hp.save_pruned(build("bert", seed=e), epochs / f"epoch-{e}", tokenizer=tokenizer)
+    out = tmp_path / "dyn"
+    result = runner.invoke(app, ["dynamics", str(epochs / "epoch-1"), str(epochs / "epoch-2"), "--task",
+                                 "classification", "--data", str(data), "--step", "0.25", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    with open(out / "dynamics.csv", newline="") as f:
+        at = {(int(r["epoch"]), float(r["fraction"])): float(r["relative"]) for r in csv.DictReader(f)}
+    headline = json.loads((out / "results.json").read_text())["headline"]
+    assert headline[1:] == [[f"epoch {e}: relative score at 50% pruned", f"{at[e, 0.5]:.1%}"] for e in (1, 2)]
+    assert "nan" not in result.stdout
