@@ -66,3 +66,11 @@ def test_dynamics_headline_at_any_step(tiny, tmp_path):
     headline = json.loads((out / "results.json").read_text())["headline"]
     assert headline[1:] == [[f"epoch {e}: relative score at 50% pruned", f"{at[e, 0.5]:.1%}"] for e in (1, 2)]
     assert "nan" not in result.stdout
+
+
+def test_bench_dtype_help_is_its_own():
+    """bench computes no scores; its --dtype help was the scoring commands' ('Scores are summed in float64')."""
+    result = runner.invoke(app, ["bench", "--help"], terminal_width=200, env={"COLUMNS": "200"})
+    flat = " ".join(result.output.replace("│", " ").split())
+    start = flat.index("--dtype")
+    assert "Scores" not in flat and "float32, bfloat16 or float16 (default: as saved)" in flat[start:start + 120]
