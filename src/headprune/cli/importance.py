@@ -40,7 +40,7 @@ def importance(
                                "empirical Fisher of the head mask, per example (Kwon et al. 2022)."),
     checkpoint_blocks: bool = typer.Option(False, "--checkpoint-blocks", help="Keep one input per transformer "
                                            "block and recompute its activations in the backward pass: the same "
-                                           "scores in much less memory (billion-parameter models), ~1.7x the time."),
+                                           "scores in much less memory (billion-parameter models), one more forward pass."),
     output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS,
     *, flags: TaskFlags,
 ):
