@@ -64,6 +64,8 @@ def parse(argv=None):
     p.add_argument("--repeats", type=int, default=5, help="Timed rounds per model.")
     p.add_argument("--quick", action="store_true", help="Tiny random BERT, made-up data (seconds).")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--note", default=None, help="Stored with the entry (e.g. that a setting was changed after seeing "
+                   "test results).")
     return p.parse_args(argv)
 
 
@@ -162,8 +164,11 @@ START, END = "<!-- heads-and-neurons:start -->", "<!-- heads-and-neurons:end -->
 TASK_NAMES = {"sst2": "SST-2 MiniLM (dev, 872)", "enfr": "Multi30k en->fr (test 2017, 1000)"}
 
 
-def readme_section(results: dict) -> str:
-    """The README table, generated from the results file (a test holds the README to it)."""
+POSTHOC = ROOT / "results" / "heads_and_neurons_posthoc.json"
+
+
+def readme_section(results: dict, posthoc: dict | None = None) -> str:
+    """The README table, generated from the results file and the post-hoc file (a test holds the README to it)."""
     lines = [START, "| model (test set) | model FLOPs kept | heads kept | neurons kept | score (% of unpruned) | "
              "95% CI of the difference | p (Holm) | measured speed-up | compress time | reconstruction |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -181,6 +186,21 @@ def readme_section(results: dict) -> str:
                 f"({r['relative']:.1%}) | [{_score(entry['metric'], ci['ci_low'])}, "
                 f"{_score(entry['metric'], ci['ci_high'])}] | {r['p_holm']:.3g} | x{r['speedup']:.2f} | "
                 f"{r['compress_seconds']:.0f} s | {r['stages']['reconstruct'].split(' (')[0]} |")
+    for task, entry in (posthoc or {}).items():
+        for r in entry["budgets"]:
+            ci = r["vs_unpruned"]
+            lines.append(
+                f"| {TASK_NAMES[task]}, post hoc: calibration {entry['signature']['calib_n']} | "
+                f"{r['model_flops_kept']:.1%} | {r['heads_kept'][0]}/{r['heads_kept'][1]} | "
+                f"{r['neurons_kept'][0]}/{r['neurons_kept'][1]} | {_score(entry['metric'], r['score'])} "
+                f"({r['relative']:.1%}) | [{_score(entry['metric'], ci['ci_low'])}, "
+                f"{_score(entry['metric'], ci['ci_high'])}] | {r['p_value']:.3g} (one test) | x{r['speedup']:.2f}"
+                f"{' (noisy)' if r['speedup_detail'].get('noisy') else ''} | {r['compress_seconds']:.0f} s | "
+                f"{r['stages']['reconstruct'].split(' (')[0]} |")
+    if posthoc:
+        lines += ["", "Post hoc rows: run after the rows above were seen on the test split (twice the calibration "
+                  "examples, the next 256 training rows for validation); not part of the pre-registered comparison."]
+    lines += ["", *goals(results)]
     machine = next((e["machine"] for e in results.values() if "machine" in e), {})
     lines.append("")
     lines.append(f"Machine: {machine.get('cpu', machine.get('processor', 'CPU'))}, "
@@ -188,6 +208,31 @@ def readme_section(results: dict) -> str:
                  "forward at 32/32 tokens), models timed in one run with alternated rounds.")
     lines.append(END)
     return "\n".join(lines)
+
+
+def goals(results: dict) -> list[str]:
+    """The issue's goals against the results, one sentence each (met or not, as measured)."""
+    out = []
+    sst2 = results.get("sst2")
+    if sst2:
+        fast = [r for r in sst2["budgets"] if r["speedup"] >= 1.5]
+        if fast:
+            r = max(fast, key=lambda r: r["model_flops_kept"])
+            verdict = "met" if r["relative"] >= 0.99 else "not met"
+            out.append(f"Goal SST-2 (>= 99% of dev accuracy at >= x1.5 measured speed-up): {verdict}; the budget with "
+                       f"the most FLOPs that reaches x1.5 ({r['model_flops_kept']:.0%} of FLOPs, x{r['speedup']:.2f}) "
+                       f"keeps {r['relative']:.1%} (Holm p = {r['p_holm']:.2g}).")
+        slowest = max(r["compress_seconds"] for r in sst2["budgets"])
+        out.append(f"Goal compress run <= 2 min on the MiniLM classifier: {'met' if slowest <= 120 else 'not met'} "
+                   f"(at most {slowest:.0f} s, 2 CPU cores shared with other jobs).")
+    enfr = results.get("enfr")
+    if enfr:
+        at = [r for r in enfr["budgets"] if abs(r["model_flops_budget"] - 0.6) < 1e-9]
+        if at:
+            r = at[0]
+            out.append(f"Goal en->fr (>= 97% of BLEU at 60% of FLOPs): {'met' if r['relative'] >= 0.97 else 'not met'}; "
+                       f"{r['relative']:.1%} (Holm p = {r['p_holm']:.2g}).")
+    return [x for line in out for x in ("", line)][1:]
 
 
 def _score(metric: str, x: float) -> str:
@@ -201,9 +246,9 @@ def readme_block(path: Path) -> str:
     return text[text.index(START): text.index(END) + len(END)]
 
 
-def write_readme(path: Path, results: dict) -> None:
+def write_readme(path: Path, results: dict, posthoc: dict | None = None) -> None:
     text = path.read_text(encoding="utf-8")
-    block = readme_section(results)
+    block = readme_section(results, posthoc)
     text = text.replace(readme_block(path), block) if START in text else text
     path.write_text(text, encoding="utf-8")
 
@@ -256,7 +301,8 @@ def main(argv=None):
                            "seed": 0, "versions": versions()},
              "command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
              "metric": base.metric, "unpruned": base.score, "budgets": rows, "machine": speed.machine,
-             "bench_settings": speed.settings, "holm_over": "the budgets of this task"}
+             "bench_settings": speed.settings, "holm_over": "the budgets of this task",
+             **({"note": args.note} if args.note else {})}
     out = json.loads(args.out.read_text()) if args.out.is_file() else {}
     out[("quick" if args.quick else args.task)] = entry
     args.out.parent.mkdir(parents=True, exist_ok=True)

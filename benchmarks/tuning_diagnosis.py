@@ -39,6 +39,40 @@ ROOT = Path(__file__).resolve().parent
 MODEL = Path("/work/main/runs/sst2-minilm/final")
 
 
+START, END = "<!-- tuning-diagnosis:start -->", "<!-- tuning-diagnosis:end -->"
+VARIANTS = ("none", "tune-residual", "tune-output", "tune-residual-damped", "reconstruct-residual",
+            "reconstruct-output")
+
+
+def reduction(fit: list[dict]) -> float:
+    """Median over layers of the share of the reconstruction error the fit removed."""
+    shares = sorted(1 - (r.get("error_tuned", r.get("error_after")) / max(r.get("error_unit", r.get("error_before")),
+                                                                           1e-12)) for r in fit)
+    return shares[len(shares) // 2] if shares else float("nan")
+
+
+def readme_section(results: dict) -> str:
+    """README table from the results file (a test holds the README to it)."""
+    u = results["unpruned"]
+    lines = [START, "| heads kept | loss on | " + " | ".join(VARIANTS) + " |", "|---|---|" + "---|" * len(VARIANTS)]
+    for b in results["budgets"]:
+        v = b["variants"]
+        for split in ("calib", "val"):
+            lines.append(f"| {b['keep_heads']:.0%} | {'calibration' if split == 'calib' else 'validation'} | "
+                         + " | ".join(f"{v[k][split]:.4f}" for k in VARIANTS) + " |")
+        lines.append(f"| {b['keep_heads']:.0%} | median error removed per layer | | "
+                     + " | ".join(f"{reduction(v[k]['fit']):.1%}" for k in VARIANTS[1:]) + " |")
+    lines.append("")
+    lines.append(f"Unpruned: calibration {u['calib']:.4f}, validation {u['val']:.4f} (mean cross-entropy).")
+    lines.append(END)
+    return "\n".join(lines)
+
+
+def readme_block(path: Path) -> str:
+    text = path.read_text(encoding="utf-8")
+    return text[text.index(START): text.index(END) + len(END)] if START in text else ""
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", type=Path, default=MODEL)

@@ -224,3 +224,15 @@ def test_same_per_site_drops_the_same_count_everywhere(mode, n):
     for name, g in groups.items():
         kept = [h for h in range(len(g)) if h not in drop.get(name, [])]
         assert len(set(_per_group(g, kept).values())) <= 1
+
+
+def test_cli_prune_says_when_an_explicit_plan_grows_the_cache(tmp_path):
+    hp.save_pruned(build("llama"), tmp_path / "llama")
+    r = runner.invoke(app, ["prune", str(tmp_path / "llama"), "--drop", '{"decoder.0.self": [0]}', "-o",
+                            str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    # decoder.0 keeps 5 query heads over 2 key/value heads: 5 cached instead of 2; the model 7 of 4 heads
+    assert "KV cache 1.75x the unpruned one (decoder.0.self: 2.50x, 5 key/value heads cached instead of 2)" in r.output
+    even = runner.invoke(app, ["prune", str(tmp_path / "llama"), "--drop", '{"decoder.0.self": [0, 3]}', "-o",
+                               str(tmp_path / "even")])
+    assert even.exit_code == 0 and "KV cache" not in even.output

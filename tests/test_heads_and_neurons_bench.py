@@ -46,4 +46,15 @@ def test_quick_run_writes_every_budget_with_tests_and_speed(tmp_path):
 
 def test_readme_table_is_what_the_committed_results_say():
     results = json.loads(COMMITTED.read_text())
-    assert bench.readme_block(ROOT / "README.md") == bench.readme_section(results)
+    posthoc = json.loads(bench.POSTHOC.read_text()) if bench.POSTHOC.is_file() else None
+    assert bench.readme_block(ROOT / "README.md") == bench.readme_section(results, posthoc)
+
+
+def test_tuning_diagnosis_table_is_what_the_committed_results_say():
+    spec = importlib.util.spec_from_file_location("tuning_diagnosis", ROOT / "benchmarks" / "tuning_diagnosis.py")
+    diag = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(diag)
+    results = json.loads((ROOT / "benchmarks" / "results" / "tuning_diagnosis.json").read_text())
+    assert diag.readme_block(ROOT / "README.md") == diag.readme_section(results)
+    assert diag.reduction([{"error_unit": 10.0, "error_tuned": 9.0}, {"error_before": 4.0, "error_after": 1.0},
+                           {"error_unit": 2.0, "error_tuned": 1.0}]) == pytest.approx(0.5)

@@ -172,3 +172,31 @@ def test_per_example_neuron_and_head_gradients_match_single_examples(family):
 
     fd = (loss(1 + eps) - loss(1 - eps)) / (2 * eps)
     assert abs(fd - float(n1[f.name][0, i])) <= 2e-2 * abs(fd)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bert"])
+def test_ffn_names_survive_a_layer_losing_every_head(family, tmp_path):
+    model = build(family)
+    names = [f.name for f in find_ffns(model)]
+    site = hp.find_sites(model)[1]
+    hp.prune_heads(model, {site.name: list(range(site.num_heads))}, verify=False)
+    assert [f.name for f in find_ffns(model)] == names
+    prune_neurons(model, {names[1]: [0, 1]})
+    loaded = hp.load_pruned(hp.save_pruned(model, tmp_path / "m"))
+    assert [f.name for f in find_ffns(loaded)] == names and kept_neurons(loaded) == kept_neurons(model)
+
+
+def test_heads_only_work_on_a_mixture_of_experts_model_skips_its_ffns():
+    from headprune.compression.units import compress_units
+
+    torch.manual_seed(0)
+    moe = T.MixtralForCausalLM(T.MixtralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                               num_key_value_heads=2, intermediate_size=16, vocab_size=64,
+                                               num_local_experts=2, num_experts_per_tok=1)).eval()
+    assert find_ffns(moe, skip_moe=True) == []
+    x = inputs("llama", batch=4)
+    batches = [{**x, "labels": labels("llama", x)}, {**x, "labels": labels("llama", x, seed=5)}]
+    with pytest.raises(UnsupportedModelError, match="mixture-of-experts"):
+        compress_units(moe, batches, share=0.5, units="both", seq_len=8, verify=False)
+    result = compress_units(moe, batches, share=0.5, units="heads", seq_len=8, verify=False)
+    assert result.sizes["after"]["heads"] < result.sizes["before"]["heads"] and result.sizes["after"]["neurons"] == 0

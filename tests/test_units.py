@@ -113,7 +113,7 @@ def test_refit_of_the_first_projection_equals_a_direct_least_squares_solve():
     assert all(r["error_after"] <= r["error_before"] * (1 + 1e-9) + 1e-9 for r in rows)
 
 
-@pytest.mark.parametrize("family", ["bert", "t5"])
+@pytest.mark.parametrize("family", ["bert", "t5", "llama", "gpt2"])
 def test_compress_units_keeps_the_budget_and_equals_the_masked_model_without_compensation(family):
     model = build(family)
     batches = _batches(family)
@@ -132,6 +132,13 @@ def test_compress_units_keeps_the_budget_and_equals_the_masked_model_without_com
     assert result.stages["reconstruct"] == "skipped" and "stages: select kept" in result.summary()
 
 
+def test_held_out_batches_are_spread_over_the_order():
+    from headprune.compression.units import held_out
+
+    assert held_out(4, 1) == {2} and held_out(8, 2) == {2, 6} and held_out(3, 2) == {0, 2}
+    assert all(len(held_out(n, k)) == k for n in range(2, 40) for k in range(1, n))
+
+
 def test_reconstruction_is_judged_on_held_out_batches_and_the_choice_follows_the_validation_loss():
     model = build("bert")
     batches = _batches("bert", n=4)
@@ -140,7 +147,7 @@ def test_reconstruction_is_judged_on_held_out_batches_and_the_choice_follows_the
     v = result.val_loss
     kept = v["reconstructed"] <= v["pruned"]
     assert result.stages["reconstruct"].startswith("kept" if kept else "rejected")
-    loss = hp.scoring.gradients.mean_loss(result.model, batches[-1:])
+    loss = hp.scoring.gradients.mean_loss(result.model, batches[2:3])  # the held-out batch: spread, not the last
     assert abs(loss - (v["reconstructed"] if kept else v["pruned"])) <= 1e-6 * abs(loss)
 
 

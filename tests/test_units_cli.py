@@ -66,3 +66,23 @@ def test_cli_units_bad_input_exits_2_one_line_nothing_written(saved, tmp_path, a
     assert result.exit_code == 2, result.output
     assert message in result.output and len(result.output.strip().splitlines()) == 1
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_heads_only_compress_says_which_stages_the_guard_kept(saved, tmp_path):
+    out = tmp_path / "heads"
+    result = _cli(saved, out, "--keep", "0.5", "--method", "fisher+tune", "--no-bench")
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "compress.json").read_text())
+    line = next(x for x in result.output.splitlines() if x.startswith("stages"))
+    for stage in record["calib_loss"]:
+        assert f"{stage} {'rejected' if stage in record['rejected'] else 'kept'}" in line
+
+
+def test_heads_only_with_reconstruction_keeps_every_neuron(saved, tmp_path):
+    out = tmp_path / "recon"
+    result = _cli(saved, out, "--keep", "0.5", "--method", "fisher+reconstruct", "--no-bench")
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "compress.json").read_text())
+    assert record["sizes"]["after"]["neurons"] == record["sizes"]["before"]["neurons"] == 74
+    assert record["sizes"]["after"]["heads"] < 8 and "reconstruct" in record["stages"]
+    assert record["split"]["val_batches"] >= 1  # held out of the calibration batches

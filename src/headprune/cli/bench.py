@@ -17,7 +17,7 @@ from ..core.masking import mask_from_heads, mask_heads
 from ..core.surgery import prune_heads
 from ..errors import ConfigError
 from .app import app, friendly
-from .options import DEVICE, DTYPE, device_dtype
+from .options import DEVICE, device_dtype
 
 _D = BenchSettings()  # flag defaults are the library's
 
@@ -46,7 +46,7 @@ def bench(
     trust_unverified: bool = typer.Option(False, "--trust-unverified", help="Skip the check that surgery is exact "
                                           "for this model's class (refused families): check the result yourself."),
     device: str = DEVICE,
-    dtype: str = DTYPE,
+    dtype: str = typer.Option(None, "--dtype", help="The models' dtype: float32, bfloat16 or float16 (default: as saved)."),
     decode: bool = typer.Option(False, "--decode", help="Also measure decode throughput: tokens/s of greedy generate "
                                 "with a cache (language models)."),
     decode_prompt: int = typer.Option(128, "--decode-prompt", help="--decode: prompt tokens."),

@@ -32,7 +32,8 @@ from .options import (
 
 DEFAULT_SEQ_LEN = 128
 METHOD_HELP = ("ih (the paper's I_h), fisher (diagonal Fisher), fisher+rearrange (+ per-site swaps), "
-               "fisher+tune (+ least-squares scales folded into the weights), random.")
+               "fisher+tune (+ least-squares scales folded into the weights), random; fisher+reconstruct (least-squares "
+               "refit of every pruned projection, kept if the validation loss drops; the --units path).")
 
 
 @app.command("compress")
@@ -79,8 +80,8 @@ def compress_command(
     price: str = typer.Option("flops", "--price", help="--units neurons|both: price of a unit, flops (at --seq-len), "
                               "params, or latency (a table timed once on this machine at --bench-batch, --seq-len)."),
     val_data: str = typer.Option(None, "--val-data", help="--units neurons|both: validation data for the guard of "
-                                 "the reconstruction, disjoint from --calib-data and --data (default: the last quarter "
-                                 "of the calibration batches is held out)."),
+                                 "the reconstruction, disjoint from --calib-data and --data (default: a quarter of the "
+                                 "calibration batches, spread over their lengths, is held out)."),
     val_data2: Path = typer.Option(None, "--val-data2", help="Translation: target file of --val-data (default: none)."),
     val_split: str = split_option("--val-data"),
     val_limit: int = typer.Option(None, "--val-limit", help="First N examples of --val-data (default: all)."),
@@ -100,14 +101,15 @@ def compress_command(
 
     budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops), ("--kv", kv))
                if v is not None}
-    if units != "heads" or price != "flops" or val_data is not None:
+    if units != "heads" or price != "flops" or val_data is not None or method == "fisher+reconstruct":
         from .compress_units import compress_units_command
 
         heads_only = [f for f, given in (("--kv", kv is not None), ("--same-per-site", same_per_site),
                                          ("--min-per-site", min_per_site != 0)) if given]
         if heads_only:
-            raise ConfigError(f"{heads_only[0]} with --units {units} / --price {price} / --val-data; allowed: only "
-                              "on the heads-only path (--units heads, --price flops, no --val-data)")
+            raise ConfigError(f"{heads_only[0]} with --units {units} / --price {price} / --val-data / --method "
+                              f"{method}; allowed: only on the heads-only path (--units heads, --price flops, no "
+                              "--val-data, no --method fisher+reconstruct)")
         return compress_units_command(**{k: v for k, v in locals().items() if k not in ("budgets", "compress_units_command")})
     if len(budgets) != 1:
         raise ConfigError(f"give exactly one budget of --keep (share of heads), --keep-heads (number of heads), "

@@ -16,7 +16,7 @@ from ..errors import ConfigError
 from .app import echo_headline
 from .options import TaskSetup, check_calib_limit, show_progress
 
-METHODS = {"fisher": "none", "fisher+tune": "reconstruct"}  # --method -> compensation of the units path
+METHODS = {"fisher": "none", "fisher+tune": "reconstruct", "fisher+reconstruct": "reconstruct"}  # -> compensation
 
 
 def compress_units_command(*, model_dir: Path, task: str, data: str, data2, calib_data, calib_data2, calib_split,

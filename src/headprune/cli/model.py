@@ -73,6 +73,7 @@ def prune(
     """Physically remove heads and save the smaller model (safetensors + kept heads in config.json)."""
     from ..core.io import check_output_dir, load_model, load_tokenizer, save_pruned
     from ..core.surgery import prune_heads
+    from ..selection.gqa import kv_groups, kv_growth
 
     if (drop is None) == (heads is None):
         raise HeadpruneError("give the heads to remove with --drop (exactly once); e.g. "
@@ -81,7 +82,13 @@ def prune(
     check_output_dir(output)  # refused before any work; save_pruned checks again and writes atomically
     model = load_model(model_dir)
     before = sum(p.numel() for p in model.parameters())
+    groups = kv_groups(model)
     prune_heads(model, dropped, verify=not trust_unverified)
+    factor, worst, worst_factor, cached, was = kv_growth(dropped, groups)
+    if worst is not None:  # an explicit plan may spread query heads unevenly over key/value groups: say what it costs
+        typer.echo(f"warning: this plan makes the KV cache {factor:.2f}x the unpruned one ({worst}: {worst_factor:.2f}x, "
+                   f"{cached} key/value heads cached instead of {was}); keep the same query heads in every key/value "
+                   "group (compress --gqa uniform) to avoid it", err=True)
     after = sum(p.numel() for p in model.parameters())
     save_pruned(model, output, tokenizer=load_tokenizer(model_dir))  # complete, or no output at all
     typer.echo(f"pruned {model_dir} -> {output}: {before:,} -> {after:,} parameters ({after / before:.1%})")

@@ -117,6 +117,10 @@ class SweepFlags(Flags):
     correction: str = dataclasses.field(default=typer.Option(
         "holm", "--correction", help="Multiplicity control over the sweep: holm (family-wise error) or bh "
         "(Benjamini-Hochberg, false discovery rate); 'significant' uses the adjusted p."))
+    prefix_cache: str = dataclasses.field(default=typer.Option(
+        "full", "--prefix-cache", help="full: record every block's output once and replay the blocks below each "
+        "masked site; stream: hold only the input of the layer being swept (one extra pass per layer; for large "
+        "models); off: every unit a full pass. The rows are the same."))
 
     def settings(self):
         from ..errors import ConfigError
@@ -124,9 +128,12 @@ class SweepFlags(Flags):
 
         if self.correction not in ("holm", "bh"):
             raise ConfigError(f"--correction {self.correction!r}: allowed: holm, bh")
+        cache = {"full": True, "stream": "stream", "off": False}
+        if self.prefix_cache not in cache:
+            raise ConfigError(f"--prefix-cache {self.prefix_cache!r}: allowed: full, stream, off")
         with in_cli_terms():
             return SweepSettings(alpha=self.alpha, n_resamples=self.resamples, seed=self.seed,
-                                 correction=self.correction)
+                                 correction=self.correction, prefix_cache=cache[self.prefix_cache])
 
     def site_list(self) -> list[str] | None:
         return comma_list(self.sites)

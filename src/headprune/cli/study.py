@@ -99,7 +99,7 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
 @friendly
 @with_flags(flags=TaskFlags, sweep=SweepFlags)
 def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Path = DATA2,
-                 data_b: str = typer.Option(..., "--data-b", help="The second dataset (e.g. out-of-domain)."),
+                 data_b: str = typer.Option(..., "--data-b", help="The second dataset (e.g. out-of-domain), evaluated like --data: --limit takes its first N examples too."),
                  data2_b: Path = typer.Option(None, "--data2-b", help="Translation: target of --data-b (default: none)."),
                  split_b: str = split_option("--data-b"),
                  names: str = typer.Option("in-domain,out-of-domain", "--names", help="Names of the two datasets."),

@@ -86,13 +86,13 @@ def _projections(student: nn.Module, teacher: nn.Module) -> list[tuple[SimpleNam
     """(student unit, teacher unit) per output / down projection present in both, in module order;
     a unit is a namespace with ``name``, ``kind`` and ``o`` (the projection), as :mod:`.tuning` reads."""
     t_sites = {s.name: s for s in find_sites(teacher)}
-    t_ffns = {f.name: f for f in find_ffns(teacher)}
+    t_ffns = {f.name: f for f in find_ffns(teacher, skip_moe=True)}
     units = []
     for s in find_sites(student):
         if s.name in t_sites:
             units.append((s.path, SimpleNamespace(name=s.name, kind=s.kind, o=s.o),
                           SimpleNamespace(name=s.name, kind=s.kind, o=t_sites[s.name].o)))
-    for f in find_ffns(student):
+    for f in find_ffns(student, skip_moe=True):
         if f.name in t_ffns:
             kind = f.name.split(".")[0]
             units.append((f.path, SimpleNamespace(name=f.name, kind=kind, o=f.down),

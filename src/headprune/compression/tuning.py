@@ -22,6 +22,10 @@ there; we only skip that site).
 
 :func:`headprune.core.folding.fold_scales` then puts the scales into the output projections, so the
 saved model has plain weights.
+
+Limit (``benchmarks/tuning_diagnosis.py``): on the 6-layer MiniLM SST-2 classifier one scale per kept
+head removes about 1% of a site's reconstruction error whatever the target or damping, too little to
+move the loss; the least-squares refit of whole projections (:mod:`.reconstruct`) removes about half.
 """
 
 from __future__ import annotations

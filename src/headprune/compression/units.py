@@ -9,8 +9,8 @@ Stages (each recorded; the summary says which were kept):
 3. *remove*: physical surgery of heads and neurons (exactly what masking them computes);
 4. *reconstruct* (``compensate="reconstruct"``): least-squares refit of every output / down projection
    (:mod:`.reconstruct`) on the calibration batches, kept only if it lowers the mean loss on the
-   *validation* batches, which neither the scores nor the fit saw (``val_batches``; else the last
-   ``val_share`` of the calibration batches are held out for it). With three disjoint sets --
+   *validation* batches, which neither the scores nor the fit saw (``val_batches``; else ``val_share`` of the
+   calibration batches, spread over their order, are held out for it). With three disjoint sets --
    calibration, validation, and the test data the result is reported on -- the guard cannot hide a
    fit that only helps the examples it was fitted to.
 """
@@ -57,7 +57,7 @@ class UnitSettings:
     compensate: str = "reconstruct"  # none | reconstruct
     damping: float = 1e-2  # ridge of the refit towards the pruned weights, relative to the mean input power
     target: str = "residual"  # what each layer reproduces: the residual stream after it, or its output
-    val_share: float = 0.25  # without val_batches: share of the calibration batches held out for the guard
+    val_share: float = 0.25  # without val_batches: share of the calibration batches held out (spread) for the guard
     guard: bool = True  # keep the reconstruction only where it lowers the validation loss
     gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (see headprune.selection.gqa)
 
@@ -151,7 +151,8 @@ def compress_units(
     t = time.perf_counter()
     pruned = copy.deepcopy(model)
     prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
-    prune_neurons(pruned, {k: v for k, v in drop_n.items() if v})
+    if any(drop_n.values()):
+        prune_neurons(pruned, {k: v for k, v in drop_n.items() if v})
     pruned.eval()
     seconds["select+remove"] = time.perf_counter() - t
     stages = {"select": "kept", "remove": "kept"}
@@ -179,7 +180,7 @@ def compress_units(
     seconds["total"] = time.perf_counter() - start
     after = sizes(pruned, settings)
     return UnitResult(model=pruned, settings=asdict(settings), dropped_heads=drop_h, dropped_neurons=drop_n,
-                      kept_heads=kept_heads(pruned), kept_neurons=kept_neurons(pruned), selection=selection,
+                      kept_heads=kept_heads(pruned), kept_neurons=kept_neurons(pruned) if find_ffns(pruned, skip_moe=True) else {}, selection=selection,
                       sizes={"before": before, "after": after}, stages=stages, val_loss=val_loss,
                       reconstruction=rows, seconds=seconds,
                       split={"calib_batches": len(calib), "val_batches": len(val),
@@ -198,8 +199,16 @@ def _split(batches: list, val_batches, settings: UnitSettings) -> tuple[list, li
     if len(batches) < 2:
         raise ConfigError(f"calibration has {len(batches)} batch; holding out a validation part needs >= 2 batches "
                           "(or pass val_batches)")
-    n_val = min(len(batches) - 1, max(1, math.ceil(settings.val_share * len(batches))))
-    return batches[:-n_val], batches[-n_val:]
+    n = len(batches)
+    n_val = min(n - 1, max(1, math.ceil(settings.val_share * n)))
+    held = held_out(n, n_val)
+    return [b for i, b in enumerate(batches) if i not in held], [batches[i] for i in sorted(held)]
+
+
+def held_out(n: int, n_val: int) -> set[int]:
+    """``n_val`` of ``n`` batch positions spread evenly over the order (evaluators yield batches sorted by
+    length, so the last ones would be the shortest examples only)."""
+    return {min(n - 1, int((i + 0.5) * n / n_val)) for i in range(n_val)}
 
 
 def _examples(batches: list) -> int:
@@ -208,6 +217,6 @@ def _examples(batches: list) -> int:
 
 def sizes(model: nn.Module, settings: UnitSettings) -> dict:
     flops = flop_breakdown(model, settings.seq_len, tgt_len=settings.tgt_len)
-    return {"heads": sum(s.num_heads for s in find_sites(model)), "neurons": sum(f.width for f in find_ffns(model)),
+    return {"heads": sum(s.num_heads for s in find_sites(model)), "neurons": sum(f.width for f in find_ffns(model, skip_moe=True)),
             "params": sum(p.numel() for p in model.parameters()), "flops": flops["total"],
             "seq_len": settings.seq_len, "tgt_len": settings.tgt_len}

@@ -29,6 +29,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from .sites import find_sites, is_conv1d
+from .surgery import ORIGINAL_KEY, config_record
 
 # (up/gate child names, down child name) under one container module, most specific first.
 _PATTERNS = (
@@ -73,9 +74,15 @@ def out_features(module: nn.Module) -> int:
     return module.weight.shape[1] if is_conv1d(module) else module.weight.shape[0]
 
 
-def find_ffns(model: nn.Module) -> list[FFN]:
-    """Every FFN of ``model`` in module order; raises :class:`UnsupportedModelError` for MoE models."""
-    _refuse_moe(model)
+def find_ffns(model: nn.Module, *, skip_moe: bool = False) -> list[FFN]:
+    """Every FFN of ``model`` in module order; raises :class:`UnsupportedModelError` for MoE models (``skip_moe``:
+    returns no FFN for them instead, for heads-only work that only counts or refits around FFNs)."""
+    try:
+        _refuse_moe(model)
+    except UnsupportedModelError:
+        if skip_moe:
+            return []
+        raise
     stacks = {_prefix(s.path): s.name.split(".")[0] for s in find_sites(model) if s.kind != "cross"}
     found: list[FFN] = []
     for path, module in model.named_modules():
@@ -92,7 +99,7 @@ def find_ffns(model: nn.Module) -> list[FFN]:
             layer = _layer(path)
             if layer is None:
                 continue
-            stack = stacks.get(_prefix(path)) or ("decoder" if "decoder" in path.split(".") else "encoder")
+            stack = stacks.get(_prefix(path)) or _stack(model, path, layer)
             found.append(FFN(f"{stack}.{layer}.ffn", layer, path, parts[:-1], parts[-1]))
             break
     names = [f.name for f in found]
@@ -100,6 +107,18 @@ def find_ffns(model: nn.Module) -> list[FFN]:
         raise UnsupportedModelError(f"more than one feed-forward block per layer ({names}); neurons of this model "
                                     "cannot be named per layer")
     return found
+
+
+def _stack(model: nn.Module, path: str, layer: int) -> str:
+    """The stack of a layer whose self-attention site surgery removed: from the path, else from the site names
+    recorded before pruning (so an FFN keeps its name when its layer loses every head)."""
+    parts = path.split(".")
+    for stack in ("decoder", "encoder"):
+        if stack in parts:
+            return stack
+    recorded = {n.split(".")[0] for n in (config_record(model.config, ORIGINAL_KEY) or {})
+                if n.split(".")[1:2] == [str(layer)] and not n.endswith(".cross")}
+    return recorded.pop() if len(recorded) == 1 else "encoder"
 
 
 def ffn_table(model: nn.Module) -> list[dict]:

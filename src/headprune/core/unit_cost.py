@@ -47,7 +47,7 @@ def unit_costs(model: nn.Module, price: str = "flops", *, seq_len: int = 128, tg
         heads = head_costs(model, seq_len, tgt_len=tgt_len).per_head()
         rows = linear_rows(model, seq_len, tgt_len=tgt_len)
         neurons = {}
-        for f in find_ffns(model):
+        for f in find_ffns(model, skip_moe=True):
             macs = sum(rows.get(compute_module(u), 0) * in_features(u) for u in f.ups)
             macs += rows.get(f.down, 0) * out_features(f.down)
             neurons[f.name] = torch.full((f.width,), 2.0 * macs, dtype=torch.float64)
@@ -55,7 +55,7 @@ def unit_costs(model: nn.Module, price: str = "flops", *, seq_len: int = 128, tg
     heads = {s.name: torch.full((s.num_heads,), site_params(s) / max(s.num_heads, 1), dtype=torch.float64)
              for s in find_sites(model)}  # bias of the output projection shared out: a small overestimate
     neurons = {}
-    for f in find_ffns(model):
+    for f in find_ffns(model, skip_moe=True):
         per = sum(in_features(u) + (1 if getattr(u, "bias", None) is not None else 0) for u in f.ups)
         neurons[f.name] = torch.full((f.width,), float(per + out_features(f.down)), dtype=torch.float64)
     return UnitCosts(heads, neurons, "params")

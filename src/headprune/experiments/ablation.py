@@ -31,7 +31,8 @@ from ..errors import ConfigError
 from ..evaluation.base import EvalResult
 from ..evaluation.multiplicity import adjust_rows, check_correction
 from ..evaluation.significance import compare, pearson
-from .prefix_cache import PrefixCache, recording, replaying
+from .prefix_cache import PrefixCache
+from .prefix_stream import recorder, replay
 from .rundir import RunDir
 
 
@@ -40,11 +41,13 @@ class SweepSettings:
     alpha: float = 0.01  # significance level for the flag (the paper: p < 0.01)
     n_resamples: int = 1000
     seed: int = 0
-    prefix_cache: bool = True
+    prefix_cache: bool | str = True  # "stream": hold one layer's input, not every block's outputs (.prefix_stream)
     correction: str = "holm"  # multiplicity control over the sweep: 'holm' (family-wise) or 'bh' (FDR)
 
     def __post_init__(self):
         check_correction(self.correction)
+        if self.prefix_cache not in (True, False, "stream"):
+            raise ConfigError(f"prefix_cache={self.prefix_cache!r}; allowed: True, False, 'stream'")
         if not 0.0 < self.alpha < 1.0:
             raise ConfigError(f"alpha={self.alpha}; allowed: 0 < alpha < 1")
         if self.n_resamples < 1:
@@ -87,14 +90,14 @@ class _Evaluations:
 
     def _baseline(self, model, evaluator, settings: SweepSettings, progress: bool, replay_decoder: bool) -> None:
         if settings.prefix_cache:
-            with recording(model, find_sites(model), decoder_replay=replay_decoder) as cache:
+            with recorder(settings.prefix_cache)(model, find_sites(model), decoder_replay=replay_decoder) as cache:
                 self.base = evaluator.evaluate(model, progress=progress)
             self.cache = cache
         else:
             self.base = evaluator.evaluate(model, progress=progress)
 
     def score(self, site: Site, mask, *, test: bool = True) -> tuple[EvalResult, dict | None]:
-        context = replaying(self.cache, site) if self.cache is not None else nullcontext()
+        context = replay(self.cache, site, self.evaluator) if self.cache is not None else nullcontext()
         with context:
             result = self.evaluator.evaluate(self.model, mask)
         if not test:

@@ -76,6 +76,9 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
         ["KV cache per token", f"{size['before']['kv_cache_bytes_per_token']:,} -> "
                                f"{size['after']['kv_cache_bytes_per_token']:,} bytes"],
         ["compression time", f"{result.seconds['total']:.1f} s"]]
+    if result.calib_loss:  # which stages the guard kept: a rejected stage leaves the model as the one before
+        headline.append(["stages", ", ".join(f"{k} {'rejected' if k in result.rejected else 'kept'}"
+                                             for k in result.calib_loss)])
     if speed is not None:
         up = speed.speedups[0]
         headline.append([f"speed-up at batch {bench_batch} (FLOP limit {up['flop_limit']:.2f}x)",

@@ -21,7 +21,7 @@ from ..core.cost import flops_per_example
 from ..core.io import save_pruned
 from ..errors import ConfigError
 from ..evaluation.metrics import format_score
-from ..provenance import versions
+from ..provenance import code_identity, versions
 from ..report import build_report
 from .rundir import RunDir
 
@@ -48,8 +48,8 @@ def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: It
     save_pruned(result.model, out, tokenizer=tokenizer)
     sig = {"model": None, "data": None, "split": None, "n": before.n, **(signature or {}),
            "method": f"fisher {settings.units} ({settings.price}) + {settings.compensate}",
-           "settings": asdict(settings), "versions": versions()}
-    run = RunDir(out, sig)
+           "settings": asdict(settings), "code": code_identity(), "versions": versions()}
+    run = RunDir(out, sig, made_here=True)  # save_pruned has just created ``out``: its files are this run's
     record = {"signature": sig, **result.to_dict(), "evaluation": {"before": before.to_dict(), "after": after.to_dict()},
               "speed": None if speed is None else {"runs": speed.runs, "speedups": speed.speedups,
                                                    "machine": speed.machine, "settings": speed.settings}}

@@ -21,7 +21,7 @@ TOP = {"model": "the model directory", "task": "--task", "data": "--data", "spli
 SETTINGS = {"alpha": "--alpha", "n_resamples": "--resamples", "seed": "--seed", "sites": "--sites",
             "fractions": "--step", "orders": "--orders", "seeds": "--seeds", "kinds": "--kind",
             "min_per_site": "--min-per-site", "datasets": "--names", "epochs": "the checkpoints' epochs",
-            "prefix_cache": "the prefix cache", "correction": "--correction", "oracle_sweep": "the oracle's sweep"}
+            "prefix_cache": "--prefix-cache", "correction": "--correction", "oracle_sweep": "the oracle's sweep"}
 OPTIONS = {"beams": "--beams", "num_beams": "--beams"}
 HASH = re.compile(r"^[0-9a-f]{40,64}$")
 

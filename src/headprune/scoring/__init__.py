@@ -1,10 +1,11 @@
 """Scores from one mask-gradient pass: I_h (Michel et al. 4.1) and the empirical Fisher (Kwon et al.)."""
 
+from .checkpointing import checkpointed_blocks
 from .fisher import Fisher, fisher_information
 from .gradients import LossFn, mask_gradients, mean_loss, per_example_loss
 from .importance import head_importance, importance_sums, normalize_per_site
 
-__all__ = ["Fisher", "fisher_information", "LossFn", "mask_gradients", "mean_loss", "per_example_loss",
+__all__ = ["checkpointed_blocks", "Fisher", "fisher_information", "LossFn", "mask_gradients", "mean_loss", "per_example_loss",
            "head_importance", "importance_sums", "normalize_per_site"]
 
 from .units import UnitFisher, unit_fisher, unit_gradients  # noqa: E402  (heads and FFN neurons, one backward)

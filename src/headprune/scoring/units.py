@@ -11,6 +11,7 @@ by layer, and here only its diagonal is kept for neurons).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +34,8 @@ def unit_gradients(
     n = batch_size(batch)
     xi = ones_mask(model, n, requires_grad=True) if heads else {}
     m = neuron_ones(model, n, requires_grad=True) if neurons else {}
-    with scoring_mode(model), masked(model, xi), masked_neurons(model, m), torch.enable_grad():
+    with scoring_mode(model), masked(model, xi), (masked_neurons(model, m) if neurons else nullcontext()), \
+            torch.enable_grad():
         outputs = model(**model_inputs(model, batch, labels=loss_fn is not None))
         losses, valid = example_losses(model, batch, outputs, loss_fn)
         leaves = [*xi.values(), *m.values()]

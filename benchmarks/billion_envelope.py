@@ -1,0 +1,206 @@
+"""Peak memory of head scoring on a Llama-3.2-1B-shaped decoder: I_h and a block-by-block one-head sweep.
+
+    python benchmarks/billion_envelope.py                # 1.24B params, 2 sequences x 512 tokens (minutes)
+    python benchmarks/billion_envelope.py --quick --output /tmp/billion_envelope.json
+
+The model is built from a config (16 layers, hidden 2048, 32 query / 8 key-value heads, intermediate
+8192, vocabulary 128256, tied embeddings; nothing downloaded) on the meta device, materialised with
+``to_empty`` (the output head tied to the embeddings, never a copy) and filled with a small normal init. Every case runs in its own subprocess, so each peak
+RSS (``ru_maxrss``) starts from a clean process; ``peak_over_weights`` = peak RSS / float32 weight bytes
+(goal <= 1.5). Cases, one after another:
+
+* ``weights``: build the model only (the floor: weights + Python + torch);
+* ``importance_plain``: ``head_importance`` as it is (parameters frozen, every block's activations kept);
+* ``importance_checkpointed``: the same inside ``headprune.scoring.checkpointed_blocks`` (one input per
+  block kept, activations recomputed); its scores are compared with the plain ones (``max_rel_diff``);
+* ``sweep_stream``: a few units of a one-head sweep through ``PrefixStream`` (the prefix cache holding
+  one layer's input): the baseline pass, heads of the last two layers, perplexity per unit.
+
+Writes benchmarks/results/billion_envelope.json (machine, command, config, figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import transformers as T
+
+ROOT = Path(__file__).resolve().parents[1]
+GOAL = 1.5
+FULL = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+            intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072, tie_word_embeddings=True,
+            rope_theta=500000.0, rms_norm_eps=1e-5)
+QUICK = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+             intermediate_size=128, vocab_size=1000, max_position_embeddings=256, tie_word_embeddings=True)
+CASES = ("weights", "importance_plain", "importance_checkpointed", "sweep_stream")
+
+
+def build(shape: dict, seed: int = 0) -> T.LlamaForCausalLM:
+    """The model with random weights, without the slow default init: meta -> to_empty -> normal_(0, 0.02)."""
+    config = T.LlamaConfig(**shape)
+    with torch.device("meta"):
+        model = T.LlamaForCausalLM(config)
+    model.model.to_empty(device="cpu")  # not model.to_empty: that would give the tied output head its own copy
+    model.lm_head.weight = model.model.embed_tokens.weight
+    model.model.rotary_emb = type(model.model.rotary_emb)(config)  # its buffers were left empty
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    return model.eval()
+
+
+def weight_bytes(model) -> int:
+    """Bytes of the parameters as float32, each tensor counted once (tied embeddings share one)."""
+    seen = {p.data_ptr(): p.numel() * 4 for p in model.parameters()}
+    return sum(seen.values())
+
+
+def sequences(n: int, length: int, vocab: int, seed: int = 1) -> torch.Tensor:
+    return torch.randint(3, vocab, (n, length), generator=torch.Generator().manual_seed(seed))  # [n, T]
+
+
+class _Ids:
+    """A tokenizer of space-separated token ids, so that LanguageModelling reads prepared ids."""
+
+    eos_token_id = None
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": [int(t) for t in text.split()]}
+
+
+def hwm_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: kilobytes
+
+
+def run_case(case: str, shape: dict, n: int, length: int, units: int) -> dict:
+    from headprune.scoring import checkpointed_blocks, head_importance
+
+    start = time.perf_counter()
+    model = build(shape)
+    out = {"case": case, "build_seconds": time.perf_counter() - start, "weight_bytes": weight_bytes(model),
+           "params": sum(p.numel() for p in model.parameters()), "peak_after_build_bytes": hwm_bytes()}
+    ids = sequences(n, length, shape["vocab_size"])
+    start = time.perf_counter()
+    if case.startswith("importance"):
+        batches = [{"input_ids": ids[i : i + 1], "attention_mask": torch.ones_like(ids[i : i + 1])} for i in range(n)]
+        with checkpointed_blocks(model) if case == "importance_checkpointed" else _nothing():
+            scores = head_importance(model, batches, normalize=None)
+        out["scores"] = {k: v.tolist() for k, v in scores.items()}
+        out["parameter_grads"] = sum(p.grad is not None for p in model.parameters())
+    elif case == "sweep_stream":
+        out.update(_sweep(model, ids, units))
+    out["seconds"] = time.perf_counter() - start
+    out["peak_rss_bytes"] = hwm_bytes()
+    out["peak_over_weights"] = out["peak_rss_bytes"] / out["weight_bytes"]
+    out["peak_above_build_bytes"] = out["peak_rss_bytes"] - out["peak_after_build_bytes"]  # what scoring added
+    return out
+
+
+def _sweep(model, ids: torch.Tensor, units: int) -> dict:
+    """The baseline pass and ``units`` one-head units over the last two layers, streamed."""
+    import headprune as hp
+    from headprune.evaluation.lm import LanguageModelling
+    from headprune.experiments.prefix_stream import replay, streaming
+
+    ev = LanguageModelling(_Ids(), [" ".join(map(str, ids.flatten().tolist()))], block_size=ids.shape[1], batch_size=1)
+    sites = hp.find_sites(model)
+    last, before = sites[-1], sites[-2]
+    plan = [(before, h) for h in range(units - units // 2)] + [(last, h) for h in range(units // 2)]
+    with streaming(model, sites, first=plan[0][0]) as stream:
+        base = ev.evaluate(model)
+    held, rows = 0, []
+    for site, head in plan:
+        mask = torch.ones(site.num_heads)
+        mask[head] = 0.0
+        with replay(stream, site, ev):
+            result = ev.evaluate(model, {site.name: mask})
+        held = max(held, sum(t.numel() * t.element_size() for v in stream.outputs.values() for t in v))
+        rows.append({"site": site.name, "head": head, "perplexity": result.score})
+    one_block = held  # the input of one layer over the evaluation set
+    return {"base_perplexity": base.score, "units": rows, "extra_passes": stream.passes,
+            "held_prefix_bytes": held, "full_cache_prefix_bytes": one_block * len(next(iter(stream.stacks.values())).blocks)}
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def child(args) -> None:
+    shape = QUICK if args.quick else FULL
+    result = run_case(args.case, shape, args.sequences, args.length, args.units)
+    Path(args.child_output).write_text(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="tiny model, seconds (for a smoke run)")
+    parser.add_argument("--sequences", type=int, default=2)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--units", type=int, default=3, help="one-head units of the streamed sweep")
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "billion_envelope.json")
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--child-output", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.case:
+        return child(args)
+    from headprune.bench import machine_info
+    from headprune.provenance import versions
+
+    cases = [c for c in args.cases.split(",") if c]
+    bad = [c for c in cases if c not in CASES]
+    if bad:
+        raise SystemExit(f"--cases: unknown {bad}; allowed: {', '.join(CASES)}")
+    figures = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in cases:
+            path = Path(tmp) / f"{case}.json"
+            cmd = [sys.executable, __file__, "--case", case, "--child-output", str(path), "--sequences",
+                   str(args.sequences), "--length", str(args.length), "--units", str(args.units)] + \
+                  (["--quick"] if args.quick else [])
+            subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+            figures[case] = json.loads(path.read_text())
+            f = figures[case]
+            print(f"{case}: peak RSS {f['peak_rss_bytes'] / 2**30:.2f} GiB = {f['peak_over_weights']:.3f} x the "
+                  f"float32 weights ({f['weight_bytes'] / 2**30:.2f} GiB), {f['seconds']:.1f} s", flush=True)
+    if "importance_plain" in figures and "importance_checkpointed" in figures:
+        a, b = figures["importance_plain"]["scores"], figures["importance_checkpointed"]["scores"]
+        diffs = [abs(x - y) / max(max(abs(v) for v in a[k]), 1e-30) for k in a for x, y in zip(a[k], b[k], strict=True)]
+        figures["importance_checkpointed"]["max_rel_diff_vs_plain"] = max(diffs)
+        figures["importance_checkpointed"]["seconds_over_plain"] = \
+            figures["importance_checkpointed"]["seconds"] / figures["importance_plain"]["seconds"]
+    result = {
+        "benchmark": "billion_envelope", "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "machine": machine_info(), "versions": versions(), "goal_peak_over_weights": GOAL,
+        "config": {"model": "LlamaForCausalLM, random weights (meta -> to_empty -> normal 0.02)",
+                   **(QUICK if args.quick else FULL), "attn_implementation": "sdpa (default)", "dtype": "float32",
+                   "sequences": args.sequences, "length": args.length, "batch_size": 1, "sweep_units": args.units,
+                   "omp_threads": os.environ.get("OMP_NUM_THREADS", "1")},
+        "figures": figures,
+        "meets_goal": {c: f["peak_over_weights"] <= GOAL for c, f in figures.items()},
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2))
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""What a new user meets running the README's commands as written: the headline a command prints names
+what it claims to (found by running each README command on the study models)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+import headprune as hp
+from headprune.cli import app
+from tiny import build, word_tokenizer
+
+runner = CliRunner()
+WORDS = "good bad film plot dull fun long short great awful".split()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny BERT classifier (3 labels) with a word tokenizer, and a 12-sentence TSV it can read."""
+    root = tmp_path_factory.mktemp("walkthrough")
+    texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(4 + i % 3)) for i in range(12)]
+    data = root / "dev.tsv"
+    data.write_text("sentence\tlabel\n" + "".join(f"{t}\t{i % 3}\n" for i, t in enumerate(texts)))
+    hp.save_pruned(build("bert"), root / "bert", tokenizer=word_tokenizer(texts))
+    return root / "bert", data
+
+
+def test_all_but_one_headline_names_the_worst_site_and_its_score(tiny, tmp_path):
+    """The headline's last row was 'largest drop  -17.94' (a negative drop, no site); it names the site whose
+    one kept head loses the most and prints that site's score, as all-but-one.csv has it."""
+    model, data = tiny
+    out = tmp_path / "abo"
+    result = runner.invoke(app, ["all-but-one", str(model), "--task", "classification", "--data", str(data),
+                                 "--resamples", "20", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    with open(out / "all_but_one.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    base = json.loads((out / "results.json").read_text())["base"]
+    worst = min(rows, key=lambda r: float(r["score"]))  # accuracy: the lowest score is the largest loss
+    label, value = json.loads((out / "results.json").read_text())["headline"][-1]
+    assert label == f"worst: {worst['site']} keeping head {worst['kept_head']}"
+    assert float(value) == pytest.approx(100 * float(worst["score"]), abs=0.006)
+    assert float(worst["score"]) <= base
+    assert "largest drop" not in result.stdout and label in result.stdout
+
+
+def test_dynamics_headline_at_any_step(tiny, tmp_path):
+    """The headline read 'relative score at 40% pruned  nan%' whenever --step did not land on 0.4 (0.25 here);
+    it reports the point closest to 40% (here 50%; ties: the smaller), with the share it is at, as dynamics.csv has it."""
+    model, data = tiny
+    from transformers import AutoTokenizer
+
+    epochs, tokenizer = tmp_path / "model", AutoTokenizer.from_pretrained(model)
+    for e in (1, 2):
+        hp.save_pruned(build("bert", seed=e), epochs / f"epoch-{e}", tokenizer=tokenizer)
+    out = tmp_path / "dyn"
+    result = runner.invoke(app, ["dynamics", str(epochs / "epoch-1"), str(epochs / "epoch-2"), "--task",
+                                 "classification", "--data", str(data), "--step", "0.25", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    with open(out / "dynamics.csv", newline="") as f:
+        at = {(int(r["epoch"]), float(r["fraction"])): float(r["relative"]) for r in csv.DictReader(f)}
+    headline = json.loads((out / "results.json").read_text())["headline"]
+    assert headline[1:] == [[f"epoch {e}: relative score at 50% pruned", f"{at[e, 0.5]:.1%}"] for e in (1, 2)]
+    assert "nan" not in result.stdout
+
+
+def test_bench_dtype_help_is_its_own():
+    """bench computes no scores; its --dtype help was the scoring commands' ('Scores are summed in float64')."""
+    result = runner.invoke(app, ["bench", "--help"], terminal_width=200, env={"COLUMNS": "200"})
+    flat = " ".join(result.output.replace("│", " ").split())
+    start = flat.index("--dtype")
+    assert "Scores" not in flat and "float32, bfloat16 or float16 (default: as saved)" in flat[start:start + 120]
