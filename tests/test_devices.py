@@ -213,3 +213,21 @@ def test_load_with_device_map_a_pruned_and_a_plain_model(tmp_path):
             assert torch.allclose(loaded(**x).logits, want(**x).logits, atol=1e-5)
     with pytest.raises(hp.ConfigError, match="one of them"):
         hp.load_model(tmp_path / "plain", device="cpu", device_map="auto")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_head_and_neuron_fisher_and_flop_count_on_the_model_device(device):
+    from headprune.core.cost import flops_per_example
+    from headprune.scoring.units import unit_fisher
+
+    model, batches = build("llama"), _batches("llama")
+    want = unit_fisher(model, batches)
+    want_flops = flops_per_example(model, 8)
+    placed, mode = _placed(model, device)
+    with mode:
+        got = unit_fisher(placed, batches)
+        flops = flops_per_example(placed, 8)
+    assert mode.mismatches == [] and got.n == want.n and flops == want_flops
+    _close(got.blocks, want.blocks)
+    _close(got.neurons, want.neurons)
+    assert all(t.device.type == "cpu" for t in (*got.blocks.values(), *got.neurons.values()))

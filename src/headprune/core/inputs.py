@@ -14,6 +14,7 @@ from torch import nn
 
 from ..checks import check_int
 from ..errors import ConfigError
+from .devices import input_device, to_device
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -66,4 +67,4 @@ def example_inputs(model: nn.Module, batch: int, seq_len: int, *, tgt_len: int |
     x = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if getattr(config, "is_encoder_decoder", False):
         x["decoder_input_ids"] = torch.randint(low, vocab, (batch, tgt_len or seq_len), generator=g)
-    return model_inputs(model, x, cache=False)
+    return model_inputs(model, to_device(x, input_device(model)), cache=False)  # beside the model

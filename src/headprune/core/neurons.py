@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from ..errors import MaskError, PlanError, SiteError
+from .devices import module_device
 from .ffn import FFN, find_ffns
 from .sites import is_conv1d
 from .surgery import KEPT_KEY, ORIGINAL_KEY, config_record, kept_heads, original_heads
@@ -42,7 +43,7 @@ def neuron_ones(model_or_ffns: nn.Module | list[FFN], batch: int | None = None, 
     """A mask of ones for every FFN: ``[width]`` each, or ``[batch, width]``."""
     ffns = model_or_ffns if isinstance(model_or_ffns, list) else find_ffns(model_or_ffns)
     shape = (lambda f: (f.width,)) if batch is None else (lambda f: (batch, f.width))
-    return {f.name: torch.ones(shape(f), requires_grad=requires_grad) for f in ffns}
+    return {f.name: torch.ones(shape(f), requires_grad=requires_grad, device=module_device(f.down)) for f in ffns}
 
 
 def neuron_mask_from(model: nn.Module, dropped: Mapping[str, Iterable[int]]) -> NeuronMask:

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.inputs import batch_size, model_inputs
 from ..core.masking import masked, ones_mask
@@ -32,11 +33,12 @@ def unit_gradients(
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
     """({site: dL_b/dxi [B, H]}, {ffn: dL_b/dm [B, width]}, valid [B]) from one forward and one backward."""
     n = batch_size(batch)
+    batch = to_device(batch, input_device(model))
     xi = ones_mask(model, n, requires_grad=True) if heads else {}
     m = neuron_ones(model, n, requires_grad=True) if neurons else {}
     with scoring_mode(model), masked(model, xi), (masked_neurons(model, m) if neurons else nullcontext()), \
             torch.enable_grad():
-        outputs = model(**model_inputs(model, batch, labels=loss_fn is not None))
+        outputs = model(**model_inputs(model, batch, labels=loss_fn is not None, cache=False))
         losses, valid = example_losses(model, batch, outputs, loss_fn)
         leaves = [*xi.values(), *m.values()]
         grads = torch.autograd.grad((losses * valid).sum(), leaves, allow_unused=True)
@@ -69,11 +71,13 @@ def unit_fisher(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]],
     for batch in tqdm(batches, desc="fisher", unit="batch", disable=not progress):
         gh, gn, valid = unit_gradients(model, batch, loss_fn=loss_fn, heads=heads, neurons=neurons)
         count += int(valid.sum())
-        for name, g in gh.items():
-            g = g[valid].double()  # [n, H]
+        for name, g in gh.items():  # float64 sums on the device, moved once below
+            g = g[valid.to(g.device)].to(accumulator_device(g.device), torch.float64)  # [n, H]
             blocks[name] = blocks.get(name, 0) + g.T @ g
         for name, g in gn.items():
-            n_tot[name] = n_tot.get(name, 0) + g[valid].double().pow(2).sum(0)  # [width]
+            n_tot[name] = n_tot.get(name, 0) + g[valid.to(g.device)].to(accumulator_device(g.device), torch.float64).pow(2).sum(0)  # [width]
+    blocks = {k: b.cpu() for k, b in blocks.items()}
+    n_tot = {k: t.cpu() for k, t in n_tot.items()}
     if count == 0:
         raise ConfigError("batches: no example had anything to score (empty input or all padding)")
     h_tot = {k: b.diagonal().clone() for k, b in blocks.items()}
