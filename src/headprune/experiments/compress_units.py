@@ -49,7 +49,7 @@ def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: It
     sig = {"model": None, "data": None, "split": None, "n": before.n, **(signature or {}),
            "method": f"fisher {settings.units} ({settings.price}) + {settings.compensate}",
            "settings": asdict(settings), "versions": versions()}
-    run = RunDir(out, sig)
+    run = RunDir(out, sig, made_here=True)  # the pruned model just saved there is this run's
     record = {"signature": sig, **result.to_dict(), "evaluation": {"before": before.to_dict(), "after": after.to_dict()},
               "speed": None if speed is None else {"runs": speed.runs, "speedups": speed.speedups,
                                                    "machine": speed.machine, "settings": speed.settings}}
