@@ -372,8 +372,8 @@ def test_cli_compress_end_to_end(saved, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--keep", "0.5", "--flops", "0.5"], "exactly one budget"),
     (["--keep", "1.5"], "--keep 1.5; allowed"),
-    (["--keep", "0.5", "--method", "magic"], "method='magic'; allowed"),
-    (["--keep", "0.5", "--tune-target", "logits"], "target='logits'; allowed: residual, output"),
+    (["--keep", "0.5", "--method", "magic"], "--method 'magic'; allowed"),
+    (["--keep", "0.5", "--tune-target", "logits"], "--tune-target 'logits'; allowed: residual, output"),
     (["--keep", "0.5", "--calib-data", "DEV"], "is the evaluation data"),
     (["--keep", "0.5"], "is the evaluation data"),
     (["--keep", "0.5", "--calib-data", "missing.tsv"], "does not exist"),

@@ -74,3 +74,41 @@ def test_bench_dtype_help_is_its_own():
     flat = " ".join(result.output.replace("│", " ").split())
     start = flat.index("--dtype")
     assert "Scores" not in flat and "float32, bfloat16 or float16 (default: as saved)" in flat[start:start + 120]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--keep", "0.5", "--method", "fisher+rearrange+tune"],
+     "--method 'fisher+rearrange+tune'; allowed: ih, fisher, fisher+rearrange, fisher+tune, random"),
+    (["--keep", "0.5", "--tune-target", "input"], "--tune-target 'input'; allowed: residual, output"),
+    (["--keep", "1.5"], "--keep 1.5; allowed: a number 0.0..1.0"),
+    (["--units", "both", "--keep", "1.5"], "--keep 1.5; allowed: a number 0.0..1.0"),
+    (["--units", "neurons", "--flops", "-0.5"], "--flops -0.5; allowed: a number 0.0..1.0"),
+    (["--units", "both", "--keep", "0.5", "--tune-target", "input"], "--tune-target 'input'; allowed: residual, output"),
+    (["--units", "both", "--keep", "0.5", "--no-bench"], "(or pass --val-data, or a smaller --batch-size)"),
+])
+def test_compress_errors_name_the_flags(tiny, tmp_path, args, message):
+    """Errors named the library's arguments (method=..., target='input', share=1.5, 'None or a number')."""
+    model, data = tiny
+    out = tmp_path / "never"
+    result = runner.invoke(app, ["compress", str(model), "--task", "classification", "--data", str(data),
+                                 "--calib-data", str(data), "--allow-same-data", *args, "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert lines == [f"error: {message}"] or (len(lines) == 1 and message in lines[0]), result.output
+    assert "=" not in lines[0].split(";")[0] and "None" not in lines[0] and not out.exists()
+
+
+def test_compress_units_both_finishes_into_a_new_directory(tiny, tmp_path):
+    """`compress --units both` saved the pruned model into -o, then refused its own folder as 'not empty ... holds
+    no headprune run', exit 2, the model left behind: the README's command never finished."""
+    model, data = tiny
+    out = tmp_path / "both"
+    result = runner.invoke(app, ["compress", str(model), "--task", "classification", "--data", str(data),
+                                 "--calib-data", str(data), "--allow-same-data", "--units", "both", "--flops", "0.5",
+                                 "--no-bench", "--batch-size", "4", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert {"run.json", "compress.json", "results.json", "report.html", "config.json"} <= {p.name for p in out.iterdir()}
+    record = json.loads((out / "compress.json").read_text())
+    reloaded = hp.load_pruned(out)
+    kept = sum(len(h) for h in hp.kept_heads(reloaded).values())
+    assert kept == sum(len(h) for h in record["kept_heads"].values()) < 8  # 2 sites x 4 heads before

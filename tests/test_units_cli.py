@@ -57,7 +57,7 @@ def test_cli_units_both_end_to_end(saved, tmp_path):
     (["--units", "both", "--flops", "0.5", "--price", "params"], "--flops with --price 'params'"),
     (["--units", "both", "--keep", "0.5", "--method", "ih"], "--method 'ih' with --units both"),
     (["--units", "neurons", "--keep", "0.5", "--val-data", "DEV"], "--val-data"),
-    (["--units", "neurons", "--keep", "0.5", "--price", "bytes"], "price='bytes'; allowed"),
+    (["--units", "neurons", "--keep", "0.5", "--price", "bytes"], "--price 'bytes'; allowed"),
 ])
 def test_cli_units_bad_input_exits_2_one_line_nothing_written(saved, tmp_path, args, message):
     args = [str(saved / "dev.tsv") if a == "DEV" else a for a in args]

@@ -14,6 +14,7 @@ import typer
 
 from ..errors import ConfigError
 from .app import echo_headline
+from .dataflags import in_cli_terms
 from .options import TaskSetup, check_calib_limit, show_progress
 
 METHODS = {"fisher": "none", "fisher+tune": "reconstruct", "fisher+reconstruct": "reconstruct"}  # -> compensation
@@ -44,10 +45,13 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
     if method not in METHODS:
         raise ConfigError(f"--method {method!r} with --units {units}; allowed: {', '.join(METHODS)} (fisher+tune: "
                           "least-squares reconstruction of every pruned layer, kept only if it lowers the validation loss)")
-    share = next(iter(given.values()))
-    settings = UnitSettings(share=share, units=units, price=price, seq_len=seq_len or 8, tgt_len=tgt_len,
-                            compensate=METHODS[method], damping=damping, target=tune_target, guard=not no_guard,
-                            gqa=gqa)
+    flag, share = next(iter(given.items()))
+    if not 0.0 <= share <= 1.0:  # typer gives a float; NaN fails this too
+        raise ConfigError(f"{flag} {share}; allowed: a number 0.0..1.0 (the share of the units' {price} kept)")
+    with in_cli_terms():  # checks all, in flag names
+        settings = UnitSettings(share=share, units=units, price=price, seq_len=seq_len or 8, tgt_len=tgt_len,
+                                compensate=METHODS[method], damping=damping, target=tune_target, guard=not no_guard,
+                                gqa=gqa)
     if output.exists():
         raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
     calib = calib_data or data
@@ -89,10 +93,11 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
     signature = {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
                  "split": Path(data).name, "n": len(ev), "calib_data": [calib], "calib_n": len(calib_ev),
                  "val_data": val_data or "held-out part of --calib-data"}
-    report, summary = run_compress_units(model, tok, ev, list(calib_ev.batches()), output, settings=settings,
-                                         val_batches=val, signature=signature, prices=prices,
-                                         latency_table=table,
-                                         bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
-                                         verify=not trust_unverified, progress=bars)
+    with in_cli_terms("--calib-data"):  # e.g. too few calibration batches to hold out a validation part
+        report, summary = run_compress_units(model, tok, ev, list(calib_ev.batches()), output, settings=settings,
+                                             val_batches=val, signature=signature, prices=prices,
+                                             latency_table=table,
+                                             bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
+                                             verify=not trust_unverified, progress=bars)
     echo_headline(output)
     typer.echo(f"compressed {model_dir} -> {output}: {summary}; report: {report}")

@@ -33,11 +33,14 @@ ARGUMENT_FLAGS = {"text_column": "--text-column", "text_pair_column": "--text-pa
                   "max_new_tokens": "--max-new-tokens", "block_size": "--block-size",
                   "n_resamples": "--resamples", "alpha": "--alpha", "min_per_site": "--min-per-site",
                   "seq_len": "--seq-len", "tgt_len": "--tgt-len", "n_keep": "--keep-heads", "keep": "--keep",
-                  "flops": "--flops", "damping": "--damping"}
+                  "flops": "--flops", "damping": "--damping", "method": "--method", "target": "--tune-target",
+                  "gqa": "--gqa", "kv": "--kv", "price": "--price", "units": "--units"}
 # whole library phrases whose CLI form is not a flag name
 PHRASES = (
     ("label2id={label: id}", "--label-map LABEL=ID,... (e.g. negative=0,positive=1)"),
     ("or None for all", "or left out for all"),
+    ("allowed: None or ", "allowed: "),  # a flag that is given has a value
+    ("(or pass val_batches)", "(or pass --val-data, or a smaller --batch-size)"),
     ("pass encoding= with the file's encoding, e.g. encoding='latin-1'",
      "convert it to UTF-8 first (e.g. iconv -f latin1 -t utf-8)"),
 )
