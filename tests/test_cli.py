@@ -103,3 +103,19 @@ def test_python_dash_m_is_the_same_app(bert_dir):
     out = subprocess.run([sys.executable, "-m", "headprune", "sites", str(bert_dir), "--json"],
                          capture_output=True, text=True, check=True)
     assert json.loads(out.stdout)["class"] == "BertForSequenceClassification"
+
+
+def test_sites_and_prune_take_device_and_dtype(bert_dir, tmp_path):
+    result = runner.invoke(app, ["sites", str(bert_dir), "--device", "tpu"])
+    assert result.exit_code == 2 and "--device 'tpu'" in result.output
+    out = tmp_path / "bf16"
+    result = runner.invoke(app, ["prune", str(bert_dir), "--drop", '{"encoder.0.self": [1]}', "--dtype", "bfloat16",
+                                 "--device", "cpu", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    from safetensors import safe_open
+
+    with safe_open(str(next(out.glob("*.safetensors"))), "pt") as f:  # the weights as written to disk
+        dtypes = {f.get_tensor(k).dtype for k in f.keys() if f.get_tensor(k).is_floating_point()}
+    assert dtypes == {torch.bfloat16}
+    result = runner.invoke(app, ["prune", str(bert_dir), "--drop", "{}", "--dtype", "float64", "-o", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "--dtype 'float64'" in result.output and not (tmp_path / "x").exists()

@@ -9,6 +9,7 @@ import typer
 
 from ..errors import HeadpruneError
 from .app import app, friendly, json_arg
+from .options import DEVICE, DTYPE, device_dtype
 
 
 @app.command()
@@ -16,12 +17,14 @@ from .app import app, friendly, json_arg
 def sites(
     model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
 ):
     """List the attention sites of a model: name, kind, heads, kv heads, head_dim, parameters."""
     from ..core.io import load_model
     from ..core.sites import sites_table
 
-    model = load_model(model_dir)
+    model = load_model(model_dir, **device_dtype(device, dtype))
     rows = sites_table(model)
     family = getattr(model.config, "model_type", None) or type(model).__name__
     layout = attention_layout(rows)
@@ -69,6 +72,8 @@ def prune(
                                 help="Directory to write the pruned model to (must not exist, or be empty)."),
     trust_unverified: bool = typer.Option(False, "--trust-unverified", help="Skip the check that surgery is exact "
                                           "for this model's class (refused families): check the result yourself."),
+    device: str = DEVICE,
+    dtype: str = DTYPE,
 ):
     """Physically remove heads and save the smaller model (safetensors + kept heads in config.json)."""
     from ..core.io import check_output_dir, load_model, load_tokenizer, save_pruned
@@ -80,7 +85,7 @@ def prune(
                              '--drop \'{"encoder.0.self": [0, 3]}\'')
     dropped = json_arg(drop, "--drop") if drop is not None else json_arg(heads, "--heads")
     check_output_dir(output)  # refused before any work; save_pruned checks again and writes atomically
-    model = load_model(model_dir)
+    model = load_model(model_dir, **device_dtype(device, dtype))
     before = sum(p.numel() for p in model.parameters())
     groups = kv_groups(model)
     prune_heads(model, dropped, verify=not trust_unverified)
