@@ -5,15 +5,14 @@ headprune compress MODEL_DIR --task classification --data dev.tsv --calib-data t
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import typer
 
 from ..errors import ConfigError
 from .app import app, echo_headline, friendly
+from .compress_common import DEFAULT_SEQ_LEN, check_inputs, signature, with_seq_len
 from .dataflags import in_cli_terms, split_option
-from .identity import identity
 from .options import (
     DATA,
     DATA2,
@@ -25,12 +24,10 @@ from .options import (
     TaskFlags,
     TaskSetup,
     calib_limit_option,
-    check_calib_limit,
     show_progress,
     with_flags,
 )
 
-DEFAULT_SEQ_LEN = 128
 METHOD_HELP = ("ih (the paper's I_h), fisher (diagonal Fisher), fisher+rearrange (+ per-site swaps), "
                "fisher+tune (+ least-squares scales folded into the weights), random; fisher+reconstruct (least-squares "
                "refit of every pruned projection, kept if the validation loss drops; the --units path).")
@@ -95,8 +92,6 @@ def compress_command(
 ):
     """Prune to a budget with I_h or Fisher scores (+ rearrangement, + tuned scales) and save the smaller model."""
     from ..compression.plan import CompressSettings
-    from ..evaluation.build import position_limit
-    from ..evaluation.data import same_data
     from ..experiments.compress import run_compress
 
     budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops), ("--kv", kv))
@@ -127,39 +122,21 @@ def compress_command(
                                     min_per_site=min_per_site, seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len,
                                     tgt_len=tgt_len, damping=damping, target=tune_target, guard=not no_guard, seed=seed,
                                     gqa=gqa, kv=kv, same_per_site=same_per_site)
-    if output.exists():
-        raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
-    calib = calib_data or data
-    calib_split = flags.split if calib_split is None and calib_data is None else calib_split
-    if same_data(data, calib) and calib_split == flags.split and not allow_same_data:
-        raise ConfigError(f"--calib-data {calib!r} is the evaluation data --data; calibrating on it overstates the "
-                          "result; allowed: a disjoint file or split (e.g. a train split; --calib-split for a datasets "
-                          "directory), or --allow-same-data")
-    if calib_data2 is not None and calib_data is None:
-        raise ConfigError("--calib-data2 needs --calib-data")
-    check_calib_limit(calib_limit)
+    calib, calib_split = check_inputs(output=output, data=data, calib_data=calib_data, calib_data2=calib_data2,
+                         calib_split=calib_split, split=flags.split, allow_same_data=allow_same_data,
+                         calib_limit=calib_limit, bench_batch=bench_batch, bench_repeats=bench_repeats,
+                         no_bench=no_bench)
     bars = show_progress(quiet, progress)
-    if not no_bench and (bench_batch < 1 or bench_repeats < 1):
-        raise ConfigError(f"--bench-batch {bench_batch} --bench-repeats {bench_repeats}; allowed: integers >= 1")
-    for path in [p for p in (data, calib) if not str(p).startswith("builtin:")]:
-        if not Path(path).exists():
-            raise ConfigError(f"data file {path!r} does not exist")
     t = TaskSetup(model_dir, task, flags)
     model, tok = t.model, t.tokenizer
-    if seq_len is None:  # 128 tokens, or what the position table allows (--limit stays the examples' count)
-        positions = position_limit(model.config)
-        settings = replace(settings, seq_len=min(DEFAULT_SEQ_LEN, positions or DEFAULT_SEQ_LEN))
+    settings = with_seq_len(settings, seq_len, model)
     ev = t.on(data, data2)
     calib_ev = t.on(calib, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
                     split=calib_split)
-    signature = {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
-                 "split": Path(data).name, "n": len(ev),
-                 **{k: v for k, v in (("data_split", flags.split), ("calib_split", calib_split)) if v},
-                 "calib_data": [calib] + ([str(calib_data2 or data2)] if (calib_data2 or data2) else []),
-                 "calib_n": len(calib_ev), "calib_limit": calib_limit,
-                 **identity(flags, ev, model_dir, {"--data": data, "--data2": data2, "--calib-data": calib_data,
-                                                   "--calib-data2": calib_data2})}
-    report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=settings, signature=signature,
+    sig = signature(model_dir=model_dir, task=task, data=data, data2=data2, calib=calib, calib_data=calib_data,
+                    calib_data2=calib_data2, calib_split=calib_split, calib_limit=calib_limit, flags=flags, ev=ev,
+                    calib_ev=calib_ev)
+    report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=settings, signature=sig,
                           bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
                           verify=not trust_unverified, progress=bars)
     echo_headline(output)

@@ -7,15 +7,15 @@ headprune compress MODEL_DIR --task classification --data dev.tsv --calib-data t
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 import typer
 
 from ..errors import ConfigError
 from .app import echo_headline
+from .compress_common import DEFAULT_SEQ_LEN, check_inputs, signature, with_seq_len
 from .dataflags import in_cli_terms
-from .options import TaskSetup, check_calib_limit, show_progress
+from .options import TaskSetup, show_progress
 
 METHODS = {"fisher": "none", "fisher+tune": "reconstruct", "fisher+reconstruct": "reconstruct"}  # -> compensation
 
@@ -49,35 +49,25 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
     if not 0.0 <= share <= 1.0:  # typer gives a float; NaN fails this too
         raise ConfigError(f"{flag} {share}; allowed: a number 0.0..1.0 (the share of the units' {price} kept)")
     with in_cli_terms():  # checks all, in flag names
-        settings = UnitSettings(share=share, units=units, price=price, seq_len=seq_len or 8, tgt_len=tgt_len,
+        settings = UnitSettings(share=share, units=units, price=price,
+                                seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len, tgt_len=tgt_len,
                                 compensate=METHODS[method], damping=damping, target=tune_target, guard=not no_guard,
                                 gqa=gqa)
-    if output.exists():
-        raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
-    calib = calib_data or data
-    calib_split = flags.split if calib_split is None and calib_data is None else calib_split
-    if same_data(data, calib) and calib_split == flags.split and not allow_same_data:
-        raise ConfigError(f"--calib-data {calib!r} is the evaluation data --data; calibrating on it overstates the "
-                          "result; allowed: a disjoint file or split, or --allow-same-data")
+    calib, calib_split = check_inputs(output=output, data=data, calib_data=calib_data, calib_data2=calib_data2,
+                                      calib_split=calib_split, split=flags.split, allow_same_data=allow_same_data,
+                                      calib_limit=calib_limit, bench_batch=bench_batch, bench_repeats=bench_repeats,
+                                      no_bench=no_bench, more=(val_data,))
     if val_data is not None and (same_data(val_data, data) and val_split == flags.split):
         raise ConfigError(f"--val-data {val_data!r} is the evaluation data --data; allowed: a disjoint file or split")
     if val_data is not None and same_data(val_data, calib) and val_split == calib_split:
         raise ConfigError(f"--val-data {val_data!r} is the calibration data; allowed: a disjoint file or split "
                           "(or leave --val-data out: part of the calibration batches is held out)")
-    check_calib_limit(calib_limit)
     if val_limit is not None and (isinstance(val_limit, bool) or val_limit < 1):
         raise ConfigError(f"--val-limit {val_limit}; allowed: an integer >= 1")
-    if not no_bench and (bench_batch < 1 or bench_repeats < 1):
-        raise ConfigError(f"--bench-batch {bench_batch} --bench-repeats {bench_repeats}; allowed: integers >= 1")
-    for path in [p for p in (data, calib, val_data) if p is not None and not str(p).startswith("builtin:")]:
-        if not Path(path).exists():
-            raise ConfigError(f"data file {path!r} does not exist")
     bars = show_progress(quiet, progress)
     t = TaskSetup(model_dir, task, flags)
     model, tok = t.model, t.tokenizer
-    if seq_len is None:
-        limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-        settings = replace(settings, seq_len=min(128, limit or 128))
+    settings = with_seq_len(settings, seq_len, model)
     ev = t.on(data, data2)
     calib_ev = t.on(calib, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data", split=calib_split)
     prices = table = None
@@ -90,12 +80,13 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
     val = None
     if val_data is not None:
         val = list(t.on(val_data, val_data2, limit=val_limit, flag="--val-data", split=val_split).batches())
-    signature = {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
-                 "split": Path(data).name, "n": len(ev), "calib_data": [calib], "calib_n": len(calib_ev),
-                 "val_data": val_data or "held-out part of --calib-data"}
+    sig = {**signature(model_dir=model_dir, task=task, data=data, data2=data2, calib=calib, calib_data=calib_data,
+                       calib_data2=calib_data2, calib_split=calib_split, calib_limit=calib_limit, flags=flags, ev=ev,
+                       calib_ev=calib_ev, files={"--val-data": val_data, "--val-data2": val_data2}),
+           "val_data": val_data or "held-out part of --calib-data", "val_split": val_split, "val_limit": val_limit}
     with in_cli_terms("--calib-data"):  # e.g. too few calibration batches to hold out a validation part
         report, summary = run_compress_units(model, tok, ev, list(calib_ev.batches()), output, settings=settings,
-                                             val_batches=val, signature=signature, prices=prices,
+                                             val_batches=val, signature=sig, prices=prices,
                                              latency_table=table,
                                              bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
                                              verify=not trust_unverified, progress=bars)
