@@ -120,7 +120,7 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
                                    settings=SweepSettings(n_resamples=300), fresh=fresh)
 
     say("[4/7] pruning curve on the calibration text: I_h order vs random order")
-    fractions = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
+    fractions = (0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)  # fine below 10%: GQA-even steps
     curve_report = run_curves(model, calib, output / "curve", fresh=fresh, signature=signature,
                               settings=CurveSettings(fractions=fractions, orders=("importance", "random"), seeds=(0,)),
                               importance_batches=calib.batches)
