@@ -14,7 +14,7 @@ from .app import app, friendly, json_arg
 @app.command()
 @friendly
 def sites(
-    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune)."),
+    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune), or a .gguf file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ):
     """List the attention sites of a model: name, kind, heads, kv heads, head_dim, parameters."""
@@ -61,7 +61,7 @@ def attention_layout(rows: list[dict]) -> str:
 @app.command()
 @friendly
 def prune(
-    model_dir: Path = typer.Argument(..., help="Model directory to prune."),
+    model_dir: Path = typer.Argument(..., help="Model directory (or .gguf file) to prune."),
     drop: str = typer.Option(None, "--drop", help="Heads to remove (required), as JSON "
                              '{"site": [head indices among the site\'s current heads]} or a path to such a file.'),
     heads: str = typer.Option(None, "--heads", hidden=True, help="Old name of --drop."),
