@@ -88,6 +88,9 @@ def test_quick_demo_writes_results_and_a_pruned_model(tmp_path):
     model = hp.load_pruned(tmp_path / "run" / "pruned_model")
     n_dropped = sum(len(v) for v in results["pruned_heads"].values())
     assert sum(s.num_heads for s in hp.find_sites(model)) == 18 - n_dropped
+    # the demo's GQA Llama never gets a larger KV cache: no site caches more key/value heads than its 2
+    assert all(s.k.width <= 2 * s.head_dim for s in hp.find_sites(model))
+    assert results["kv_cache_bytes_per_token"]["after"] <= results["kv_cache_bytes_per_token"]["before"]
 
 
 def test_python_dash_m_is_the_same_app(bert_dir):
