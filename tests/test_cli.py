@@ -97,6 +97,9 @@ def test_quick_demo_writes_results_and_a_pruned_model(tmp_path):
     assert again.exit_code == 0, again.output
     rerun = json.loads((tmp_path / "run" / "results.json").read_text())
     assert rerun["perplexity"] == results["perplexity"] and rerun["pruned_heads"] == results["pruned_heads"]
+    # the demo's GQA Llama never gets a larger KV cache: no site caches more key/value heads than its 2
+    assert all(s.k.width <= 2 * s.head_dim for s in hp.find_sites(model))
+    assert results["kv_cache_bytes_per_token"]["after"] <= results["kv_cache_bytes_per_token"]["before"]
 
 
 def test_python_dash_m_is_the_same_app(bert_dir):

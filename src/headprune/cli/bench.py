@@ -25,7 +25,7 @@ _D = BenchSettings()  # flag defaults are the library's
 @app.command("bench")
 @friendly
 def bench(
-    model_dirs: list[Path] = typer.Argument(..., help="One or more model directories; the first is the reference."),
+    model_dirs: list[Path] = typer.Argument(..., help="One or more model directories (or .gguf files); the first is the reference."),
     output: Path = typer.Option(..., "-o", "--output", help="Directory for bench.json and bench.png (created)."),
     batch_sizes: str = typer.Option(",".join(map(str, _D.batch_sizes)), "--batch-sizes", help="Comma-separated batch sizes."),
     seq_len: int = typer.Option(_D.seq_len, "--seq-len", help="Tokens per example (encoder length of encoder-decoders)."),

@@ -37,7 +37,7 @@ METHOD_HELP = ("ih (the paper's I_h), fisher (diagonal Fisher), fisher+rearrange
 @friendly
 @with_flags(flags=TaskFlags)
 def compress_command(
-    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune)."),
+    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune), or a .gguf file."),
     task: str = TASK, data: str = DATA, data2: Path = DATA2,
     calib_data: str = typer.Option(None, "--calib-data", help="Calibration data for scores and tuning (default: "
                                    "--data, refused unless --allow-same-data): must not overlap --data."),

@@ -24,7 +24,7 @@ def _heads_off(heads_off: str | None) -> dict[str, list[int]]:
 @friendly
 @with_flags(flags=TaskFlags)
 def evaluate(
-    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune)."),
+    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune), or a .gguf file."),
     task: str = typer.Option(..., "--task", help="One of: classification, translation, lm."),
     data: str = typer.Option(..., "--data", help="TSV/CSV/JSONL file or datasets directory; translation: the source "
                              "file or one source/target table; lm: a text file, or 'builtin:pydoc'."),

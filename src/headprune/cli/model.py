@@ -15,7 +15,7 @@ from .options import DEVICE, DTYPE, device_dtype
 @app.command()
 @friendly
 def sites(
-    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune)."),
+    model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune), or a .gguf file."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     device: str = DEVICE,
     dtype: str = DTYPE,
@@ -64,7 +64,7 @@ def attention_layout(rows: list[dict]) -> str:
 @app.command()
 @friendly
 def prune(
-    model_dir: Path = typer.Argument(..., help="Model directory to prune."),
+    model_dir: Path = typer.Argument(..., help="Model directory (or .gguf file) to prune."),
     drop: str = typer.Option(None, "--drop", help="Heads to remove (required), as JSON "
                              '{"site": [head indices among the site\'s current heads]} or a path to such a file.'),
     heads: str = typer.Option(None, "--heads", hidden=True, help="Old name of --drop."),

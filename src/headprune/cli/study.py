@@ -34,7 +34,7 @@ from .options import (
     with_flags,
 )
 
-MODEL = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune).")
+MODEL = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune), or a .gguf file.")
 
 
 def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int, flags: TaskFlags) -> dict:
