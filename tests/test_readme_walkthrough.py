@@ -112,3 +112,23 @@ def test_compress_units_both_finishes_into_a_new_directory(tiny, tmp_path):
     reloaded = hp.load_pruned(out)
     kept = sum(len(h) for h in hp.kept_heads(reloaded).values())
     assert kept == sum(len(h) for h in record["kept_heads"].values()) < 8  # 2 sites x 4 heads before
+
+
+@pytest.mark.parametrize("command, flag, value, message", [
+    ("evaluate", "--heads-off", '{"encoder.7.self": [1]}', "--heads-off: unknown site 'encoder.7.self'; allowed: "
+     "encoder.0.self, encoder.1.self"),
+    ("evaluate", "--heads-off", '{"encoder.0.self": [4]}', "--heads-off['encoder.0.self']: head index 4 out of range"),
+    ("prune", "--drop", '{"encoder.7.self": [1]}', "--drop: unknown site 'encoder.7.self'"),
+    ("prune", "--drop", '{"encoder.1.self": [4]}', "--drop['encoder.1.self']: head index 4 out of range; allowed: "
+     "integers 0..3"),
+    ("prune", "--heads", '{"encoder.1.self": [-1]}', "--heads['encoder.1.self']: head index -1 out of range"),
+])
+def test_head_list_errors_name_the_flag(tiny, tmp_path, command, flag, value, message):
+    """A wrong site or head index named the library's argument ('heads: unknown site', "dropped['...']")."""
+    model, data = tiny
+    out = tmp_path / "never"
+    args = ["--task", "classification", "--data", str(data)] if command == "evaluate" else ["-o", str(out)]
+    result = runner.invoke(app, [command, str(model), *args, flag, value])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [result.output.strip()] and message in result.output
+    assert not out.exists()

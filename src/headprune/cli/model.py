@@ -9,6 +9,7 @@ import typer
 
 from ..errors import HeadpruneError
 from .app import app, friendly, json_arg
+from .dataflags import argument_as_flag
 
 
 @app.command()
@@ -81,7 +82,8 @@ def prune(
     check_output_dir(output)  # refused before any work; save_pruned checks again and writes atomically
     model = load_model(model_dir)
     before = sum(p.numel() for p in model.parameters())
-    prune_heads(model, dropped, verify=not trust_unverified)
+    with argument_as_flag("dropped", "--drop" if drop is not None else "--heads"):
+        prune_heads(model, dropped, verify=not trust_unverified)
     after = sum(p.numel() for p in model.parameters())
     save_pruned(model, output, tokenizer=load_tokenizer(model_dir))  # complete, or no output at all
     typer.echo(f"pruned {model_dir} -> {output}: {before:,} -> {after:,} parameters ({after / before:.1%})")
