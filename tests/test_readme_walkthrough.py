@@ -132,3 +132,16 @@ def test_head_list_errors_name_the_flag(tiny, tmp_path, command, flag, value, me
     assert result.exit_code == 2, result.output
     assert result.output.strip().splitlines() == [result.output.strip()] and message in result.output
     assert not out.exists()
+
+
+def test_demo_ends_with_its_headline(tmp_path):
+    """The demo printed its seven steps and 'done: report.html' but never the perplexities it is about."""
+    out = tmp_path / "demo"
+    result = runner.invoke(app, ["demo", "--quick", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    tail = result.stdout.strip().splitlines()[-len(results["headline"]) - 1:]
+    assert tail[-1] == f"report: {out / 'report.html'}"
+    for line, (label, value) in zip(tail, results["headline"], strict=False):
+        assert line.startswith(label) and line.endswith(value)
+    assert f"{results['perplexity']['unpruned']:.2f}" in tail[0]

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ..errors import HeadpruneError
-from .app import app, friendly, json_arg
+from .app import app, echo_headline, friendly, json_arg
 from .dataflags import argument_as_flag
 
 
@@ -114,4 +114,4 @@ def demo(
     from ..experiments.demo import run_demo
 
     path = run_demo(output, quick=quick, fresh=fresh)
-    typer.echo(f"done: {path}")
+    echo_headline(output, path)  # perplexities, parameters, speed-up: what the run found, then the report
