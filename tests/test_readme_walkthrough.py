@@ -145,3 +145,13 @@ def test_demo_ends_with_its_headline(tmp_path):
     for line, (label, value) in zip(tail, results["headline"], strict=False):
         assert line.startswith(label) and line.endswith(value)
     assert f"{results['perplexity']['unpruned']:.2f}" in tail[0]
+
+
+def test_demo_headline_parameters_are_counts(tmp_path):
+    """The quick demo's headline read 'parameters 0.1M -> 0.0M' (a tiny model rounded away); it gives the counts."""
+    out = tmp_path / "demo"
+    assert runner.invoke(app, ["demo", "--quick", "-o", str(out)]).exit_code == 0
+    results = json.loads((out / "results.json").read_text())
+    row = dict(results["headline"])["parameters"]
+    p = results["parameters"]
+    assert row == f"{p['before']:,} -> {p['after']:,}" and p["after"] < p["before"]
