@@ -135,7 +135,8 @@ def test_head_list_errors_name_the_flag(tiny, tmp_path, command, flag, value, me
 
 
 def test_demo_ends_with_its_headline(tmp_path):
-    """The demo printed its seven steps and 'done: report.html' but never the perplexities it is about."""
+    """The demo printed its seven steps and 'done: report.html' but never the perplexities it is about; its
+    parameter row gives counts."""
     out = tmp_path / "demo"
     result = runner.invoke(app, ["demo", "--quick", "-o", str(out)])
     assert result.exit_code == 0, result.output
@@ -145,13 +146,6 @@ def test_demo_ends_with_its_headline(tmp_path):
     for line, (label, value) in zip(tail, results["headline"], strict=False):
         assert line.startswith(label) and line.endswith(value)
     assert f"{results['perplexity']['unpruned']:.2f}" in tail[0]
+    p = results["parameters"]  # the quick demo's row read '0.1M -> 0.0M' (a tiny model rounded away)
+    assert dict(results["headline"])["parameters"] == f"{p['before']:,} -> {p['after']:,}" and p["after"] < p["before"]
 
-
-def test_demo_headline_parameters_are_counts(tmp_path):
-    """The quick demo's headline read 'parameters 0.1M -> 0.0M' (a tiny model rounded away); it gives the counts."""
-    out = tmp_path / "demo"
-    assert runner.invoke(app, ["demo", "--quick", "-o", str(out)]).exit_code == 0
-    results = json.loads((out / "results.json").read_text())
-    row = dict(results["headline"])["parameters"]
-    p = results["parameters"]
-    assert row == f"{p['before']:,} -> {p['after']:,}" and p["after"] < p["before"]
