@@ -149,3 +149,24 @@ def test_demo_ends_with_its_headline(tmp_path):
     p = results["parameters"]  # the quick demo's row read '0.1M -> 0.0M' (a tiny model rounded away)
     assert dict(results["headline"])["parameters"] == f"{p['before']:,} -> {p['after']:,}" and p["after"] < p["before"]
 
+
+
+def test_bench_tables_stay_aligned_with_long_model_names(tiny, tmp_path):
+    """A model named by a long path (a .gguf file, 'name-pruned0.5') pushed every later column to the right."""
+    from transformers import AutoTokenizer
+
+    model, _ = tiny
+    long = tmp_path / "a-model-directory-with-a-rather-long-name"
+    hp.save_pruned(build("bert"), long, tokenizer=AutoTokenizer.from_pretrained(model))
+    result = runner.invoke(app, ["bench", str(long), "--prune-fraction", "0.5", "--batch-sizes", "1,2", "--seq-len",
+                                 "8", "--repeats", "1", "--warmup", "0", "--min-repeat-s", "0.001", "--no-memory",
+                                 "-o", str(tmp_path / "bench")])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    for column, value_of in (("batch", lambda row: row.split()[1]), ("KV cache B/token", lambda row: row.split()[1])):
+        header = next(i for i, line in enumerate(lines) if line.startswith("model") and column in line)
+        end = lines[header].index(column) + len(column)
+        rows = [line for line in lines[header + 1:] if line.startswith(long.name)]
+        assert len(rows) >= 2
+        for row in rows[:4 if column == "batch" else 2]:
+            assert row[:end].endswith(value_of(row)), (lines[header], row)  # right-aligned under its header
