@@ -112,3 +112,61 @@ def test_compress_units_both_finishes_into_a_new_directory(tiny, tmp_path):
     reloaded = hp.load_pruned(out)
     kept = sum(len(h) for h in hp.kept_heads(reloaded).values())
     assert kept == sum(len(h) for h in record["kept_heads"].values()) < 8  # 2 sites x 4 heads before
+
+
+@pytest.mark.parametrize("command, flag, value, message", [
+    ("evaluate", "--heads-off", '{"encoder.7.self": [1]}', "--heads-off: unknown site 'encoder.7.self'; allowed: "
+     "encoder.0.self, encoder.1.self"),
+    ("evaluate", "--heads-off", '{"encoder.0.self": [4]}', "--heads-off['encoder.0.self']: head index 4 out of range"),
+    ("prune", "--drop", '{"encoder.7.self": [1]}', "--drop: unknown site 'encoder.7.self'"),
+    ("prune", "--drop", '{"encoder.1.self": [4]}', "--drop['encoder.1.self']: head index 4 out of range; allowed: "
+     "integers 0..3"),
+    ("prune", "--heads", '{"encoder.1.self": [-1]}', "--heads['encoder.1.self']: head index -1 out of range"),
+])
+def test_head_list_errors_name_the_flag(tiny, tmp_path, command, flag, value, message):
+    """A wrong site or head index named the library's argument ('heads: unknown site', "dropped['...']")."""
+    model, data = tiny
+    out = tmp_path / "never"
+    args = ["--task", "classification", "--data", str(data)] if command == "evaluate" else ["-o", str(out)]
+    result = runner.invoke(app, [command, str(model), *args, flag, value])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip().splitlines() == [result.output.strip()] and message in result.output
+    assert not out.exists()
+
+
+def test_demo_ends_with_its_headline(tmp_path):
+    """The demo printed its seven steps and 'done: report.html' but never the perplexities it is about; its
+    parameter row gives counts."""
+    out = tmp_path / "demo"
+    result = runner.invoke(app, ["demo", "--quick", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    results = json.loads((out / "results.json").read_text())
+    tail = result.stdout.strip().splitlines()[-len(results["headline"]) - 1:]
+    assert tail[-1] == f"report: {out / 'report.html'}"
+    for line, (label, value) in zip(tail, results["headline"], strict=False):
+        assert line.startswith(label) and line.endswith(value)
+    assert f"{results['perplexity']['unpruned']:.2f}" in tail[0]
+    p = results["parameters"]  # the quick demo's row read '0.1M -> 0.0M' (a tiny model rounded away)
+    assert dict(results["headline"])["parameters"] == f"{p['before']:,} -> {p['after']:,}" and p["after"] < p["before"]
+
+
+
+def test_bench_tables_stay_aligned_with_long_model_names(tiny, tmp_path):
+    """A model named by a long path (a .gguf file, 'name-pruned0.5') pushed every later column to the right."""
+    from transformers import AutoTokenizer
+
+    model, _ = tiny
+    long = tmp_path / "a-model-directory-with-a-rather-long-name"
+    hp.save_pruned(build("bert"), long, tokenizer=AutoTokenizer.from_pretrained(model))
+    result = runner.invoke(app, ["bench", str(long), "--prune-fraction", "0.5", "--batch-sizes", "1,2", "--seq-len",
+                                 "8", "--repeats", "1", "--warmup", "0", "--min-repeat-s", "0.001", "--no-memory",
+                                 "-o", str(tmp_path / "bench")])
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    for column, value_of in (("batch", lambda row: row.split()[1]), ("KV cache B/token", lambda row: row.split()[1])):
+        header = next(i for i, line in enumerate(lines) if line.startswith("model") and column in line)
+        end = lines[header].index(column) + len(column)
+        rows = [line for line in lines[header + 1:] if line.startswith(long.name)]
+        assert len(rows) >= 2
+        for row in rows[:4 if column == "batch" else 2]:
+            assert row[:end].endswith(value_of(row)), (lines[header], row)  # right-aligned under its header

@@ -101,13 +101,14 @@ def check_decodable(models: Mapping[str, nn.Module], prompt_len: int, new_tokens
 def decode_table(result: dict) -> str:
     """Plain-text table: tokens/s (IQR), KV cache per token and per sequence, speed-up."""
     s = result["settings"]
-    head = f"{'model':<22} {'tokens/s':>9} {'IQR':>15} {'KV B/token':>11} {'KV MB/seq':>10} {'speed-up':>9}"
+    w = max([22] + [len(name) for name in result["models"]])  # a long name keeps the columns aligned
+    head = f"{'model':<{w}} {'tokens/s':>9} {'IQR':>15} {'KV B/token':>11} {'KV MB/seq':>10} {'speed-up':>9}"
     ups = {u["model"]: u for u in result["speedups"]}
     lines = [f"decode: prompt {s['prompt_len']} + {s['new_tokens']} new tokens, batch {s['batch_size']}, greedy, "
              f"with a cache", head, "-" * len(head)]
     for name, r in result["models"].items():
         up = f"{ups[name]['measured']:>8.3f}x" if name in ups else f"{'-':>9}"
-        lines.append(f"{name:<22} {r['tokens_per_s']:>9.1f} {r['tokens_per_s_q25']:>7.1f}-{r['tokens_per_s_q75']:<7.1f} "
+        lines.append(f"{name:<{w}} {r['tokens_per_s']:>9.1f} {r['tokens_per_s_q25']:>7.1f}-{r['tokens_per_s_q75']:<7.1f} "
                      f"{r['kv_cache_bytes_per_token']:>11,} {r['kv_cache_bytes_per_sequence'] / 1e6:>10.3f} {up}")
     return "\n".join(lines)
 

@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 def bench_table(result: BenchResult) -> str:
     """Plain-text table: examples/s (IQR), latency, measured speed-up (IQR of the paired ratios), FLOP
     limit, efficiency; ``!`` marks a noisy speed-up; a footer says how each column is computed."""
-    head = (f"{'model':<22} {'batch':>5} {'examples/s':>11} {'IQR':>15} {'latency ms':>10} "
+    w = max([22] + [len(r["model"]) for r in result.runs])  # a long name (a .gguf file) keeps the columns aligned
+    head = (f"{'model':<{w}} {'batch':>5} {'examples/s':>11} {'IQR':>15} {'latency ms':>10} "
             f"{'speed-up':>9} {'ratio IQR':>13} {'FLOP limit':>10} {'efficiency':>10}")
     lines = [head, "-" * len(head)]
     ups = {(s["model"], s["batch"]): s for s in result.speedups}
@@ -32,7 +33,7 @@ def bench_table(result: BenchResult) -> str:
         else:
             up = f"{'-':>9} {'-':>13} {'-':>10} {'-':>10}"
         iqr = f"{r['examples_per_s_q25']:.1f}-{r['examples_per_s_q75']:.1f}"
-        lines.append(f"{r['model']:<22} {r['batch']:>5} {r['examples_per_s']:>11.2f} {iqr:>15} "
+        lines.append(f"{r['model']:<{w}} {r['batch']:>5} {r['examples_per_s']:>11.2f} {iqr:>15} "
                      f"{1e3 * r['latency_s']:>10.2f} {up}")
     notes = ["examples/s = batch / median round time (IQR over rounds). speed-up = median over the same rounds "
              "of the paired ratio reference time / model time (ratio IQR: its quartiles); it can differ from the "

@@ -146,9 +146,10 @@ def bench(
 
 def _kv_lines(result) -> str:
     """KV cache per token and per sequence of every model (original vs pruned)."""
-    lines = [f"{'model':<22} {'KV cache B/token':>16} {'KV cache MB/sequence':>21}"]
+    w = max([22] + [len(name) for name in result.models])  # a long name keeps the columns aligned
+    lines = [f"{'model':<{w}} {'KV cache B/token':>16} {'KV cache MB/sequence':>21}"]
     for name, info in result.models.items():
-        lines.append(f"{name:<22} {info['kv_cache_bytes_per_token']:>16,} "
+        lines.append(f"{name:<{w}} {info['kv_cache_bytes_per_token']:>16,} "
                      f"{info['kv_cache_bytes_per_sequence'] / 1e6:>21.3f}")
     return "\n".join(lines)
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 import typer
 
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, MaskError, PlanError, SiteError
 
 # a data flag -> the flags of its split, its example limit and its target file (translation)
 DATA_FLAGS = {
@@ -68,6 +68,19 @@ def in_cli_terms(flag: str = "--data") -> Iterator[None]:
         yield
     except (DataError, ConfigError) as err:
         raise type(err)(cli_terms(str(err), flag)) from err
+
+
+@contextmanager
+def argument_as_flag(argument: str, flag: str) -> Iterator[None]:
+    """A head-list error raised inside the block that names the library's ``argument`` (``heads: unknown site``,
+    ``dropped['encoder.0.self']: head index 12 out of range``) is re-raised naming ``flag`` (``--heads-off``)."""
+    try:
+        yield
+    except (SiteError, MaskError, PlanError) as err:
+        text = str(err)
+        if not re.match(rf"{re.escape(argument)}[:\[]", text):
+            raise
+        raise type(err)(flag + text[len(argument):]) from err
 
 
 def split_option(flag: str, without: str = ""):

@@ -9,6 +9,7 @@ import typer
 
 from ..errors import ConfigError
 from .app import app, friendly, json_arg
+from .dataflags import argument_as_flag
 from .options import DATA2, PROGRESS, QUIET, TaskFlags, TaskSetup, show_progress, with_flags
 
 
@@ -51,7 +52,8 @@ def evaluate(
     t = TaskSetup(model_dir, task, flags)  # refuses a model without the task's head before reading data
     model = t.model
     evaluator = t.on(data, data2, max_length=max_length, max_new_tokens=max_new_tokens, block_size=block_size)
-    mask = mask_from_heads(model, off) if off else None
+    with argument_as_flag("heads", "--heads-off"):
+        mask = mask_from_heads(model, off) if off else None
     result = evaluator.evaluate(model, mask, progress=bars)
     out = result.to_dict()
     extra = dict(out.pop("extra"))

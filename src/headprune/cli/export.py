@@ -42,5 +42,5 @@ def export(
                          signature={"model": str(model_dir)})
     c = report["check"]
     typer.echo(f"exported {model_dir} -> {output / report['file']}: onnxruntime matches PyTorch on "
-               f"{c['inputs']} {c['shape']} (max difference {c['max_abs_diff']:.2g}, {c['relative']:.2g} relative; "
-               f"allowed {c['tolerance']:g})")
+               f"{c['inputs']}, shape {c['shape']} (max difference {c['max_abs_diff']:.2g}, {c['relative']:.2g} relative; "
+               f"allowed {c['tolerance']:g} relative)")

@@ -8,7 +8,8 @@ from pathlib import Path
 import typer
 
 from ..errors import HeadpruneError
-from .app import app, friendly, json_arg
+from .app import app, echo_headline, friendly, json_arg
+from .dataflags import argument_as_flag
 from .options import DEVICE, DTYPE, device_dtype
 
 
@@ -88,7 +89,8 @@ def prune(
     model = load_model(model_dir, **device_dtype(device, dtype))
     before = sum(p.numel() for p in model.parameters())
     groups = kv_groups(model)
-    prune_heads(model, dropped, verify=not trust_unverified)
+    with argument_as_flag("dropped", "--drop" if drop is not None else "--heads"):
+        prune_heads(model, dropped, verify=not trust_unverified)
     factor, worst, worst_factor, cached, was = kv_growth(dropped, groups)
     if worst is not None:  # an explicit plan may spread query heads unevenly over key/value groups: say what it costs
         typer.echo(f"warning: this plan makes the KV cache {factor:.2f}x the unpruned one ({worst}: {worst_factor:.2f}x, "
@@ -124,4 +126,4 @@ def demo(
     from ..experiments.demo import run_demo
 
     path = run_demo(output, quick=quick, fresh=fresh)
-    typer.echo(f"done: {path}")
+    echo_headline(output, path)  # perplexities, parameters, speed-up: what the run found, then the report

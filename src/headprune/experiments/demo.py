@@ -172,7 +172,7 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
             [f"perplexity, {n_drop} heads removed ({level:.0%})" if n_drop else
              "perplexity: no step qualified, nothing removed", f"{pruned_result.score:.2f}"],
             ["same with the heads only masked", f"{masked_result.score:.2f}"],
-            ["parameters", f"{params_before / 1e6:.1f}M -> {params_after / 1e6:.1f}M"],
+            ["parameters", f"{params_before:,} -> {params_after:,}"],
             ["KV cache per token", f"{kv_before:,} -> {kv_after:,} bytes"],
             [f"speed-up at batch {batch_sizes[-1]} (FLOP limit {speed[batch_sizes[-1]]['flop_limit']:.2f})",
              f"x{speed[batch_sizes[-1]]['measured']:.2f}"],

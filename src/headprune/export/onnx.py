@@ -96,7 +96,7 @@ def export_onnx(model: nn.Module, output: str | Path, *, tokenizer=None, opset: 
         report = {"format": "onnx", "file": ONNX_FILE, "model_class": type(model).__name__, "inputs": names,
                   "outputs": ["output"], "dynamic_axes": {k: {str(a): v for a, v in d.items()} for k, d in axes.items()},
                   "cache": False, "opset": opset,
-                  "check": {"inputs": "tokenizer on English sentences, padded" if tokenizer is not None
+                  "check": {"inputs": "English sentences, tokenized and padded" if tokenizer is not None
                             else "random token ids, padded", "shape": list(check["input_ids"].shape),
                             "max_abs_diff": err, "relative": err / scale, "tolerance": tolerance,
                             "onnxruntime": ort.__version__},
