@@ -2,7 +2,7 @@
 
 In the Markdown a quoted number is ``<!--q:NAME-->value<!--/q-->`` and a generated table
 ``<!--block:NAME-->...<!--/block-->``. NAME is ``kind:arg:arg...`` and an optional ``~FORMAT``
-(a Python format spec, or ``p`` for a p-value; default per kind). Each kind below reads one committed file:
+(a Python format spec, ``p`` for a p-value, or ``MB``/``GB``/``min`` for bytes and seconds; default per kind). Each kind below reads one committed file:
 
 - ``base:RUN``                      results.json ``base`` of a study run (accuracy/F1/Matthews in %)
 - ``score:RUN:ORDER:FRACTION``      a pruning-curve step's score (``curves`` runs; %-scaled as above)
@@ -198,6 +198,7 @@ KINDS: dict[str, tuple[Callable, str]] = {  # kind -> (function of the args, def
     "train": (_train, ".2f"), "mc": (_mc, ".2f"), "demo": (_demo, ".2f"), "json": (_json, ".2f"),
     "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"),
 }
+UNITS = {"MB": (1e6, 0, "MB"), "GB": (1e9, 1, "GB"), "min": (60, 1, "min")}  # ~FORMAT -> (divisor, digits, unit)
 INTEGER_STATS = ("n", "sig", "better", "n_train", "n_eval")
 
 
@@ -217,6 +218,9 @@ def quote(name: str) -> str:
         return f"{int(value):,}"
     if fmt == "p":  # a p-value: "< 0.001" below what 1000 resamples resolve
         return _p(value)
+    if fmt in UNITS:  # bytes or seconds in the unit a reader wants: 541615042 -> "542 MB"
+        div, digits, unit = UNITS[fmt]
+        return f"{value / div:.{digits}f} {unit}"
     if fmt.endswith("e"):  # 4e-05 -> 4e-5
         mantissa, exp = f"{value:{fmt}}".split("e")
         return f"{mantissa}e{int(exp)}"
