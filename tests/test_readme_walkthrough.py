@@ -170,3 +170,15 @@ def test_bench_tables_stay_aligned_with_long_model_names(tiny, tmp_path):
         assert len(rows) >= 2
         for row in rows[:4 if column == "batch" else 2]:
             assert row[:end].endswith(value_of(row)), (lines[header], row)  # right-aligned under its header
+
+
+def test_evaluate_prints_each_score_once(tiny):
+    """evaluate printed 'accuracy: 0.8400  (n=200, ...)' and then 'accuracy: 0.8400' again among the other metrics."""
+    model, data = tiny
+    result = runner.invoke(app, ["evaluate", str(model), "--task", "classification", "--data", str(data)])
+    assert result.exit_code == 0, result.output
+    keys = [line.split(":")[0] for line in result.stdout.splitlines()]
+    assert keys[0] == "accuracy" and len(keys) == len(set(keys)) and {"matthews", "signature"} <= set(keys)
+    as_json = json.loads(runner.invoke(app, ["evaluate", str(model), "--task", "classification", "--data", str(data),
+                                             "--json"]).stdout)
+    assert result.stdout.splitlines()[0].startswith(f"accuracy: {as_json['score']:.4f}")

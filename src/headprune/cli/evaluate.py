@@ -66,5 +66,7 @@ def evaluate(
     typer.echo(f"{result.metric}: {result.score:.4f}  (n={result.n}, {result.examples_per_s:.1f} examples/s, "
                f"{result.tokens_per_s:.0f} tokens/s)")
     for key, value in extra.items():
+        if key == result.metric:
+            continue  # the first line has it
         typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
     typer.echo("signature: " + ", ".join(f"{k}={v}" for k, v in signature.items() if k != "versions"))
