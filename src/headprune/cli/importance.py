@@ -30,8 +30,8 @@ from .study import MODEL, _signature
 @with_flags(flags=TaskFlags)
 def importance(
     model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Path = DATA2,
-    calib_limit: int = typer.Option(None, "--calib-limit", help="Score only the first N examples of --data (lm: N "
-                                    "blocks; default: all, after --limit)."),
+    calib_limit: int = typer.Option(512, "--calib-limit", help="Score only the first N examples of --data (lm: N "
+                                    "blocks), after --limit; so a large training file is not scored whole by accident."),
     absolute: str = typer.Option("example", "--absolute", help="example: |dL/dxi_h| per example, then the mean "
                                  "(paper 4.1); batch: |sum over a batch| (the bertology script's variant)."),
     normalize: str = typer.Option("l2", "--normalize", help="l2: divide each layer's scores by their l2 norm "
