@@ -231,3 +231,16 @@ def test_evaluate_bars_forced_by_hidden_progress_and_silenced_by_quiet(tiny_dirs
     assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout.startswith("accuracy: ")
     assert "--quiet" in runner.invoke(app, ["compress", "--help"], env={"COLUMNS": "200"}).output
     assert "--progress" not in runner.invoke(app, ["evaluate", "--help"], env={"COLUMNS": "200"}).output
+
+
+@needs_data
+def test_study_commands_take_quiet_and_progress(tiny_dirs, tmp_path):
+    base = ["ablate", str(tiny_dirs / "bert"), "--task", "classification", "--data", str(SST2), "--limit", "8",
+            "--resamples", "20"]
+    shown = runner.invoke(app, [*base, "--progress", "-o", str(tmp_path / "a")])
+    assert shown.exit_code == 0, shown.output
+    assert "100%" in shown.stderr  # the sweep's bar
+    quiet = runner.invoke(app, [*base, "--quiet", "-o", str(tmp_path / "b")])
+    assert quiet.exit_code == 0 and "100%" not in quiet.stderr and "%|" not in quiet.stderr
+    for command in ("all-but-one", "cross-domain", "curve", "dynamics"):
+        assert "--quiet" in runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"}).output, command

@@ -23,6 +23,8 @@ from .options import (
     GQA,
     MINSITE,
     OUT,
+    PROGRESS,
+    QUIET,
     TASK,
     SweepFlags,
     TaskFlags,
@@ -31,6 +33,7 @@ from .options import (
     check_calib_limit,
     check_checkpoint,
     comma_list,
+    show_progress,
     with_flags,
 )
 
@@ -49,7 +52,7 @@ def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: in
 @friendly
 @with_flags(flags=TaskFlags, sweep=SweepFlags)
 def ablate(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Path = DATA2,
-           output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags, sweep: SweepFlags):
+           output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS, *, flags: TaskFlags, sweep: SweepFlags):
     """One head masked at a time, with significance (paper 3.2, Table 1, Fig. 1)."""
     from ..experiments.study import run_ablation
 
@@ -57,7 +60,8 @@ def ablate(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: P
     t = TaskSetup(model_dir, task, flags)
     ev = t.on(data, data2)
     report = run_ablation(t.model, ev, output, signature=_signature(model_dir, task, data, data2, ev, sweep.seed, flags),
-                          sites=sweep.site_list(), settings=settings, fresh=fresh)
+                          sites=sweep.site_list(), settings=settings, fresh=fresh,
+                          progress=show_progress(quiet, progress))
     echo_headline(output, report)
 
 
@@ -71,7 +75,7 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
                 choose_data2: Path = typer.Option(None, "--choose-data2", help="Translation: target of --choose-data (default: none)."),
                 choose_split: str = split_option("--choose-data", "; without --choose-data: this split of --data"),
                 calib_limit: int = calib_limit_option("--choose-data", "the split the kept head is chosen on"),
-                output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags, sweep: SweepFlags):
+                output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS, *, flags: TaskFlags, sweep: SweepFlags):
     """Keep only one head per site, try each, report the best (paper 3.3, Tables 2-3; App. A, Tables 5-6)."""
     from ..experiments.study import run_all_but_one
 
@@ -91,7 +95,7 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
         if choose_split:
             sig.update(choose_split=choose_split)
     report = run_all_but_one(t.model, ev, output, choose_on=choose, signature=sig, sites=sweep.site_list(),
-                             settings=settings, fresh=fresh)
+                             settings=settings, fresh=fresh, progress=show_progress(quiet, progress))
     echo_headline(output, report)
 
 
@@ -103,7 +107,7 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
                  data2_b: Path = typer.Option(None, "--data2-b", help="Translation: target of --data-b (default: none)."),
                  split_b: str = split_option("--data-b"),
                  names: str = typer.Option("in-domain,out-of-domain", "--names", help="Names of the two datasets."),
-                 output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags, sweep: SweepFlags):
+                 output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS, *, flags: TaskFlags, sweep: SweepFlags):
     """One-head ablation on two datasets and the Pearson r of the score changes (paper 3.4, Fig. 2)."""
     from ..experiments.study import run_cross_domain
 
@@ -119,7 +123,7 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
     sig["data_sha256"].update({"--data-b": content_sha256(data_b),
                                **({"--data2-b": content_sha256(data2_b)} if data2_b else {})})
     report = run_cross_domain(t.model, ev_a, ev_b, output, names=pair, signature=sig, sites=sweep.site_list(),
-                              settings=settings, fresh=fresh)
+                              settings=settings, fresh=fresh, progress=show_progress(quiet, progress))
     echo_headline(output, report)
 
 
@@ -159,7 +163,8 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
           oracle_from: Path = typer.Option(None, "--oracle-from", help="Take the oracle order from this "
                                            "`headprune ablate` run directory (default: none, computed here by a one-head ablation)."),
           orders: str = ORDERS, step: float = STEP, seeds: int = SEEDS, kind: str = KINDS, min_per_site: int = MINSITE,
-          output: Path = OUT, fresh: bool = FRESH, gqa: str = GQA, *, flags: TaskFlags):
+          output: Path = OUT, fresh: bool = FRESH, gqa: str = GQA, quiet: bool = QUIET,
+          progress: bool = PROGRESS, *, flags: TaskFlags):
     """Pruning curves in I_h, oracle and random order (paper 4.2, 5, App. B; Figs. 3, 4, 6)."""
     from ..experiments.study import oracle_from_run, run_curves
 
@@ -181,7 +186,7 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
     sig["data_sha256"].update({k: content_sha256(v) for k, v in (("--calib-data", calib_data),
                                                                ("--calib-data2", calib_data2)) if v})
     report = run_curves(t.model, ev, output, settings=settings, importance_batches=calib.batches, signature=sig,
-                        oracle=oracle, fresh=fresh)
+                        oracle=oracle, fresh=fresh, progress=show_progress(quiet, progress))
     echo_headline(output, report)
 
 
@@ -190,7 +195,7 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
 @with_flags(flags=TaskFlags)
 def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch checkpoint directories (epoch-1 ...)."),
              task: str = TASK, data: str = DATA, data2: Path = DATA2, step: float = STEP, kind: str = KINDS,
-             output: Path = OUT, fresh: bool = FRESH, *, flags: TaskFlags):
+             output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS, *, flags: TaskFlags):
     """The I_h pruning curve at every epoch, relative to that epoch's unpruned model (paper 6, Fig. 5)."""
     from ..experiments.study import run_dynamics
 
@@ -219,7 +224,8 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
            "n": flags.limit, "seed": 0,
            **identity(flags, ready[order[0][1]][1], list(checkpoints), {"--data": data, "--data2": data2}),
            "command": " ".join(sys.argv[1:])}
-    report = run_dynamics([(e, loader(p)) for e, p in order], output, settings=settings, signature=sig, fresh=fresh)
+    report = run_dynamics([(e, loader(p)) for e, p in order], output, settings=settings, signature=sig, fresh=fresh,
+                          progress=show_progress(quiet, progress))
     echo_headline(output, report)
 
 
