@@ -87,3 +87,14 @@ def test_cli_bench_records_and_warns(monkeypatch, tmp_path, seconds, noisy):
     assert ("warning: bert-pruned0.5 vs bert at batch 2" in result.stderr) is noisy
     assert "warning" not in result.stdout
     assert "median over the same rounds of the paired ratio" in " ".join(result.stdout.split())
+
+
+def test_table_shows_the_columns_own_ratio_beside_the_paired_speed_up(monkeypatch):
+    load_change = {"ref": [1.0, 1.0, 2.0, 2.0, 2.0], "model": [0.5, 0.5, 1.6, 1.6, 1.6]}  # the machine got busier
+    result = _bench(monkeypatch, load_change)
+    runs = {r["model"]: r for r in result.runs}
+    row = next(line for line in result.table().splitlines() if line.startswith("b "))
+    col_ratio, paired = (float(x.rstrip("x!")) for x in row.split()[5:7])
+    assert col_ratio == pytest.approx(runs["b"]["examples_per_s"] / runs["a"]["examples_per_s"], abs=1e-3)
+    assert paired == pytest.approx(statistics.median([2.0, 2.0, 1.25, 1.25, 1.25]), abs=1e-3)
+    assert "col ratio" in result.table()

@@ -20,7 +20,7 @@ def bench_table(result: BenchResult) -> str:
     limit, efficiency; ``!`` marks a noisy speed-up; a footer says how each column is computed."""
     w = max([22] + [len(r["model"]) for r in result.runs])  # a long name (a .gguf file) keeps the columns aligned
     head = (f"{'model':<{w}} {'batch':>5} {'examples/s':>11} {'IQR':>15} {'latency ms':>10} "
-            f"{'speed-up':>9} {'ratio IQR':>13} {'FLOP limit':>10} {'efficiency':>10}")
+            f"{'col ratio':>9} {'speed-up':>9} {'ratio IQR':>13} {'FLOP limit':>10} {'efficiency':>10}")
     lines = [head, "-" * len(head)]
     ups = {(s["model"], s["batch"]): s for s in result.speedups}
     for r in result.runs:
@@ -28,16 +28,17 @@ def bench_table(result: BenchResult) -> str:
         if s:
             spread = f"{s['measured_q25']:.3f}-{s['measured_q75']:.3f}"
             mark = "!" if s.get("noisy") else " "
-            up = (f"{s['measured']:>7.3f}x{mark} {spread:>13} {s['flop_limit']:>9.3f}x "
+            up = (f"{s['ratio_of_medians']:>8.3f}x {s['measured']:>7.3f}x{mark} {spread:>13} {s['flop_limit']:>9.3f}x "
                   f"{_two_decimals(s['efficiency']):>10}")
         else:
-            up = f"{'-':>9} {'-':>13} {'-':>10} {'-':>10}"
+            up = f"{'-':>9} {'-':>9} {'-':>13} {'-':>10} {'-':>10}"
         iqr = f"{r['examples_per_s_q25']:.1f}-{r['examples_per_s_q75']:.1f}"
         lines.append(f"{r['model']:<{w}} {r['batch']:>5} {r['examples_per_s']:>11.2f} {iqr:>15} "
                      f"{1e3 * r['latency_s']:>10.2f} {up}")
-    notes = ["examples/s = batch / median round time (IQR over rounds). speed-up = median over the same rounds "
-             "of the paired ratio reference time / model time (ratio IQR: its quartiles); it can differ from the "
-             "ratio of the examples/s columns. FLOP limit = reference FLOPs / model FLOPs (2 x matmul multiply-"
+    notes = ["examples/s = batch / median round time (IQR over rounds). col ratio = this model's examples/s over "
+             "the reference's (the columns' own ratio). speed-up = median over the same rounds of the paired ratio "
+             "reference time / model time (ratio IQR: its quartiles): the rounds are alternated, so each pair saw "
+             "the same machine load; where the two differ, the load changed during the run. FLOP limit = reference FLOPs / model FLOPs (2 x matmul multiply-"
              "accumulates); efficiency = (speed-up - 1) / (FLOP limit - 1)."]
     if any(s.get("noisy") for s in result.speedups):
         limit = result.settings.get("noisy_times", 0.1)
