@@ -109,7 +109,7 @@ DEMO_HELP = (
     "text, [5/7] remove the largest share whose perplexity stays within 10% there (none if no step does; the "
     "removed model is checked against the masked one), [6/7] speed of original vs pruned, [7/7] save the pruned "
     "model and report.html.\n\n"
-    "Writes about 4 bytes per kept parameter (about 530 MB for SmolLM2-135M) under --output; README.md gives the "
+    "Writes about 4 bytes per kept parameter (about 540 MB for SmolLM2-135M) under --output; README.md gives the "
     "time we measured. A rerun into the same folder resumes. --quick: a tiny random model, same steps, seconds."
 )
 
