@@ -48,6 +48,8 @@ def _run_make(target: str, clone: Path) -> dict:
         rc = subprocess.run(["make", target], cwd=clone, stdout=out, stderr=subprocess.STDOUT).returncode
     seconds = time.perf_counter() - started
     tail = log.read_text().splitlines()[-3:]
+    kept = Path(tempfile.gettempdir()) / f"headprune-make-{target}.log"  # the clone goes; its log stays here
+    kept.write_text(log.read_text())
     return {"command": f"make {target}", "exit": rc, "seconds": round(seconds, 1),
             "load_1min_before": round(load_before, 2), "load_1min_after": round(os.getloadavg()[0], 2),
             "last_lines": tail}

@@ -14,7 +14,7 @@ from types import ModuleType
 from .errors import HeadpruneError
 
 EXTRAS = {"scipy": "study", "sacrebleu": "study", "matplotlib": "study", "tokenizers": "study",
-          "gguf": "demo", "accelerate": "demo", "onnx": "onnx", "onnxruntime": "onnx"}
+          "gguf": "gguf", "accelerate": "gguf", "onnx": "onnx", "onnxruntime": "onnx"}
 
 
 class MissingDependencyError(HeadpruneError, ImportError):

@@ -30,6 +30,7 @@ def load_gguf(file: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Mod
 
     path = _check(file)
     require("gguf", "loading a GGUF file")
+    require("accelerate", "loading a GGUF file")
     try:
         loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
     except (ValueError, KeyError, OSError, RuntimeError) as e:
@@ -50,6 +51,7 @@ def load_gguf_tokenizer(file: str | Path):
 
     path = _check(file)
     require("gguf", "loading a GGUF file")
+    require("accelerate", "loading a GGUF file")
     return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
 
 
