@@ -33,8 +33,9 @@ def readme_section(speed: dict | None) -> str:
                          f"{row['seconds_2']:.0f} s, speed-up {row['speedup']:.2f}, efficiency {row['efficiency']:.2f} "
                          f"({same}).")
         start = speed["tasks"]["startup"]
-        lines.append(f"  Measured on the shared 2-core machine (load average {load[0]:.1f} at the start, other jobs "
-                     f"running), whole commands timed: start-up alone is {start['seconds_1']:.0f} s vs "
+        busy = ", other jobs running" if load[0] >= 1 else ""
+        lines.append(f"  Measured on a 2-core machine (1-minute load average {load[0]:.1f} at the start{busy}), whole "
+                     f"commands timed, 1 thread per process: start-up alone is {start['seconds_1']:.0f} s vs "
                      f"{start['seconds_2']:.0f} s; `python benchmarks/multiprocess_speed.py`, "
                      "`benchmarks/results/multiprocess_speed.json`.")
     return "\n".join(lines)

@@ -68,11 +68,8 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     metric = before.metric
     size = result.sizes
     headline = [
-        [f"{metric} before", format_score(metric, before.score)], [f"{metric} after", format_score(metric, after.score)],
-        ["heads kept", f"{size['after']['heads']} / {size['before']['heads']}"],
-        ["model FLOPs kept", f"{size['after']['flops'] / size['before']['flops']:.1%}"],
-        ["attention FLOPs kept", f"{size['after']['attention_flops'] / max(size['before']['attention_flops'], 1):.1%}"],
-        ["parameters kept", f"{size['after']['params'] / size['before']['params']:.1%}"],
+        *kept_rows(metric, before.score, after.score, size, counts=("heads",),
+                   shares=(("model FLOPs", "flops"), ("attention FLOPs", "attention_flops"), ("parameters", "params"))),
         ["KV cache per token", f"{size['before']['kv_cache_bytes_per_token']:,} -> "
                                f"{size['after']['kv_cache_bytes_per_token']:,} bytes"],
         ["compression time", f"{result.seconds['total']:.1f} s"]]
@@ -142,3 +139,12 @@ def _site_rows(sites: dict, result) -> list[dict]:
                      "error_unit": t.get("error_unit", ""), "error_tuned": t.get("error_tuned", ""),
                      "fallback": t.get("fallback", "")})
     return rows
+
+
+def kept_rows(metric: str, before: float, after: float, size: dict, *, counts: tuple, shares: tuple) -> list[list[str]]:
+    """Headline rows of a compression: the score before and after, then ``N kept`` (counts of ``size``'s
+    before/after) and ``X kept`` (shares) rows."""
+    b, a = size["before"], size["after"]
+    return [[f"{metric} before", format_score(metric, before)], [f"{metric} after", format_score(metric, after)],
+            *[[f"{k} kept", f"{a[k]} / {b[k]}"] for k in counts],
+            *[[f"{label} kept", f"{a[k] / max(b[k], 1):.1%}"] for label, k in shares]]

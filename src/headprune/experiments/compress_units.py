@@ -20,9 +20,9 @@ from ..compression.units import UnitSettings, compress_units
 from ..core.cost import flops_per_example
 from ..core.io import save_pruned
 from ..errors import ConfigError
-from ..evaluation.metrics import format_score
 from ..provenance import code_identity, versions
 from ..report import build_report
+from .compress import kept_rows
 from .rundir import RunDir
 
 
@@ -62,11 +62,8 @@ def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: It
     size = result.sizes
     metric = before.metric
     headline = [
-        [f"{metric} before", format_score(metric, before.score)], [f"{metric} after", format_score(metric, after.score)],
-        ["heads kept", f"{size['after']['heads']} / {size['before']['heads']}"],
-        ["neurons kept", f"{size['after']['neurons']} / {size['before']['neurons']}"],
-        ["model FLOPs kept", f"{size['after']['flops'] / size['before']['flops']:.1%}"],
-        ["parameters kept", f"{size['after']['params'] / size['before']['params']:.1%}"],
+        *kept_rows(metric, before.score, after.score, size, counts=("heads", "neurons"),
+                   shares=(("model FLOPs", "flops"), ("parameters", "params"))),
         ["stages", ", ".join(f"{k} {v}" for k, v in result.stages.items())],
         ["compression time", f"{result.seconds['total']:.1f} s"]]
     if speed is not None:
