@@ -37,11 +37,7 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
                  progress: bool = False) -> Path:
     """Score ``model`` on ``evaluator``, compress it on ``calib_batches``, score it again, time both,
     and write the directory ``out`` (which must not exist). Returns the report's path."""
-    out = Path(out)
-    if out.exists():
-        raise ConfigError(f"output {str(out)!r} already exists; choose a new directory")
-    if not is_main():  # under torchrun the ranks share the scoring; rank 0 alone writes ``out``
-        out = Path(tempfile.mkdtemp(prefix="headprune-rank-")) / out.name
+    out = output_dir(out)
     if bench_batch is not None and (isinstance(bench_batch, bool) or not isinstance(bench_batch, int) or bench_batch < 1):
         raise ConfigError(f"bench_batch={bench_batch!r}; allowed: an integer >= 1, or None for no timing")
     sites = {s.name: s for s in find_sites(model)}
@@ -49,18 +45,12 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     before = evaluator.evaluate(model, progress=progress)
     result = compress(model, calib_batches, **asdict(settings), verify=verify, progress=progress)
     after = evaluator.evaluate(result.model, progress=progress)
-    speed = None
-    if bench_batch is not None:
-        speed = benchmark({"original": model, "compressed": result.model}, batch_sizes=(bench_batch,),
-                          seq_len=settings.seq_len, tgt_len=settings.tgt_len, repeats=bench_repeats, memory=False)
-    save_pruned(result.model, out, tokenizer=tokenizer)
+    speed = bench_and_save(model, result.model, out, tokenizer, settings, bench_batch, bench_repeats)
     sig = {"model": None, "data": None, "split": None, "n": before.n, **(signature or {}),
            "method": settings.method, "settings": asdict(settings), "seed": settings.seed, "code": code_identity(), "versions": versions()}
     run = RunDir(out, sig, made_here=True)
-    evaluation = {"before": _eval(before), "after": _eval(after)}
-    record = {"signature": sig, **result.to_dict(), "evaluation": evaluation,
-              "speed": None if speed is None else {"runs": speed.runs, "speedups": speed.speedups,
-                                                   "machine": speed.machine, "settings": speed.settings}}
+    evaluation = {"before": eval_record(before), "after": eval_record(after)}
+    record = {"signature": sig, **result.to_dict(), "evaluation": evaluation, "speed": speed_record(speed)}
     run.write_json("compress.json", record)
     rows = _site_rows(sites, result)
     run.write_csv("heads.csv", rows)
@@ -105,7 +95,8 @@ def _guard_notes(result) -> list[str]:
     return [f"Mean calibration loss after each stage: {losses}.{turned}"]
 
 
-def _eval(result) -> dict:
+def eval_record(result) -> dict:
+    """An evaluation as compress.json holds it (without the hypotheses of a translation)."""
     d = result.to_dict()
     d["extra"] = {k: v for k, v in d.get("extra", {}).items() if k != "hypotheses"}
     return d
@@ -148,3 +139,29 @@ def kept_rows(metric: str, before: float, after: float, size: dict, *, counts: t
     return [[f"{metric} before", format_score(metric, before)], [f"{metric} after", format_score(metric, after)],
             *[[f"{k} kept", f"{a[k]} / {b[k]}"] for k in counts],
             *[[f"{label} kept", f"{a[k] / max(b[k], 1):.1%}"] for label, k in shares]]
+
+
+def output_dir(out: str | Path) -> Path:
+    """``out``, refused if it exists; under torchrun every rank but 0 writes to a scratch copy instead
+    (the ranks share the scoring, rank 0 alone writes ``out``)."""
+    out = Path(out)
+    if out.exists():
+        raise ConfigError(f"output {str(out)!r} already exists; choose a new directory")
+    return out if is_main() else Path(tempfile.mkdtemp(prefix="headprune-rank-")) / out.name
+
+
+def bench_and_save(model: nn.Module, compressed: nn.Module, out: Path, tokenizer, settings, bench_batch: int | None,
+                   bench_repeats: int):
+    """Time ``model`` vs ``compressed`` at ``bench_batch`` (None: no timing), then save ``compressed`` to ``out``."""
+    speed = None
+    if bench_batch is not None:
+        speed = benchmark({"original": model, "compressed": compressed}, batch_sizes=(bench_batch,),
+                          seq_len=settings.seq_len, tgt_len=settings.tgt_len, repeats=bench_repeats, memory=False)
+    save_pruned(compressed, out, tokenizer=tokenizer)
+    return speed
+
+
+def speed_record(speed) -> dict | None:
+    """The JSON-ready part of a :func:`bench_and_save` timing."""
+    return None if speed is None else {"runs": speed.runs, "speedups": speed.speedups, "machine": speed.machine,
+                                       "settings": speed.settings}

@@ -15,14 +15,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..bench.timing import benchmark
 from ..compression.units import UnitSettings, compress_units
 from ..core.cost import flops_per_example
-from ..core.io import save_pruned
-from ..errors import ConfigError
 from ..provenance import code_identity, versions
 from ..report import build_report
-from .compress import kept_rows
+from .compress import bench_and_save, eval_record, kept_rows, output_dir, speed_record
 from .rundir import RunDir
 
 
@@ -33,30 +30,21 @@ def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: It
                        progress: bool = False) -> tuple[Path, str]:
     """Score ``model`` on ``evaluator``, compress it, score it again, time both, write ``out`` (new).
     Returns (the report's path, the one-line summary of what was kept)."""
-    out = Path(out)
-    if out.exists():
-        raise ConfigError(f"output {str(out)!r} already exists; choose a new directory")
+    out = output_dir(out)
     flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now
     before = evaluator.evaluate(model, progress=progress)
     result = compress_units(model, calib_batches, settings, val_batches=val_batches, prices=prices, verify=verify,
                             progress=progress)
     after = evaluator.evaluate(result.model, progress=progress)
-    speed = None
-    if bench_batch is not None:
-        speed = benchmark({"original": model, "compressed": result.model}, batch_sizes=(bench_batch,),
-                          seq_len=settings.seq_len, tgt_len=settings.tgt_len, repeats=bench_repeats, memory=False)
-    save_pruned(result.model, out, tokenizer=tokenizer)
+    speed = bench_and_save(model, result.model, out, tokenizer, settings, bench_batch, bench_repeats)
     sig = {"model": None, "data": None, "split": None, "n": before.n, **(signature or {}),
            "method": f"fisher {settings.units} ({settings.price}) + {settings.compensate}",
            "settings": asdict(settings), "code": code_identity(), "versions": versions()}
     run = RunDir(out, sig, made_here=True)  # save_pruned has just created ``out``: its files are this run's
-    record = {"signature": sig, **result.to_dict(), "evaluation": {"before": before.to_dict(), "after": after.to_dict()},
-              "speed": None if speed is None else {"runs": speed.runs, "speedups": speed.speedups,
-                                                   "machine": speed.machine, "settings": speed.settings}}
+    record = {"signature": sig, **result.to_dict(), "evaluation": {"before": eval_record(before), "after": eval_record(after)},
+              "speed": speed_record(speed)}
     if latency_table is not None:
         record["latency_table"] = latency_table
-    for side in ("before", "after"):
-        record["evaluation"][side].get("extra", {}).pop("hypotheses", None)
     run.write_json("compress.json", record)
     run.write_csv("units.csv", _rows(result))
     size = result.sizes

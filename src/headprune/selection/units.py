@@ -89,6 +89,9 @@ def select_units(
                "kept": {k: len(v) for k, v in kept_sets.items()}, "of": {k: len(r[0]) for k, r in ranked.items()},
                "score_dropped": sum(float(r[2].sum()) - float(r[2][list(kept_sets[k])].sum()) if kept_sets[k] else
                                     float(r[2].sum()) for k, r in ranked.items())}
+    if steps is not None:  # counted in heads, not in the steps the search ranked
+        summary["of"]["heads"] = sum(len(step) for site_steps in steps.values() for step in site_steps)
+        summary["kept"]["heads"] = summary["of"]["heads"] - sum(len(d) for d in drops["heads"].values())
     return drops.get("heads", {}), drops.get("neurons", {}), summary
 
 
