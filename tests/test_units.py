@@ -143,12 +143,37 @@ def test_reconstruction_is_judged_on_held_out_batches_and_the_choice_follows_the
     model = build("bert")
     batches = _batches("bert", n=4)
     result = compress_units(model, batches, share=0.4, seq_len=12)
-    assert result.split == {"calib_batches": 3, "val_batches": 1, "calib_examples": 18, "val_examples": 6}
+    assert result.split == {"calib_batches": 3, "val_batches": 1, "calib_examples": 18, "val_examples": 6,
+                            "fit_batches": 3, "fit_examples": 18}
     v = result.val_loss
     kept = v["reconstructed"] <= v["pruned"]
     assert result.stages["reconstruct"].startswith("kept" if kept else "rejected")
     loss = hp.scoring.gradients.mean_loss(result.model, batches[2:3])  # the held-out batch: spread, not the last
     assert abs(loss - (v["reconstructed"] if kept else v["pruned"])) <= 1e-6 * abs(loss)
+
+
+def test_the_refit_reads_the_fit_batches_and_needs_separate_validation():
+    model = build("bert")
+    batches = _batches("bert", n=6)
+    calib, fit, val = batches[:2], batches[:5], batches[5:]
+    result = compress_units(model, calib, share=0.4, seq_len=12, target="output", val_batches=val, fit_batches=fit)
+    assert result.split["fit_examples"] == 30 and result.split["calib_examples"] == 12
+    # the reference: the unpruned first output projection's squared outputs over the fit batches' real tokens
+    first = hp.find_sites(model)[0]
+    outs = []
+    handle = first.o.register_forward_hook(lambda m, a, y: outs.append(y.detach()))
+    with torch.no_grad():
+        for b in fit:
+            model(**{k: v for k, v in b.items() if k != "labels"})
+    handle.remove()
+    real = torch.cat([b["attention_mask"].flatten().bool() for b in fit])
+    want = float(torch.cat([y.reshape(-1, y.shape[-1]) for y in outs])[real].double().pow(2).sum())
+    row = next(r for r in result.reconstruction if r["layer"] == first.name)
+    assert row["target_norm"] == pytest.approx(want, rel=1e-5)
+    with pytest.raises(ConfigError, match="fit_batches without val_batches"):
+        compress_units(model, calib, share=0.4, seq_len=12, fit_batches=fit)
+    with pytest.raises(ConfigError, match="fit_batches: empty"):
+        compress_units(model, calib, share=0.4, seq_len=12, fit_batches=[], val_batches=val)
 
 
 @pytest.mark.parametrize("family", ["bert", "llama"])

@@ -51,6 +51,16 @@ def test_cli_units_both_end_to_end(saved, tmp_path):
     assert json.loads(ev.stdout)["score"] == pytest.approx(record["evaluation"]["after"]["score"])
 
 
+def test_cli_fit_limit_fits_on_more_calibration_examples_than_the_scores(saved, tmp_path):
+    out = tmp_path / "out"
+    result = _cli(saved, out, "--units", "both", "--flops", "0.5", "--val-data", str(saved / "val.tsv"),
+                  "--calib-limit", "4", "--fit-limit", "12", "--no-bench")
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "compress.json").read_text())
+    assert record["split"]["calib_examples"] == 4 and record["split"]["fit_examples"] == 12
+    assert record["signature"]["fit_limit"] == 12
+
+
 @pytest.mark.parametrize("args, message", [
     (["--units", "layers", "--keep", "0.5"], "--units 'layers'; allowed"),
     (["--units", "both", "--keep-heads", "3"], "--keep-heads counts heads"),
@@ -58,9 +68,13 @@ def test_cli_units_both_end_to_end(saved, tmp_path):
     (["--units", "both", "--keep", "0.5", "--method", "ih"], "--method 'ih' with --units both"),
     (["--units", "neurons", "--keep", "0.5", "--val-data", "DEV"], "--val-data"),
     (["--units", "neurons", "--keep", "0.5", "--price", "bytes"], "--price 'bytes'; allowed"),
+    (["--units", "both", "--keep", "0.5", "--fit-limit", "8"], "--fit-limit 8 without --val-data"),
+    (["--units", "both", "--keep", "0.5", "--fit-limit", "0", "--val-data", "VAL"], "--fit-limit 0; allowed"),
+    (["--units", "both", "--keep", "0.5", "--fit-limit", "8", "--val-data", "VAL", "--method", "fisher"],
+     "--fit-limit with --method fisher"),
 ])
 def test_cli_units_bad_input_exits_2_one_line_nothing_written(saved, tmp_path, args, message):
-    args = [str(saved / "dev.tsv") if a == "DEV" else a for a in args]
+    args = [{"DEV": str(saved / "dev.tsv"), "VAL": str(saved / "val.tsv")}.get(a, a) for a in args]
     out = tmp_path / "never"
     result = _cli(saved, out, *args)
     assert result.exit_code == 2, result.output

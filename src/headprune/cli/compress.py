@@ -82,6 +82,9 @@ def compress_command(
     val_data2: Path = typer.Option(None, "--val-data2", help="Translation: target file of --val-data (default: none)."),
     val_split: str = split_option("--val-data"),
     val_limit: int = typer.Option(None, "--val-limit", help="First N examples of --val-data (default: all)."),
+    fit_limit: int = typer.Option(None, "--fit-limit", help="--units neurons|both: fit the reconstruction on the first "
+                                  "N examples of the calibration data (labels unused; more than --calib-limit overfits "
+                                  "less); needs --val-data (default: the --calib-limit examples)."),
     output: Path = typer.Option(..., "-o", "--output", help="New directory: the pruned model, compress.json, "
                                 "report.html."),
     quiet: bool = QUIET,
@@ -96,7 +99,8 @@ def compress_command(
 
     budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops), ("--kv", kv))
                if v is not None}
-    if units != "heads" or price != "flops" or val_data is not None or method == "fisher+reconstruct":
+    if units != "heads" or price != "flops" or val_data is not None or method == "fisher+reconstruct" or \
+            fit_limit is not None:
         from .compress_units import compress_units_command
 
         heads_only = [f for f, given in (("--kv", kv is not None), ("--same-per-site", same_per_site),

@@ -25,7 +25,7 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
                            damping: float, tune_target: str, no_guard: bool, bench_batch: int, bench_repeats: int,
                            no_bench: bool, output: Path, quiet: bool, progress: bool, trust_unverified: bool,
                            units: str, price: str, val_data, val_data2, val_split, val_limit, flags, gqa: str,
-                           **_ignored):
+                           fit_limit=None, **_ignored):
     """The ``--units neurons|both`` (or ``--price``, ``--val-data``) branch of ``headprune compress``."""
     from ..compression.units import UnitSettings
     from ..evaluation.data import same_data
@@ -64,6 +64,14 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
                           "(or leave --val-data out: part of the calibration batches is held out)")
     if val_limit is not None and (isinstance(val_limit, bool) or val_limit < 1):
         raise ConfigError(f"--val-limit {val_limit}; allowed: an integer >= 1")
+    if fit_limit is not None and (isinstance(fit_limit, bool) or fit_limit < 1):
+        raise ConfigError(f"--fit-limit {fit_limit}; allowed: an integer >= 1")
+    if fit_limit is not None and val_data is None:
+        raise ConfigError(f"--fit-limit {fit_limit} without --val-data: the guard's validation part would be held out "
+                          "of calibration examples the fit also reads; allowed: give --val-data (disjoint data)")
+    if fit_limit is not None and METHODS.get(method) != "reconstruct":
+        raise ConfigError(f"--fit-limit with --method {method}; allowed: only with a reconstruction "
+                          "(--method fisher+tune or fisher+reconstruct)")
     bars = show_progress(quiet, progress)
     t = TaskSetup(model_dir, task, flags)
     model, tok = t.model, t.tokenizer
@@ -77,16 +85,21 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
         table = latency_table(model, batch=bench_batch, seq_len=settings.seq_len, tgt_len=settings.tgt_len,
                               repeats=bench_repeats)
         prices = latency_prices(model, table)
+    fit = None
+    if fit_limit is not None:
+        fit = list(t.on(calib, calib_data2 if calib_data else data2, limit=fit_limit, flag="--calib-data",
+                        split=calib_split).batches())
     val = None
     if val_data is not None:
         val = list(t.on(val_data, val_data2, limit=val_limit, flag="--val-data", split=val_split).batches())
     sig = {**signature(model_dir=model_dir, task=task, data=data, data2=data2, calib=calib, calib_data=calib_data,
                        calib_data2=calib_data2, calib_split=calib_split, calib_limit=calib_limit, flags=flags, ev=ev,
                        calib_ev=calib_ev, files={"--val-data": val_data, "--val-data2": val_data2}),
-           "val_data": val_data or "held-out part of --calib-data", "val_split": val_split, "val_limit": val_limit}
+           "val_data": val_data or "held-out part of --calib-data", "val_split": val_split, "val_limit": val_limit,
+           "fit_limit": fit_limit}
     with in_cli_terms("--calib-data"):  # e.g. too few calibration batches to hold out a validation part
         report, summary = run_compress_units(model, tok, ev, list(calib_ev.batches()), output, settings=settings,
-                                             val_batches=val, signature=sig, prices=prices,
+                                             val_batches=val, fit_batches=fit, signature=sig, prices=prices,
                                              latency_table=table,
                                              bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
                                              verify=not trust_unverified, progress=bars)

@@ -24,7 +24,7 @@ from .rundir import RunDir
 
 
 def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable[Mapping[str, torch.Tensor]],
-                       out: str | Path, *, settings: UnitSettings, val_batches=None, signature: dict | None = None,
+                       out: str | Path, *, settings: UnitSettings, val_batches=None, fit_batches=None, signature: dict | None = None,
                        prices=None, latency_table: dict | None = None,
                        bench_batch: int | None = 16, bench_repeats: int = 5, verify: bool = True,
                        progress: bool = False) -> tuple[Path, str]:
@@ -33,7 +33,8 @@ def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: It
     out = output_dir(out)
     flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now
     before = evaluator.evaluate(model, progress=progress)
-    result = compress_units(model, calib_batches, settings, val_batches=val_batches, prices=prices, verify=verify,
+    result = compress_units(model, calib_batches, settings, val_batches=val_batches, fit_batches=fit_batches,
+                            prices=prices, verify=verify,
                             progress=progress)
     after = evaluator.evaluate(result.model, progress=progress)
     speed = bench_and_save(model, result.model, out, tokenizer, settings, bench_batch, bench_repeats)
