@@ -41,13 +41,14 @@ def test_quick_run_writes_every_budget_with_tests_and_speed(tmp_path):
         assert r["model_flops_kept"] <= r["model_flops_budget"] + 1e-9
         assert r["p_holm"] >= r["p_value"] and r["speedup"] > 0 and "reconstruct" in r["stages"]
         assert r["vs_unpruned"]["ci_low"] <= r["score"] - entry["unpruned"] <= r["vs_unpruned"]["ci_high"]
-    assert set(entry["signature"]) >= {"model", "data", "calib_n", "val_n", "seed", "versions"}
+    assert set(entry["signature"]) >= {"model", "data", "calib_n", "fit_n", "val_n", "seed", "versions"}
+    assert entry["signature"]["fit_n"] > entry["signature"]["calib_n"]
+    assert all(r["stages"]["reconstruct"] != "skipped" for r in entry["budgets"])
 
 
 def test_readme_table_is_what_the_committed_results_say():
     results = json.loads(COMMITTED.read_text())
-    posthoc = json.loads(bench.POSTHOC.read_text()) if bench.POSTHOC.is_file() else None
-    assert bench.readme_block(ROOT / "README.md") == bench.readme_section(results, posthoc)
+    assert bench.readme_block(ROOT / "README.md") == bench.readme_section(results, bench.earlier_runs())
 
 
 def test_tuning_diagnosis_table_is_what_the_committed_results_say():
