@@ -203,8 +203,7 @@ def _rows(results: dict, label: str = "", holm_text: bool = True) -> list[str]:
         if not entry:
             continue
         name = TASK_NAMES[task] + (f", {label}" if label else "")
-        if not label:
-            lines.append(f"| {name}, unpruned | 100% | | | {_score(entry['metric'], entry['unpruned'])} | | | 1.00x | | |")
+        lines.append(f"| {name}, unpruned | 100% | | | {_score(entry['metric'], entry['unpruned'])} | | | 1.00x | | |")
         for r in entry["budgets"]:
             ci = r["vs_unpruned"]
             p = f"{r['p_holm']:.3g}" if "p_holm" in r else f"{r['p_value']:.3g} (one test)"
@@ -224,7 +223,10 @@ def readme_section(results: dict, earlier: list[tuple[str, dict]] | None = None)
     lines = [START, *HEADER, *_rows(results)]
     if earlier:
         lines += ["", "Earlier runs, seen on the test split before `--fit 4096` was set (the budgets and every other "
-                  "setting as above; the post-hoc run also took the next 256 training rows for validation):", "",
+                  "setting as above; the post-hoc run also took the next 256 training rows for validation). Each "
+                  "run's percentages are of its own unpruned score; the first en->fr run's unpruned BLEU differs: it ran "
+                  "under headprune 0.1.0, before the shared BLEU generation protocol, on a model trained in an earlier "
+                  "session:", "",
                   *HEADER]
         for label, res in earlier:
             lines += _rows(res, label)
@@ -251,8 +253,10 @@ def goals(results: dict) -> list[str]:
                        f"the most FLOPs that reaches x1.5 ({r['model_flops_kept']:.0%} of FLOPs, x{r['speedup']:.2f}) "
                        f"keeps {r['relative']:.1%} (Holm p = {r['p_holm']:.2g}).")
         slowest = max(r["compress_seconds"] for r in sst2["budgets"])
+        threads = sst2.get("machine", {}).get("torch_threads", "?")
         out.append(f"Goal compress run <= 2 min on the MiniLM classifier: {'met' if slowest <= 120 else 'not met'} "
-                   f"(at most {slowest:.0f} s, 2 CPU cores shared with other jobs).")
+                   f"(at most {slowest:.0f} s: scores, search, surgery, reconstruction and its guard, "
+                   f"{threads} thread(s) on this machine).")
     enfr = results.get("enfr")
     if enfr:
         at = [r for r in enfr["budgets"] if abs(r["model_flops_budget"] - 0.6) < 1e-9]
