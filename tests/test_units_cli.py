@@ -61,6 +61,19 @@ def test_cli_fit_limit_fits_on_more_calibration_examples_than_the_scores(saved, 
     assert record["signature"]["fit_limit"] == 12
 
 
+def test_cli_distill_runs_after_the_reconstruction_and_the_summary_says_if_it_was_kept(saved, tmp_path):
+    out = tmp_path / "out"
+    result = _cli(saved, out, "--units", "both", "--flops", "0.5", "--val-data", str(saved / "val.tsv"),
+                  "--distill-epochs", "2", "--distill-lr", "1e-4", "--no-bench")
+    assert result.exit_code == 0, result.output
+    record = json.loads((out / "compress.json").read_text())
+    assert record["settings"]["distill_epochs"] == 2 and record["distillation"]["steps"] >= 2
+    stage = record["stages"]["distill"]
+    assert f"distill {stage}" in result.output
+    assert stage.startswith("kept") == (record["val_loss"]["distilled"] <= min(
+        record["val_loss"]["pruned"], record["val_loss"].get("reconstructed", float("inf"))))
+
+
 @pytest.mark.parametrize("args, message", [
     (["--units", "layers", "--keep", "0.5"], "--units 'layers'; allowed"),
     (["--units", "both", "--keep-heads", "3"], "--keep-heads counts heads"),
@@ -72,6 +85,8 @@ def test_cli_fit_limit_fits_on_more_calibration_examples_than_the_scores(saved, 
     (["--units", "both", "--keep", "0.5", "--fit-limit", "0", "--val-data", "VAL"], "--fit-limit 0; allowed"),
     (["--units", "both", "--keep", "0.5", "--fit-limit", "8", "--val-data", "VAL", "--method", "fisher"],
      "--fit-limit with --method fisher"),
+    (["--units", "both", "--keep", "0.5", "--distill-epochs", "-1"], "--distill-epochs"),
+    (["--units", "both", "--keep", "0.5", "--distill-epochs", "1", "--distill-lr", "0"], "--distill-lr 0.0; allowed"),
 ])
 def test_cli_units_bad_input_exits_2_one_line_nothing_written(saved, tmp_path, args, message):
     args = [{"DEV": str(saved / "dev.tsv"), "VAL": str(saved / "val.tsv")}.get(a, a) for a in args]

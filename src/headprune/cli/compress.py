@@ -85,6 +85,12 @@ def compress_command(
     fit_limit: int = typer.Option(None, "--fit-limit", help="--units neurons|both: fit the reconstruction on the first "
                                   "N examples of the calibration data (labels unused; more than --calib-limit overfits "
                                   "less); needs --val-data (default: the --calib-limit examples)."),
+    distill_epochs: int = typer.Option(0, "--distill-epochs", help="--units neurons|both: after the reconstruction, "
+                                       "train the pruned model for N passes over the fit examples to match the "
+                                       "unpruned model's outputs (no labels read; kept only if it lowers the "
+                                       "validation loss; default 0: off)."),
+    distill_lr: float = typer.Option(5e-5, "--distill-lr", help="--distill-epochs: peak learning rate (AdamW, linear "
+                                     "decay to 0)."),
     output: Path = typer.Option(..., "-o", "--output", help="New directory: the pruned model, compress.json, "
                                 "report.html."),
     quiet: bool = QUIET,
@@ -100,7 +106,7 @@ def compress_command(
     budgets = {f: v for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops), ("--kv", kv))
                if v is not None}
     if units != "heads" or price != "flops" or val_data is not None or method == "fisher+reconstruct" or \
-            fit_limit is not None:
+            fit_limit is not None or distill_epochs:
         from .compress_units import compress_units_command
 
         heads_only = [f for f, given in (("--kv", kv is not None), ("--same-per-site", same_per_site),

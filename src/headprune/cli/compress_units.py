@@ -25,7 +25,8 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
                            damping: float, tune_target: str, no_guard: bool, bench_batch: int, bench_repeats: int,
                            no_bench: bool, output: Path, quiet: bool, progress: bool, trust_unverified: bool,
                            units: str, price: str, val_data, val_data2, val_split, val_limit, flags, gqa: str,
-                           fit_limit=None, **_ignored):
+                           fit_limit=None, distill_epochs: int = 0, distill_lr: float = 5e-5, seed: int = 0,
+                           **_ignored):
     """The ``--units neurons|both`` (or ``--price``, ``--val-data``) branch of ``headprune compress``."""
     from ..compression.units import UnitSettings
     from ..evaluation.data import same_data
@@ -52,7 +53,7 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
         settings = UnitSettings(share=share, units=units, price=price,
                                 seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len, tgt_len=tgt_len,
                                 compensate=METHODS[method], damping=damping, target=tune_target, guard=not no_guard,
-                                gqa=gqa)
+                                gqa=gqa, distill_epochs=distill_epochs, distill_lr=distill_lr, seed=seed)
     calib, calib_split = check_inputs(output=output, data=data, calib_data=calib_data, calib_data2=calib_data2,
                                       calib_split=calib_split, split=flags.split, allow_same_data=allow_same_data,
                                       calib_limit=calib_limit, bench_batch=bench_batch, bench_repeats=bench_repeats,
@@ -69,7 +70,7 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
     if fit_limit is not None and val_data is None:
         raise ConfigError(f"--fit-limit {fit_limit} without --val-data: the guard's validation part would be held out "
                           "of calibration examples the fit also reads; allowed: give --val-data (disjoint data)")
-    if fit_limit is not None and METHODS.get(method) != "reconstruct":
+    if fit_limit is not None and METHODS.get(method) != "reconstruct" and not distill_epochs:
         raise ConfigError(f"--fit-limit with --method {method}; allowed: only with a reconstruction "
                           "(--method fisher+tune or fisher+reconstruct)")
     bars = show_progress(quiet, progress)

@@ -34,7 +34,8 @@ ARGUMENT_FLAGS = {"text_column": "--text-column", "text_pair_column": "--text-pa
                   "n_resamples": "--resamples", "alpha": "--alpha", "min_per_site": "--min-per-site",
                   "seq_len": "--seq-len", "tgt_len": "--tgt-len", "n_keep": "--keep-heads", "keep": "--keep",
                   "flops": "--flops", "damping": "--damping", "method": "--method", "target": "--tune-target",
-                  "gqa": "--gqa", "kv": "--kv", "price": "--price", "units": "--units"}
+                  "gqa": "--gqa", "kv": "--kv", "price": "--price", "units": "--units",
+                  "distill_epochs": "--distill-epochs", "distill_lr": "--distill-lr"}
 # whole library phrases whose CLI form is not a flag name
 PHRASES = (
     ("label2id={label: id}", "--label-map LABEL=ID,... (e.g. negative=0,positive=1)"),

@@ -17,6 +17,9 @@ Stages (each recorded; the summary says which were kept):
    calibration batches, spread over their order, are held out for it). With three disjoint sets --
    calibration, validation, and the test data the result is reported on -- the guard cannot hide a
    fit that only helps the examples it was fitted to.
+5. *distill* (``distill_epochs`` > 0, off by default): every weight of the pruned model trained for a few
+   passes over the fit batches to match the unpruned model's output distribution
+   (:mod:`.distill`; no labels read), kept only if it lowers the validation loss further.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from ..scoring.gradients import LossFn, mean_loss
 from ..scoring.units import unit_fisher
 from ..selection.gqa import GQA_MODES, kv_groups
 from ..selection.units import UNITS, select_units
+from .distill import distill
 from .reconstruct import reconstruct
 from .tuning import TARGETS
 
@@ -64,6 +68,9 @@ class UnitSettings:
     val_share: float = 0.25  # without val_batches: share of the calibration batches held out (spread) for the guard
     guard: bool = True  # keep the reconstruction only where it lowers the validation loss
     gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (see headprune.selection.gqa)
+    distill_epochs: int = 0  # passes of distillation over the fit batches after the refit (0: none)
+    distill_lr: float = 5e-5  # its peak learning rate (AdamW, linear decay to 0)
+    seed: int = 0  # order of the distillation batches
 
     def __post_init__(self):
         check_share("share", self.share)
@@ -76,6 +83,11 @@ class UnitSettings:
         check_choice("target", self.target, TARGETS)
         check_share("val_share", self.val_share, one=False)
         check_choice("gqa", self.gqa, GQA_MODES)
+        check_int("distill_epochs", self.distill_epochs, 0)
+        check_number("distill_lr", self.distill_lr, low=0)
+        if not self.distill_lr > 0:
+            raise ConfigError(f"distill_lr={self.distill_lr!r}; allowed: a learning rate > 0")
+        check_int("seed", self.seed, 0)
 
 
 @dataclass
@@ -93,6 +105,7 @@ class UnitResult:
     stages: dict[str, str]  # stage -> "kept" | "rejected (...)" | "skipped"
     val_loss: dict[str, float] = field(default_factory=dict)
     reconstruction: list[dict] = field(default_factory=list)
+    distillation: dict = field(default_factory=dict)  # steps, seconds, lr, first and last training loss
     split: dict[str, int] = field(default_factory=dict)  # calibration / validation batches and examples
     seconds: dict[str, float] = field(default_factory=dict)
 
@@ -149,7 +162,7 @@ def compress_units(
         if not fit:
             raise ConfigError("fit_batches: empty; allowed: inputs for the reconstruction, or None (the calibration "
                               "batches)")
-        if val_batches is None and settings.compensate == "reconstruct" and settings.guard:
+        if val_batches is None and _guarded(settings):
             raise ConfigError("fit_batches without val_batches: the guard's validation part would be held out of the "
                               "calibration batches, which fit_batches may contain; allowed: pass val_batches too")
     if verify:
@@ -193,12 +206,35 @@ def compress_units(
             pruned = candidate
     else:
         stages["reconstruct"] = "skipped"
+    distilled = {}
+    if settings.distill_epochs:
+        t = time.perf_counter()
+        candidate = copy.deepcopy(pruned)
+        distilled = distill(candidate, model, fit, epochs=settings.distill_epochs, lr=settings.distill_lr,
+                            seed=settings.seed, progress=progress)
+        distilled = {k: v for k, v in distilled.items() if k != "losses"} | {
+            "loss_first": distilled["losses"][0], "loss_last": distilled["losses"][-1]}
+        seconds["distill"] = time.perf_counter() - t
+        if settings.guard:
+            current = val_loss.get("reconstructed" if stages["reconstruct"] == "kept" else "pruned")
+            if current is None:
+                current = val_loss["pruned"] = mean_loss(pruned, val, loss_fn=loss_fn)
+                val_loss.setdefault("unpruned", mean_loss(model, val, loss_fn=loss_fn))
+            val_loss["distilled"] = mean_loss(candidate, val, loss_fn=loss_fn)
+            better = val_loss["distilled"] <= current
+            stages["distill"] = "kept" if better else (
+                f"rejected (validation loss {val_loss['distilled']:.4f} > {current:.4f} without it)")
+        else:
+            better = True
+            stages["distill"] = "kept (unguarded)"
+        if better:
+            pruned = candidate
     seconds["total"] = time.perf_counter() - start
     after = sizes(pruned, settings)
     return UnitResult(model=pruned, settings=asdict(settings), dropped_heads=drop_h, dropped_neurons=drop_n,
                       kept_heads=kept_heads(pruned), kept_neurons=kept_neurons(pruned) if find_ffns(pruned, skip_moe=True) else {}, selection=selection,
                       sizes={"before": before, "after": after}, stages=stages, val_loss=val_loss,
-                      reconstruction=rows, seconds=seconds,
+                      reconstruction=rows, distillation=distilled, seconds=seconds,
                       split={"calib_batches": len(calib), "val_batches": len(val),
                              "calib_examples": _examples(calib), "val_examples": _examples(val),
                              "fit_batches": len(fit), "fit_examples": _examples(fit)})
@@ -211,7 +247,7 @@ def _split(batches: list, val_batches, settings: UnitSettings) -> tuple[list, li
         if not val:
             raise ConfigError("val_batches: empty; allowed: labelled batches disjoint from the calibration data")
         return batches, val
-    if settings.compensate == "none" or not settings.guard:
+    if not _guarded(settings):
         return batches, []
     if len(batches) < 2:
         raise ConfigError(f"calibration has {len(batches)} batch; holding out a validation part needs >= 2 batches "
@@ -220,6 +256,11 @@ def _split(batches: list, val_batches, settings: UnitSettings) -> tuple[list, li
     n_val = min(n - 1, max(1, math.ceil(settings.val_share * n)))
     held = held_out(n, n_val)
     return [b for i, b in enumerate(batches) if i not in held], [batches[i] for i in sorted(held)]
+
+
+def _guarded(settings: UnitSettings) -> bool:
+    """Whether a compensation stage runs and is judged on validation data."""
+    return settings.guard and (settings.compensate == "reconstruct" or settings.distill_epochs > 0)
 
 
 def held_out(n: int, n_val: int) -> set[int]:
