@@ -48,7 +48,7 @@ def test_quick_run_writes_every_budget_with_tests_and_speed(tmp_path):
 
 def test_readme_table_is_what_the_committed_results_say():
     results = json.loads(COMMITTED.read_text())
-    assert bench.readme_block(ROOT / "README.md") == bench.readme_section(results, bench.earlier_runs())
+    assert bench.readme_block(ROOT / "README.md") == bench.readme_section(results, bench.earlier_runs(), bench.later_runs())
 
 
 def test_tuning_diagnosis_table_is_what_the_committed_results_say():

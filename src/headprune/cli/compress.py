@@ -89,7 +89,7 @@ def compress_command(
                                        "train the pruned model for N passes over the fit examples to match the "
                                        "unpruned model's outputs (no labels read; kept only if it lowers the "
                                        "validation loss; default 0: off)."),
-    distill_lr: float = typer.Option(5e-5, "--distill-lr", help="--distill-epochs: peak learning rate (AdamW, linear "
+    distill_lr: float = typer.Option(2e-5, "--distill-lr", help="--distill-epochs: peak learning rate (AdamW, linear "
                                      "decay to 0)."),
     output: Path = typer.Option(..., "-o", "--output", help="New directory: the pruned model, compress.json, "
                                 "report.html."),

@@ -25,7 +25,7 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
                            damping: float, tune_target: str, no_guard: bool, bench_batch: int, bench_repeats: int,
                            no_bench: bool, output: Path, quiet: bool, progress: bool, trust_unverified: bool,
                            units: str, price: str, val_data, val_data2, val_split, val_limit, flags, gqa: str,
-                           fit_limit=None, distill_epochs: int = 0, distill_lr: float = 5e-5, seed: int = 0,
+                           fit_limit=None, distill_epochs: int = 0, distill_lr: float = 2e-5, seed: int = 0,
                            **_ignored):
     """The ``--units neurons|both`` (or ``--price``, ``--val-data``) branch of ``headprune compress``."""
     from ..compression.units import UnitSettings

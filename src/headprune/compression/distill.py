@@ -35,7 +35,7 @@ def distill(
     batches: Iterable[Mapping[str, torch.Tensor]],
     *,
     epochs: int = 1,
-    lr: float = 5e-5,
+    lr: float = 2e-5,
     shuffle: bool = True,
     seed: int = 0,
     progress: bool = False,

@@ -69,7 +69,7 @@ class UnitSettings:
     guard: bool = True  # keep the reconstruction only where it lowers the validation loss
     gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (see headprune.selection.gqa)
     distill_epochs: int = 0  # passes of distillation over the fit batches after the refit (0: none)
-    distill_lr: float = 5e-5  # its peak learning rate (AdamW, linear decay to 0)
+    distill_lr: float = 2e-5  # its peak learning rate (AdamW, linear decay to 0; benchmarks/distill_selection.py)
     seed: int = 0  # order of the distillation batches
 
     def __post_init__(self):
