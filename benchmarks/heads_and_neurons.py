@@ -185,7 +185,7 @@ TASK_NAMES = {"sst2": "SST-2 MiniLM (dev, 872)", "enfr": "Multi30k en->fr (test 
 POSTHOC = ROOT / "results" / "heads_and_neurons_posthoc.json"
 FIT512 = ROOT / "results" / "heads_and_neurons_fit512.json"
 HEADER = ["| model (test set) | model FLOPs kept | heads kept | neurons kept | score (% of unpruned) | "
-          "95% CI of the difference | p (Holm) | measured speed-up | compress time | reconstruction |",
+          "95% CI of the difference | p (Holm) | measured speed-up | compress time | compensation kept |",
           "|---|---|---|---|---|---|---|---|---|---|"]
 
 
@@ -207,7 +207,8 @@ def later_runs() -> list[tuple[str, dict]]:
     if not DISTILLED.is_file():
         return []
     res = json.loads(DISTILLED.read_text())
-    return [(f"post hoc: + distillation, lr {next(iter(res.values()))['signature']['distill_lr']:g}", res)]
+    return [(f"post hoc: + distillation, lr {entry['signature']['distill_lr']:g}", {task: entry})
+            for task, entry in sorted(res.items(), key=lambda kv: ("sst2", "enfr").index(kv[0]))]
 
 
 def _rows(results: dict, label: str = "", holm_text: bool = True) -> list[str]:
@@ -227,8 +228,15 @@ def _rows(results: dict, label: str = "", holm_text: bool = True) -> list[str]:
                 f"({r['relative']:.1%}) | [{_score(entry['metric'], ci['ci_low'])}, "
                 f"{_score(entry['metric'], ci['ci_high'])}] | {p} | x{r['speedup']:.2f}"
                 f"{' (noisy)' if r['speedup_detail'].get('noisy') else ''} | {r['compress_seconds']:.0f} s | "
-                f"{r['stages']['reconstruct'].split(' (')[0]} |")
+                f"{_compensation(r['stages'])} |")
     return lines
+
+
+def _compensation(stages: dict) -> str:
+    """The compensation stages that ran and were kept (or turned down), e.g. ``reconstruct, distill``."""
+    out = [name if state.startswith("kept") else f"{name} rejected" for name, state in stages.items()
+           if name not in ("select", "remove") and state != "skipped"]
+    return ", ".join(out) or "none"
 
 
 def readme_section(results: dict, earlier: list[tuple[str, dict]] | None = None,
@@ -252,6 +260,9 @@ def readme_section(results: dict, earlier: list[tuple[str, dict]] | None = None,
         for label, res in earlier:
             lines += _rows(res, label)
     lines += ["", *goals(results)]
+    if later:
+        post = [f"Post hoc, with distillation: {line}" for _, res in later for line in goals(res) if line]
+        lines += [x for line in post for x in ("", line)]
     machine = next((e["machine"] for e in results.values() if "machine" in e), {})
     lines.append("")
     lines.append(f"Machine: {machine.get('cpu', machine.get('processor', 'CPU'))}, "
@@ -276,7 +287,7 @@ def goals(results: dict) -> list[str]:
         slowest = max(r["compress_seconds"] for r in sst2["budgets"])
         threads = sst2.get("machine", {}).get("torch_threads", "?")
         out.append(f"Goal compress run <= 2 min on the MiniLM classifier: {'met' if slowest <= 120 else 'not met'} "
-                   f"(at most {slowest:.0f} s: scores, search, surgery, reconstruction and its guard, "
+                   f"(at most {slowest:.0f} s for the whole run: scores, search, surgery, compensation and its guard, "
                    f"{threads} thread(s) on this machine).")
     enfr = results.get("enfr")
     if enfr:
