@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from headprune.provenance import versions
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from fit_size import DATA, enfr, quick, sst2  # noqa: E402
+from fit_size import DATA, command, enfr, quick, save, sst2  # noqa: E402
 from heads_and_neurons import unit_share  # noqa: E402
 
 RESULTS = ROOT / "results" / "distill_selection.json"
@@ -67,13 +66,9 @@ def main(argv=None):
         print(rows[-1], flush=True)
     name = "quick" if args.quick else args.task
     out = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    out[name] = {"command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
-                 "data": data, "fit_examples": fit_n, "budget": args.budget, "epochs": 1, "rows": rows,
-                 "versions": versions(), "torch_threads": torch.get_num_threads()}
-    if not args.quick or args.out != RESULTS:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(out, indent=1) + "\n")
-        print(f"wrote {args.out}")
+    out[name] = {"command": command(argv), "data": data, "fit_examples": fit_n, "budget": args.budget, "epochs": 1,
+                 "rows": rows, "versions": versions(), "torch_threads": torch.get_num_threads()}
+    save(args, out, RESULTS)
     return out
 
 

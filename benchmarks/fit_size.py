@@ -135,13 +135,21 @@ def main(argv=None):
             print(task, rows[-1], flush=True)
         entries[task] = {"model": str(MODELS.get(task, "tiny random BERT")), "data": data, "budget": args.budget,
                          "rows": rows}
-    out = {"command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
-           "versions": versions(), "torch_threads": torch.get_num_threads(), **entries}
-    if not args.quick or args.out != RESULTS:
+    out = {"command": command(argv), "versions": versions(), "torch_threads": torch.get_num_threads(), **entries}
+    save(args, out, RESULTS)
+    return out
+
+
+def command(argv) -> str:
+    return "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
+
+
+def save(args, out: dict, default: Path) -> None:
+    """Write ``out`` to ``args.out`` (a quick run only where asked: never over the committed file)."""
+    if not args.quick or args.out != default:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(out, indent=1) + "\n")
         print(f"wrote {args.out}")
-    return out
 
 
 if __name__ == "__main__":

@@ -59,3 +59,22 @@ def test_tuning_diagnosis_table_is_what_the_committed_results_say():
     assert diag.readme_block(ROOT / "README.md") == diag.readme_section(results)
     assert diag.reduction([{"error_unit": 10.0, "error_tuned": 9.0}, {"error_before": 4.0, "error_after": 1.0},
                            {"error_unit": 2.0, "error_tuned": 1.0}]) == pytest.approx(0.5)
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_fit_size_and_distill_selection_quick_runs_write_what_the_readme_quotes(tmp_path):
+    fit = _load("fit_size").main(["--quick", "--out", str(tmp_path / "fit.json")])["quick"]
+    assert [r["fit_examples"] for r in fit["rows"]] == [0, 16, 32]
+    assert all(r["kl"] >= 0 and 0 <= r["agreement"] <= 1 and r["n"] == 16 for r in fit["rows"])
+    sel = _load("distill_selection").main(["--quick", "--lrs", "1e-5,1e-4", "--out", str(tmp_path / "d.json")])
+    rows = sel["quick"]["rows"]
+    assert [r["lr"] for r in rows] == [0.0, 1e-5, 1e-4] and all(r["kl"] >= 0 for r in rows)
+    assert json.loads((tmp_path / "d.json").read_text())["quick"]["rows"] == rows
+    committed = json.loads((ROOT / "benchmarks" / "results" / "distill_selection.json").read_text())
+    assert set(committed) == {"sst2", "enfr"} and all(e["fit_examples"] == 4096 for e in committed.values())

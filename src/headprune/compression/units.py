@@ -185,50 +185,40 @@ def compress_units(
     pruned.eval()
     seconds["select+remove"] = time.perf_counter() - t
     stages = {"select": "kept", "remove": "kept"}
-    val_loss, rows = {}, []
+    val_loss, rows, distilled = {}, [], {}
+
+    def loss(key: str, m: nn.Module) -> float:  # the validation loss of ``m``, measured once per key
+        if key not in val_loss:
+            val_loss[key] = mean_loss(m, val, loss_fn=loss_fn)
+        return val_loss[key]
+
+    def keep_if_better(key: str, candidate: nn.Module, current_key: str, current: nn.Module):
+        if not settings.guard:
+            return candidate, key, "kept (unguarded)"
+        loss("unpruned", model)
+        old, new = loss(current_key, current), loss(key, candidate)
+        if new <= old:
+            return candidate, key, "kept"
+        return current, current_key, f"rejected (validation loss {new:.4f} > {old:.4f} without it)"
+
+    current_key = "pruned"
+    stages["reconstruct"] = "skipped"
     if settings.compensate == "reconstruct":
         t = time.perf_counter()
         candidate = copy.deepcopy(pruned)
         rows = reconstruct(candidate, model, fit, damping=settings.damping, target=settings.target,
                            progress=progress)
         seconds["reconstruct"] = time.perf_counter() - t
-        if settings.guard:
-            val_loss = {"unpruned": mean_loss(model, val, loss_fn=loss_fn),
-                        "pruned": mean_loss(pruned, val, loss_fn=loss_fn),
-                        "reconstructed": mean_loss(candidate, val, loss_fn=loss_fn)}
-            better = val_loss["reconstructed"] <= val_loss["pruned"]
-            stages["reconstruct"] = "kept" if better else (
-                f"rejected (validation loss {val_loss['reconstructed']:.4f} > {val_loss['pruned']:.4f} without it)")
-        else:
-            better = True
-            stages["reconstruct"] = "kept (unguarded)"
-        if better:
-            pruned = candidate
-    else:
-        stages["reconstruct"] = "skipped"
-    distilled = {}
+        pruned, current_key, stages["reconstruct"] = keep_if_better("reconstructed", candidate, current_key, pruned)
     if settings.distill_epochs:
         t = time.perf_counter()
         candidate = copy.deepcopy(pruned)
-        distilled = distill(candidate, model, fit, epochs=settings.distill_epochs, lr=settings.distill_lr,
-                            seed=settings.seed, progress=progress)
-        distilled = {k: v for k, v in distilled.items() if k != "losses"} | {
-            "loss_first": distilled["losses"][0], "loss_last": distilled["losses"][-1]}
+        info = distill(candidate, model, fit, epochs=settings.distill_epochs, lr=settings.distill_lr,
+                       seed=settings.seed, progress=progress)
+        distilled = {k: v for k, v in info.items() if k != "losses"} | {"loss_first": info["losses"][0],
+                                                                        "loss_last": info["losses"][-1]}
         seconds["distill"] = time.perf_counter() - t
-        if settings.guard:
-            current = val_loss.get("reconstructed" if stages["reconstruct"] == "kept" else "pruned")
-            if current is None:
-                current = val_loss["pruned"] = mean_loss(pruned, val, loss_fn=loss_fn)
-                val_loss.setdefault("unpruned", mean_loss(model, val, loss_fn=loss_fn))
-            val_loss["distilled"] = mean_loss(candidate, val, loss_fn=loss_fn)
-            better = val_loss["distilled"] <= current
-            stages["distill"] = "kept" if better else (
-                f"rejected (validation loss {val_loss['distilled']:.4f} > {current:.4f} without it)")
-        else:
-            better = True
-            stages["distill"] = "kept (unguarded)"
-        if better:
-            pruned = candidate
+        pruned, current_key, stages["distill"] = keep_if_better("distilled", candidate, current_key, pruned)
     seconds["total"] = time.perf_counter() - start
     after = sizes(pruned, settings)
     return UnitResult(model=pruned, settings=asdict(settings), dropped_heads=drop_h, dropped_neurons=drop_n,
