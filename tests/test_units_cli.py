@@ -51,22 +51,23 @@ def test_cli_units_both_end_to_end(saved, tmp_path):
     assert json.loads(ev.stdout)["score"] == pytest.approx(record["evaluation"]["after"]["score"])
 
 
-def test_cli_fit_limit_fits_on_more_calibration_examples_than_the_scores(saved, tmp_path):
+def _units_run(saved, tmp_path, *extra):
+    """(CLI result, compress.json) of a --units both run validated on val.tsv."""
     out = tmp_path / "out"
-    result = _cli(saved, out, "--units", "both", "--flops", "0.5", "--val-data", str(saved / "val.tsv"),
-                  "--calib-limit", "4", "--fit-limit", "12", "--no-bench")
+    result = _cli(saved, out, "--units", "both", "--flops", "0.5", "--val-data", str(saved / "val.tsv"), "--no-bench",
+                  *extra)
     assert result.exit_code == 0, result.output
-    record = json.loads((out / "compress.json").read_text())
+    return result, json.loads((out / "compress.json").read_text())
+
+
+def test_cli_fit_limit_fits_on_more_calibration_examples_than_the_scores(saved, tmp_path):
+    _, record = _units_run(saved, tmp_path, "--calib-limit", "4", "--fit-limit", "12")
     assert record["split"]["calib_examples"] == 4 and record["split"]["fit_examples"] == 12
     assert record["signature"]["fit_limit"] == 12
 
 
 def test_cli_distill_runs_after_the_reconstruction_and_the_summary_says_if_it_was_kept(saved, tmp_path):
-    out = tmp_path / "out"
-    result = _cli(saved, out, "--units", "both", "--flops", "0.5", "--val-data", str(saved / "val.tsv"),
-                  "--distill-epochs", "2", "--distill-lr", "1e-4", "--no-bench")
-    assert result.exit_code == 0, result.output
-    record = json.loads((out / "compress.json").read_text())
+    result, record = _units_run(saved, tmp_path, "--distill-epochs", "2", "--distill-lr", "1e-4")
     assert record["settings"]["distill_epochs"] == 2 and record["distillation"]["steps"] >= 2
     stage = record["stages"]["distill"]
     assert f"distill {stage}" in result.output
