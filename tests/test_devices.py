@@ -231,3 +231,17 @@ def test_head_and_neuron_fisher_and_flop_count_on_the_model_device(device):
     _close(got.blocks, want.blocks)
     _close(got.neurons, want.neurons)
     assert all(t.device.type == "cpu" for t in (*got.blocks.values(), *got.neurons.values()))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_reconstruction_and_distillation_on_the_model_device(device):
+    from headprune.compression.units import compress_units
+
+    model, batches = build("llama"), _batches("llama") * 2
+    settings = dict(share=0.5, seq_len=8, distill_epochs=1, distill_lr=1e-3, guard=False)
+    want = compress_units(model, batches, **settings).model
+    placed, mode = _placed(model, device)
+    with mode:
+        got = compress_units(placed, batches, **settings).model
+    assert mode.mismatches == []
+    _close(dict(got.named_parameters()), dict(want.named_parameters()), rel=1e-4)

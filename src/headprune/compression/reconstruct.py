@@ -31,6 +31,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.sites import find_sites, is_conv1d
 from ..errors import ConfigError
@@ -62,19 +63,21 @@ def reconstruct(
     if not batches:
         raise ConfigError("batches: empty; reconstruction needs calibration examples")
     pairs = _projections(student, teacher)
+    s_batches = [to_device(b, input_device(student)) for b in batches]  # once, beside each model
+    t_batches = [to_device(b, input_device(teacher)) for b in batches]
     was = (student.training, teacher.training)
     student.eval()
     teacher.eval()
     rows = []
     try:
-        s_norms = residual_norms(student, batches[0], [p[0] for p in pairs]) if target == "residual" else {}
-        t_norms = residual_norms(teacher, batches[0], [p[1] for p in pairs]) if target == "residual" else {}
+        s_norms = residual_norms(student, s_batches[0], [p[0] for p in pairs]) if target == "residual" else {}
+        t_norms = residual_norms(teacher, t_batches[0], [p[1] for p in pairs]) if target == "residual" else {}
         for name in [n for n in t_norms if n not in s_norms]:  # both read the residual, or neither
             del t_norms[name]
-        cached = _targets(teacher, batches, [t for _, t in pairs], t_norms, cache_mb * 2**20)
+        cached = _targets(teacher, t_batches, [t for _, t in pairs], t_norms, cache_mb * 2**20)
         for s_unit, t_unit in tqdm(pairs, desc="reconstruct", unit="layer", disable=not progress):
             targets = None if cached is None else [c[t_unit.name] for c in cached]
-            rows.append(_refit(student, teacher, batches, s_unit, t_unit, s_norms.get(s_unit.name) if
+            rows.append(_refit(student, teacher, s_batches, t_batches, s_unit, t_unit, s_norms.get(s_unit.name) if
                                t_unit.name in t_norms else None, t_norms.get(t_unit.name), damping, targets))
     finally:
         student.train(was[0])
@@ -120,39 +123,41 @@ def _targets(teacher, batches, units, norms, budget: float) -> list[dict[str, to
     return out
 
 
-def _refit(student, teacher, batches, s_unit, t_unit, s_norm, t_norm, damping: float,
+def _refit(student, teacher, batches, t_batches, s_unit, t_unit, s_norm, t_norm, damping: float,
            targets: list[torch.Tensor] | None) -> dict:
     proj = s_unit.o
     conv = is_conv1d(proj)
-    w0 = proj.weight.detach().double()
+    device = accumulator_device(proj.weight.device)  # float64 sums beside the projection (the CPU for mps)
+    w0 = proj.weight.detach().to(device, torch.float64)
     w0 = w0 if conv else w0.T  # [k, d_out]
     k, d = w0.shape
     bias = getattr(proj, "bias", None)
     cols = k + (1 if bias is not None else 0)
-    gram = torch.zeros(cols, cols, dtype=torch.float64)
-    rhs = torch.zeros(cols, d, dtype=torch.float64)
+    gram = torch.zeros(cols, cols, dtype=torch.float64, device=device)
+    rhs = torch.zeros(cols, d, dtype=torch.float64, device=device)
     norm = 0.0
     for i, batch in enumerate(batches):
         z, y_s, u_s = _record(student, batch, s_unit, s_norm, None)  # pruned model's own inputs
         rows = _token_rows(student, batch, s_unit, z.shape)
-        x = _real(z, rows).double()  # [N, k]
+        x = _real(z, rows).to(device, torch.float64)  # [N, k]
         if targets is None:
-            _, y_t, u_t = _record(teacher, batch, t_unit, t_norm, None)
-            y = _real(y_t if t_norm is None else u_t, rows).double()  # [N, d]
+            _, y_t, u_t = _record(teacher, t_batches[i], t_unit, t_norm, None)
+            y = _real(y_t if t_norm is None else u_t, rows)  # [N, d]
         else:
-            y = targets[i].double()
+            y = targets[i]
+        y = y.to(device, torch.float64)
         if y.shape[0] != x.shape[0]:
             raise ConfigError(f"{s_unit.name}: {y.shape[0]} target rows do not match {x.shape[0]} input rows")
         if s_norm is not None:  # minus the pruned model's own residual: u = residual + projection(z)
-            y = y - (_real(u_s, rows) - _real(y_s, rows)).double()
+            y = y - (_real(u_s, rows) - _real(y_s, rows)).to(device, torch.float64)
         if bias is not None:
-            x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=torch.float64)], 1)
+            x = torch.cat([x, torch.ones(x.shape[0], 1, dtype=torch.float64, device=device)], 1)
         gram += x.T @ x
         rhs += x.T @ y
         norm += float((y * y).sum())
-    current = torch.cat([w0, bias.detach().double()[None]], 0) if bias is not None else w0  # [cols, d]
+    current = torch.cat([w0, bias.detach().to(device, torch.float64)[None]], 0) if bias is not None else w0  # [cols, d]
     lam = damping * float(gram.diagonal().mean())
-    eye = torch.eye(cols, dtype=torch.float64)
+    eye = torch.eye(cols, dtype=torch.float64, device=device)
     fallback = False
     try:
         solution = torch.linalg.solve(gram + lam * eye, rhs + lam * current)
@@ -174,11 +179,11 @@ def _refit(student, teacher, batches, s_unit, t_unit, s_norm, t_norm, damping: f
 
 def _write(proj: nn.Module, w: torch.Tensor, b: torch.Tensor | None, conv: bool) -> None:
     with torch.no_grad():
-        proj.weight.copy_((w if conv else w.T).to(proj.weight.dtype))
+        proj.weight.copy_((w if conv else w.T).to(proj.weight.device, proj.weight.dtype))
         if b is not None:
-            proj.bias.copy_(b.to(proj.bias.dtype))
+            proj.bias.copy_(b.to(proj.bias.device, proj.bias.dtype))
 
 
 def _real(t: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
     t = t.reshape(math.prod(t.shape[:-1]), t.shape[-1])  # [N, d]; d may be 0 (an emptied FFN)
-    return t if rows is None else t[rows]
+    return t if rows is None else t[rows.to(t.device)]
