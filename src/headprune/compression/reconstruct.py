@@ -23,6 +23,7 @@ keeps it only if it lowers the loss on a validation split the fit never saw.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from types import SimpleNamespace
@@ -35,6 +36,7 @@ from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.sites import find_sites, is_conv1d
 from ..errors import ConfigError
+from .layerwise import LayerStack, Stop, layer_stack
 from .tuning import TARGETS, _read_targets, _record, _token_rows, residual_norms
 
 
@@ -46,6 +48,7 @@ def reconstruct(
     damping: float = 1e-2,
     target: str = "residual",
     cache_mb: float = 2048,
+    layerwise: bool | None = None,
     progress: bool = False,
 ) -> list[dict]:
     """Refit, in place, the output projections of ``student`` (``teacher`` pruned) to reproduce ``teacher``.
@@ -54,6 +57,11 @@ def reconstruct(
     projection: name, inputs kept, target kind, summed squared error before and after the fit. The
     teacher's targets come from one forward per batch and are kept in memory (real tokens only) while
     they fit in ``cache_mb``; else each projection runs the teacher again.
+
+    ``layerwise``: run the pruned model one layer at a time from recorded layer inputs
+    (:mod:`.layerwise`: ``O(L)`` layer passes instead of ``O(L^2)``), where that provably computes what
+    the whole model computes (None, the default: then, else the whole model per projection; True:
+    refuse otherwise; False: always the whole model). Both give the same fit.
     """
     if not isinstance(damping, (int, float)) or isinstance(damping, bool) or not 0 <= damping < float("inf"):
         raise ConfigError(f"damping={damping!r}; allowed: a finite number >= 0")
@@ -75,10 +83,21 @@ def reconstruct(
         for name in [n for n in t_norms if n not in s_norms]:  # both read the residual, or neither
             del t_norms[name]
         cached = _targets(teacher, t_batches, [t for _, t in pairs], t_norms, cache_mb * 2**20)
+        norms = {s.name: s_norms.get(s.name) if t.name in t_norms else None for s, t in pairs}
+        stack = None if layerwise is False else layer_stack(student, s_batches, [(s.o, norms[s.name]) for s, _ in pairs])
+        if stack is None and layerwise:
+            raise ConfigError(f"layerwise=True: {type(student).__name__} cannot be replayed one layer at a time "
+                              "(an encoder-decoder, or its layers are not one stack run in order); allowed: None or "
+                              "False")
         for s_unit, t_unit in tqdm(pairs, desc="reconstruct", unit="layer", disable=not progress):
             targets = None if cached is None else [c[t_unit.name] for c in cached]
-            rows.append(_refit(student, teacher, s_batches, t_batches, s_unit, t_unit, s_norms.get(s_unit.name) if
-                               t_unit.name in t_norms else None, t_norms.get(t_unit.name), damping, targets))
+            record = None
+            if stack is not None:
+                while stack.index < stack.layer_of(s_unit.o):
+                    stack.advance()
+                record = functools.partial(_record_in_layer, stack, s_unit.o, norms[s_unit.name])
+            rows.append(_refit(student, teacher, s_batches, t_batches, s_unit, t_unit, norms[s_unit.name],
+                               t_norms.get(t_unit.name), damping, targets, record))
     finally:
         student.train(was[0])
         teacher.train(was[1])
@@ -124,7 +143,7 @@ def _targets(teacher, batches, units, norms, budget: float) -> list[dict[str, to
 
 
 def _refit(student, teacher, batches, t_batches, s_unit, t_unit, s_norm, t_norm, damping: float,
-           targets: list[torch.Tensor] | None) -> dict:
+           targets: list[torch.Tensor] | None, record=None) -> dict:
     proj = s_unit.o
     conv = is_conv1d(proj)
     device = accumulator_device(proj.weight.device)  # float64 sums beside the projection (the CPU for mps)
@@ -137,7 +156,8 @@ def _refit(student, teacher, batches, t_batches, s_unit, t_unit, s_norm, t_norm,
     rhs = torch.zeros(cols, d, dtype=torch.float64, device=device)
     norm = 0.0
     for i, batch in enumerate(batches):
-        z, y_s, u_s = _record(student, batch, s_unit, s_norm, None)  # pruned model's own inputs
+        # the pruned model's own inputs: its current layer replayed, or the whole model cut short
+        z, y_s, u_s = record(i) if record is not None else _record(student, batch, s_unit, s_norm, None)
         rows = _token_rows(student, batch, s_unit, z.shape)
         x = _real(z, rows).to(device, torch.float64)  # [N, k]
         if targets is None:
@@ -175,6 +195,36 @@ def _refit(student, teacher, batches, t_batches, s_unit, t_unit, s_norm, t_norm,
     if not fallback:
         _write(proj, solution[:k], solution[k] if bias is not None else None, conv)
     return row
+
+
+def _record_in_layer(stack: LayerStack, proj: nn.Module, norm: nn.Module | None, b: int):
+    """(z, y, u) of ``proj`` as :func:`.tuning._record` reads them, from the stack's current layer on batch
+    ``b``: ``u`` is the input of ``norm`` when it runs inside the layer, else the layer's output (which
+    :func:`.layerwise.layer_stack` checked is what that norm reads)."""
+    store = {}
+    inside = norm is not None and stack.layer_of(norm) == stack.index
+
+    def before_o(_module, args):
+        store.setdefault("z", args[0].detach())
+
+    def after_o(_module, _args, y):
+        if "y" not in store:
+            store["y"] = y.detach()
+            if norm is None:
+                raise Stop
+
+    def before_norm(_module, args):
+        if "y" in store and "u" not in store:
+            store["u"] = args[0].detach()
+            raise Stop
+
+    hooks = [(proj, "pre", before_o), (proj, "post", after_o)] + ([(norm, "pre", before_norm)] if inside else [])
+    out = stack.run(b, hooks)
+    if norm is not None and not inside:
+        store["u"] = out
+    if "y" not in store or (norm is not None and store.get("u") is None):
+        raise ConfigError(f"the layer holding {type(proj).__name__} never ran it on batch {b}")
+    return store["z"], store["y"], store.get("u")
 
 
 def _write(proj: nn.Module, w: torch.Tensor, b: torch.Tensor | None, conv: bool) -> None:
