@@ -79,3 +79,14 @@ def _same_fit_default_is_whole_model(teacher, student, batches):
     reconstruct(a, teacher, batches)
     reconstruct(b, teacher, batches, layerwise=False)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
+
+
+def test_a_replay_past_the_memory_budget_runs_the_whole_model():
+    teacher, student, batches = _setup("gpt2")
+    with pytest.raises(ConfigError, match="more than cache_mb"):
+        reconstruct(copy.deepcopy(student), teacher, batches, layerwise=True, cache_mb=1e-6)
+    a, b = copy.deepcopy(student), copy.deepcopy(student)
+    reconstruct(a, teacher, batches, cache_mb=1e-6)  # falls back (and recomputes the targets)
+    reconstruct(b, teacher, batches, layerwise=False)
+    assert all((p - q).abs().max() <= 1e-6 * max(float(q.abs().max()), 1e-12)
+               for p, q in zip(a.parameters(), b.parameters(), strict=True) if q.numel())

@@ -63,9 +63,10 @@ class Stop(Exception):
 
 
 def layer_stack(model: nn.Module, batches: Sequence[Mapping[str, torch.Tensor]],
-                units: list[tuple[nn.Module, nn.Module | None]]) -> LayerStack | None:
+                units: list[tuple[nn.Module, nn.Module | None]], *, budget: float = float("inf")) -> LayerStack | None:
     """A :class:`LayerStack` of ``model`` recorded on ``batches``, or None where replaying it layer by layer
-    would not compute what the whole model computes (see the module doc). ``units``: (projection, the
+    would not compute what the whole model computes (see the module doc), or where one layer's hidden
+    states for all batches would take more than ``budget`` bytes. ``units``: (projection, the
     normalisation layer whose input its refit reads, or None)."""
     if getattr(model.config, "is_encoder_decoder", False) or not units:
         return None
@@ -83,6 +84,8 @@ def layer_stack(model: nn.Module, batches: Sequence[Mapping[str, torch.Tensor]],
             return None
         calls.append(record[0])
         hidden.append(record[1])
+        if b == 0 and record[1].numel() * record[1].element_size() * len(batches) > budget:
+            return None
     return LayerStack(layers, calls, hidden)
 
 

@@ -61,7 +61,8 @@ def reconstruct(
     ``layerwise``: run the pruned model one layer at a time from recorded layer inputs
     (:mod:`.layerwise`: ``O(L)`` layer passes instead of ``O(L^2)``), where that provably computes what
     the whole model computes (None, the default: then, else the whole model per projection; True:
-    refuse otherwise; False: always the whole model). Both give the same fit.
+    refuse otherwise; False: always the whole model). Both give the same fit. The replay holds one
+    layer's hidden states for every batch: past ``cache_mb`` the whole model is run instead.
     """
     if not isinstance(damping, (int, float)) or isinstance(damping, bool) or not 0 <= damping < float("inf"):
         raise ConfigError(f"damping={damping!r}; allowed: a finite number >= 0")
@@ -84,10 +85,12 @@ def reconstruct(
             del t_norms[name]
         cached = _targets(teacher, t_batches, [t for _, t in pairs], t_norms, cache_mb * 2**20)
         norms = {s.name: s_norms.get(s.name) if t.name in t_norms else None for s, t in pairs}
-        stack = None if layerwise is False else layer_stack(student, s_batches, [(s.o, norms[s.name]) for s, _ in pairs])
+        units = [(s.o, norms[s.name]) for s, _ in pairs]
+        stack = None if layerwise is False else layer_stack(student, s_batches, units, budget=cache_mb * 2**20)
         if stack is None and layerwise:
             raise ConfigError(f"layerwise=True: {type(student).__name__} cannot be replayed one layer at a time "
-                              "(an encoder-decoder, or its layers are not one stack run in order); allowed: None or "
+                              "(an encoder-decoder, its layers not one stack run in order, or more than cache_mb of hidden "
+                              "states); allowed: None or "
                               "False")
         for s_unit, t_unit in tqdm(pairs, desc="reconstruct", unit="layer", disable=not progress):
             targets = None if cached is None else [c[t_unit.name] for c in cached]
