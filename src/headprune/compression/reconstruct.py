@@ -79,8 +79,9 @@ def reconstruct(
     teacher.eval()
     rows = []
     try:
-        s_norms = residual_norms(student, s_batches[0], [p[0] for p in pairs]) if target == "residual" else {}
-        t_norms = residual_norms(teacher, t_batches[0], [p[1] for p in pairs]) if target == "residual" else {}
+        # which norm reads each projection's residual: a structural check, so one example will do
+        s_norms = residual_norms(student, _one(s_batches[0]), [p[0] for p in pairs]) if target == "residual" else {}
+        t_norms = residual_norms(teacher, _one(t_batches[0]), [p[1] for p in pairs]) if target == "residual" else {}
         for name in [n for n in t_norms if n not in s_norms]:  # both read the residual, or neither
             del t_norms[name]
         cached = _targets(teacher, t_batches, [t for _, t in pairs], t_norms, cache_mb * 2**20)
@@ -198,6 +199,15 @@ def _refit(student, teacher, batches, t_batches, s_unit, t_unit, s_norm, t_norm,
     if not fallback:
         _write(proj, solution[:k], solution[k] if bias is not None else None, conv)
     return row
+
+
+def _one(batch: Mapping[str, torch.Tensor]) -> dict:
+    """The example of ``batch`` with the most real tokens, as a batch of one."""
+    mask = batch.get("attention_mask")
+    i = int(mask.sum(1).argmax()) if isinstance(mask, torch.Tensor) and mask.dim() == 2 else 0
+    n = next(v.shape[0] for v in batch.values() if isinstance(v, torch.Tensor) and v.dim() > 0)
+    return {k: v[i:i + 1] if isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == n else v
+            for k, v in batch.items()}
 
 
 def _record_in_layer(stack: LayerStack, proj: nn.Module, norm: nn.Module | None, b: int):
