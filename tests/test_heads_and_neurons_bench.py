@@ -78,3 +78,10 @@ def test_fit_size_and_distill_selection_quick_runs_write_what_the_readme_quotes(
     assert json.loads((tmp_path / "d.json").read_text())["quick"]["rows"] == rows
     committed = json.loads((ROOT / "benchmarks" / "results" / "distill_selection.json").read_text())
     assert set(committed) == {"sst2", "enfr"} and all(e["fit_examples"] == 4096 for e in committed.values())
+
+
+def test_reconstruct_speed_quick_run_compares_the_two_paths_on_one_fit(tmp_path):
+    out = _load("reconstruct_speed").main(["--quick", "--out", str(tmp_path / "r.json")])
+    (row,) = out["rows"]
+    assert row["max_relative_weight_difference"] <= 1e-6 and row["seconds_layerwise"] > 0
+    assert row["speedup"] == pytest.approx(row["seconds_whole_model"] / row["seconds_layerwise"])
