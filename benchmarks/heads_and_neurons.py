@@ -211,7 +211,7 @@ def later_runs() -> list[tuple[str, dict]]:
             for task, entry in sorted(res.items(), key=lambda kv: ("sst2", "enfr").index(kv[0]))]
 
 
-def _rows(results: dict, label: str = "", holm_text: bool = True) -> list[str]:
+def _rows(results: dict, label: str = "") -> list[str]:
     lines = []
     for task in ("sst2", "enfr"):
         entry = results.get(task)

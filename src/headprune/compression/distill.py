@@ -15,6 +15,7 @@ only if it lowers the loss on the validation batches.
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Iterable, Mapping
@@ -47,9 +48,7 @@ def distill(
     ``{"steps", "losses" [per step], "seconds", "lr", "epochs"}``.
     """
     check_int("epochs", epochs, 1)
-    check_number("lr", lr, low=0)
-    if not lr > 0:
-        raise ConfigError(f"lr={lr!r}; allowed: a learning rate > 0")
+    check_number("lr", lr, low=0, strict=True)
     batches = list(batches)
     if not batches:
         raise ConfigError("batches: empty; distillation needs calibration inputs")
@@ -86,7 +85,7 @@ def distill(
         for p, g in zip(params, was[2], strict=True):
             p.requires_grad_(g)
         opt.zero_grad(set_to_none=True)
-    if not all(map(_finite, losses)):
+    if not all(map(math.isfinite, losses)):
         raise ConfigError(f"distillation diverged (loss {losses[-1]}) at lr={lr}; allowed: a smaller lr")
     return {"steps": len(losses), "losses": losses, "seconds": time.perf_counter() - start, "lr": lr,
             "epochs": epochs}
@@ -135,7 +134,3 @@ def _logits(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor
         raise ConfigError(f"{type(model).__name__} returns no logits; distillation needs a model with an output "
                           "head (a classifier, a language model or a seq2seq model)")
     return logits
-
-
-def _finite(x: float) -> bool:
-    return x == x and abs(x) != float("inf")

@@ -90,16 +90,17 @@ def reconstruct(
         stack = None if layerwise is False else layer_stack(student, s_batches, units, budget=cache_mb * 2**20)
         if stack is None and layerwise:
             raise ConfigError(f"layerwise=True: {type(student).__name__} cannot be replayed one layer at a time "
-                              "(an encoder-decoder, its layers not one stack run in order, or more than cache_mb of hidden "
-                              "states); allowed: None or "
-                              "False")
+                              "(an encoder-decoder, its layers not one stack run in order, or more than cache_mb of "
+                              "hidden states); allowed: None or False")
         for s_unit, t_unit in tqdm(pairs, desc="reconstruct", unit="layer", disable=not progress):
             targets = None if cached is None else [c[t_unit.name] for c in cached]
             record = None
             if stack is not None:
                 while stack.index < stack.layer_of(s_unit.o):
                     stack.advance()
-                record = functools.partial(_record_in_layer, stack, s_unit.o, norms[s_unit.name])
+                norm = norms[s_unit.name]
+                inside = norm is not None and stack.layer_of(norm) == stack.index
+                record = functools.partial(_record_in_layer, stack, s_unit.o, norm, inside)
             rows.append(_refit(student, teacher, s_batches, t_batches, s_unit, t_unit, norms[s_unit.name],
                                t_norms.get(t_unit.name), damping, targets, record))
     finally:
@@ -210,12 +211,11 @@ def _one(batch: Mapping[str, torch.Tensor]) -> dict:
             for k, v in batch.items()}
 
 
-def _record_in_layer(stack: LayerStack, proj: nn.Module, norm: nn.Module | None, b: int):
+def _record_in_layer(stack: LayerStack, proj: nn.Module, norm: nn.Module | None, inside: bool, b: int):
     """(z, y, u) of ``proj`` as :func:`.tuning._record` reads them, from the stack's current layer on batch
-    ``b``: ``u`` is the input of ``norm`` when it runs inside the layer, else the layer's output (which
+    ``b``: ``u`` is the input of ``norm`` when it runs ``inside`` the layer, else the layer's output (which
     :func:`.layerwise.layer_stack` checked is what that norm reads)."""
     store = {}
-    inside = norm is not None and stack.layer_of(norm) == stack.index
 
     def before_o(_module, args):
         store.setdefault("z", args[0].detach())

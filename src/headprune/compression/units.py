@@ -12,7 +12,7 @@ Stages (each recorded; the summary says which were kept):
    scores need: the refit uses no labels, and with ``k x d_out`` numbers per projection it overfits a
    few thousand tokens (on the SST-2 MiniLM classifier at 60% of FLOPs, 4096 phrases instead of 512
    cut the KL divergence from the unpruned model by a third on held-out sentences,
-   ``benchmarks/heads_and_neurons.py``) -- kept only if it lowers the mean loss on the
+   ``benchmarks/fit_size.py``) -- kept only if it lowers the mean loss on the
    *validation* batches, which neither the scores nor the fit saw (``val_batches``; else ``val_share`` of the
    calibration batches, spread over their order, are held out for it). With three disjoint sets --
    calibration, validation, and the test data the result is reported on -- the guard cannot hide a
@@ -84,9 +84,7 @@ class UnitSettings:
         check_share("val_share", self.val_share, one=False)
         check_choice("gqa", self.gqa, GQA_MODES)
         check_int("distill_epochs", self.distill_epochs, 0)
-        check_number("distill_lr", self.distill_lr, low=0)
-        if not self.distill_lr > 0:
-            raise ConfigError(f"distill_lr={self.distill_lr!r}; allowed: a learning rate > 0")
+        check_number("distill_lr", self.distill_lr, low=0, strict=True)
         check_int("seed", self.seed, 0)
 
 
