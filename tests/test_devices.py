@@ -76,13 +76,13 @@ def _plant_in_mask_hook(monkeypatch):
     """``x * torch.ones(width)``: harmless on the CPU, a device error on a GPU."""
     from headprune.core import masking
 
-    original = masking._ScaleHeads.__call__
+    original = masking._ScaleUnits.__call__
 
     def planted(self, module, args):
         out = original(self, module, args)
         return (out[0] * torch.ones(out[0].shape[-1]), *out[1:])
 
-    monkeypatch.setattr(masking._ScaleHeads, "__call__", planted)
+    monkeypatch.setattr(masking._ScaleUnits, "__call__", planted)
 
 
 def _forget_to_move_the_batch(monkeypatch):

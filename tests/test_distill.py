@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import headprune as hp
 from headprune.compression.distill import distill
 from headprune.compression.units import UnitSettings, compress_units
-from headprune.core.neurons import prune_neurons
+from headprune.core.prune import prune_neurons
 from headprune.errors import ConfigError
 from tiny import build, inputs, labels
 

@@ -12,7 +12,7 @@ import torch
 import headprune as hp
 from headprune.compression.layerwise import layer_stack
 from headprune.compression.reconstruct import reconstruct
-from headprune.core.neurons import prune_neurons
+from headprune.core.prune import prune_neurons
 from headprune.errors import ConfigError
 from tiny import build, inputs, labels
 

@@ -11,7 +11,9 @@ import transformers as T
 
 import headprune as hp
 from headprune.core.ffn import find_ffns
-from headprune.core.neurons import kept_neurons, masked_neurons, neuron_mask_from, prune_neurons
+from headprune.core.kept import kept_neurons
+from headprune.core.masking import masked_neurons, neuron_mask_from
+from headprune.core.prune import prune_neurons
 from headprune.core.sites import is_conv1d
 from headprune.errors import SiteError, UnsupportedModelError
 from headprune.scoring.units import unit_gradients

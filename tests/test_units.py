@@ -15,7 +15,8 @@ from headprune.compression.reconstruct import reconstruct
 from headprune.compression.units import UnitSettings, compress_units
 from headprune.core.cost import flop_breakdown
 from headprune.core.ffn import find_ffns
-from headprune.core.neurons import masked_neurons, neuron_mask_from, prune_neurons
+from headprune.core.masking import masked_neurons, neuron_mask_from
+from headprune.core.prune import prune_neurons
 from headprune.core.unit_cost import UnitCosts, unit_costs
 from headprune.errors import ConfigError
 from headprune.selection.units import select_units

@@ -9,30 +9,14 @@ model -> :mod:`~headprune.core` (sites, mask, surgery, save/load) -> :mod:`~head
 :mod:`~headprune.evaluation`, :mod:`~headprune.experiments`, :mod:`~headprune.bench`,
 :mod:`~headprune.report` and :mod:`~headprune.train` (``pip install 'headprune[study]'``).
 This namespace holds what the README uses; it needs only the core dependencies.
+
+Names are imported on first use (PEP 562 ``__getattr__``), so ``import headprune`` -- and with it
+``headprune --version`` -- costs no torch or transformers until a name that needs them is read.
 """
 
-from . import compression, core, scoring, selection
-from .compression import CompressResult, CompressSettings, compress, plan_heads, score_heads
-from .core import (
-    DroppedHeads,
-    KeptHeads,
-    Site,
-    find_sites,
-    fold_scales,
-    is_masked,
-    keep_heads,
-    kept_heads,
-    load_model,
-    load_pruned,
-    mask_from_heads,
-    mask_heads,
-    masked,
-    ones_mask,
-    original_heads,
-    prune_heads,
-    save_pruned,
-    unmask_heads,
-)
+import importlib
+import os
+
 from .errors import (
     ConfigError,
     DataError,
@@ -42,11 +26,11 @@ from .errors import (
     SiteError,
     UnsupportedModelError,
 )
-from .evaluation.texts import text_batches
 from .extras import MissingDependencyError
 from .provenance import __version__
-from .scoring import fisher_information, head_importance, importance_sums, mask_gradients, normalize_per_site
-from .selection import lowest_heads, select_heads
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: models come from local paths only
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 __all__ = [
     "__version__", "core", "scoring", "selection", "compression",
@@ -62,7 +46,32 @@ __all__ = [
 ]
 
 # FFN neurons as prunable units beside heads (one budget over both; issue 16)
-from .compression import UnitSettings, compress_units  # noqa: E402
-from .core import find_ffns, kept_neurons, masked_neurons, prune_neurons  # noqa: E402
-
 __all__ += ["UnitSettings", "compress_units", "find_ffns", "kept_neurons", "masked_neurons", "prune_neurons"]
+
+SUBPACKAGES = ("core", "scoring", "selection", "compression")
+SOURCES = {  # public name -> the module it is read from on first use
+    **dict.fromkeys(("CompressResult", "CompressSettings", "compress", "plan_heads", "score_heads", "UnitSettings",
+                     "compress_units"), "compression"),
+    **dict.fromkeys(("DroppedHeads", "KeptHeads", "Site", "find_sites", "fold_scales", "is_masked", "keep_heads",
+                     "kept_heads", "load_model", "load_pruned", "mask_from_heads", "mask_heads", "masked", "ones_mask",
+                     "original_heads", "prune_heads", "save_pruned", "unmask_heads", "find_ffns", "kept_neurons",
+                     "masked_neurons", "prune_neurons"), "core"),
+    **dict.fromkeys(("fisher_information", "head_importance", "importance_sums", "mask_gradients",
+                     "normalize_per_site"), "scoring"),
+    **dict.fromkeys(("lowest_heads", "select_heads"), "selection"),
+    "text_batches": "evaluation.texts",
+}
+
+
+def __getattr__(name: str):
+    if name in SUBPACKAGES:
+        return importlib.import_module(f"{__name__}.{name}")
+    if name not in SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{SOURCES[name]}"), name)
+    globals()[name] = value  # read once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

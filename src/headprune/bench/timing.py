@@ -31,21 +31,22 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..checks import check_choice, check_int
+from ..checks import check_choice
 from ..core.cost import flop_breakdown
 from ..core.devices import input_device, peak_device_bytes, synchronize, to_device
 from ..core.inputs import example_inputs, unwrap
+from ..core.kept import original_heads
 from ..core.kvcache import kv_cache_bytes
 from ..core.masking import is_masked
+from ..core.records import DroppedHeads
 from ..core.sites import find_sites
-from ..core.surgery import DroppedHeads, original_heads
 from ..errors import ConfigError
 from ..provenance import versions
 from ..selection.gqa import kv_groups, select_gqa
 from .figures import bench_plot, bench_table, bench_warnings
 from .machine import loadavg, machine_info, peak_rss_delta
+from .settings import PRUNE_ORDERS, BenchSettings
 
-PRUNE_ORDERS = ("index", "random")
 NOISY_TIMES = 0.10  # a model's round times with IQR / median above this are too noisy to read a speed-up from
 
 
@@ -63,36 +64,6 @@ def fraction_plan(model: nn.Module, fraction: float, *, order: str = "index", se
 
 
 # ---------------------------------------------------------------- timing
-
-@dataclass(frozen=True)
-class BenchSettings:
-    batch_sizes: tuple[int, ...] = (1, 4, 16, 64)
-    seq_len: int = 128
-    tgt_len: int | None = None  # decoder length of encoder-decoders (None: seq_len)
-    warmup: int = 1  # untimed calls per model and batch size (at least 1 when memory=True: it measures memory)
-    repeats: int | Mapping[int, int] = 5  # timed rounds per batch size, or {batch size: rounds}
-    min_repeat_s: float = 0.2  # forwards per round chosen so one round of the fastest model lasts this long
-    alternate: bool = True  # rounds in order A B, B A, ...; False: all of A, then all of B
-    memory: bool = True
-    seed: int = 0  # of the random token ids
-
-    def __post_init__(self):
-        sizes = tuple(self.batch_sizes) if isinstance(self.batch_sizes, Sequence) else ()
-        if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1 for b in sizes):
-            raise ConfigError(f"batch_sizes={self.batch_sizes!r}; allowed: a non-empty list of integers >= 1")
-        object.__setattr__(self, "batch_sizes", sizes)
-        check_int("seq_len", self.seq_len, 1)
-        check_int("tgt_len", self.tgt_len, 1, optional=True)
-        check_int("warmup", self.warmup, 0)
-        reps = self.repeats if isinstance(self.repeats, Mapping) else {b: self.repeats for b in sizes}
-        for b in sizes:
-            check_int(f"repeats for batch size {b}", reps.get(b), 1)
-        if not isinstance(self.min_repeat_s, (int, float)) or not 0 <= self.min_repeat_s < math.inf:
-            raise ConfigError(f"min_repeat_s={self.min_repeat_s!r}; allowed: a finite number >= 0")
-
-    def repeats_for(self, batch: int) -> int:
-        return self.repeats[batch] if isinstance(self.repeats, Mapping) else self.repeats
-
 
 @dataclass
 class BenchResult:

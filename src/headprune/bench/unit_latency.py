@@ -18,9 +18,8 @@ import torch
 from torch import nn
 
 from ..core.ffn import find_ffns
-from ..core.neurons import prune_neurons
+from ..core.prune import prune_heads, prune_neurons
 from ..core.sites import find_sites
-from ..core.surgery import prune_heads
 from ..core.unit_cost import UnitCosts
 from ..errors import ConfigError
 from .timing import benchmark

@@ -8,13 +8,9 @@ import shlex
 import sys
 from pathlib import Path
 
-import torch
 import typer
 
-from ..bench.timing import PRUNE_ORDERS, BenchSettings, benchmark, fraction_plan
-from ..core.io import load_model
-from ..core.masking import mask_from_heads, mask_heads
-from ..core.surgery import prune_heads
+from ..bench.settings import PRUNE_ORDERS, BenchSettings
 from ..errors import ConfigError
 from .app import app, friendly
 from .options import DEVICE, device_dtype
@@ -58,6 +54,13 @@ def bench(
                             "attention: uniform (never enlarges the KV cache), groups or free."),
 ):
     """Measure examples/s at several batch sizes; print measured and FLOP-limit speed-ups; write JSON + PNG."""
+    import torch  # here, not at the top: `headprune --help` imports no torch
+
+    from ..bench.timing import benchmark, fraction_plan
+    from ..core.io import load_model
+    from ..core.masking import mask_from_heads, mask_heads
+    from ..core.prune import prune_heads
+
     sizes = _batch_sizes(batch_sizes)
     BenchSettings(sizes, seq_len, tgt_len, warmup, repeats, min_repeat_s)  # refuse bad settings before loading
     if prune_fraction is not None and not 0.0 < prune_fraction <= 1.0:

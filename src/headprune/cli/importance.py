@@ -22,7 +22,7 @@ from .options import (
     show_progress,
     with_flags,
 )
-from .study import MODEL, _signature
+from .study import MODEL, run_signature
 
 
 @app.command("importance")
@@ -66,7 +66,7 @@ def importance(
     t = TaskSetup(model_dir, task, flags)
     ev = t.on(data, data2, max_length=max_length, block_size=block_size)
     n = len(ev) if calib_limit is None else min(calib_limit, len(ev))
-    sig = {**_signature(model_dir, task, data, data2, ev, 0, flags), "n": n, "calib_limit": calib_limit,
+    sig = {**run_signature(model_dir, task, data, data2, ev, 0, flags), "n": n, "calib_limit": calib_limit,
            "scores": scores, "absolute": absolute, "normalize": normalize,
            "max_length": max_length, "block_size": block_size}
     with checkpointed_blocks(t.model) if checkpoint_blocks else nullcontext():

@@ -78,7 +78,7 @@ def prune(
 ):
     """Physically remove heads and save the smaller model (safetensors + kept heads in config.json)."""
     from ..core.io import check_output_dir, load_model, load_tokenizer, save_pruned
-    from ..core.surgery import prune_heads
+    from ..core.prune import prune_heads
     from ..selection.gqa import kv_groups, kv_growth
 
     if (drop is None) == (heads is None):

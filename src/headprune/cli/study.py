@@ -40,7 +40,7 @@ from .options import (
 MODEL = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune), or a .gguf file.")
 
 
-def _signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int, flags: TaskFlags) -> dict:
+def run_signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int, flags: TaskFlags) -> dict:
     chosen = getattr(evaluator, "signature", {}).get("split")  # a datasets directory's split, when given
     return {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
             "split": Path(data).name, **({"data_split": chosen} if chosen else {}), "n": len(evaluator),
@@ -59,7 +59,7 @@ def ablate(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: P
     settings = sweep.settings()
     t = TaskSetup(model_dir, task, flags)
     ev = t.on(data, data2)
-    report = run_ablation(t.model, ev, output, signature=_signature(model_dir, task, data, data2, ev, sweep.seed, flags),
+    report = run_ablation(t.model, ev, output, signature=run_signature(model_dir, task, data, data2, ev, sweep.seed, flags),
                           sites=sweep.site_list(), settings=settings, fresh=fresh,
                           progress=show_progress(quiet, progress))
     echo_headline(output, report)
@@ -87,7 +87,7 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
     ev = t.on(data, data2)
     choose = (t.on(choose_data or data, choose_data2 if choose_data else data2, limit=calib_limit,
                    flag="--choose-data", split=choose_split) if choose_data or choose_split else None)
-    sig = _signature(model_dir, task, data, data2, ev, sweep.seed, flags)
+    sig = run_signature(model_dir, task, data, data2, ev, sweep.seed, flags)
     if choose is not None:
         sig.update(choose_data=choose_data or data, choose_n=len(choose), calib_limit=calib_limit)
         sig["data_sha256"].update({"--choose-data": content_sha256(choose_data or data),
@@ -118,7 +118,7 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
     t = TaskSetup(model_dir, task, flags)
     ev_a = t.on(data, data2)
     ev_b = t.on(data_b, data2_b, flag="--data-b", split=split_b)
-    sig = {**_signature(model_dir, task, data, data2, ev_a, sweep.seed, flags), "data_b": data_b, "n_b": len(ev_b),
+    sig = {**run_signature(model_dir, task, data, data2, ev_a, sweep.seed, flags), "data_b": data_b, "n_b": len(ev_b),
            **({"split_b": split_b} if split_b else {})}
     sig["data_sha256"].update({"--data-b": content_sha256(data_b),
                                **({"--data2-b": content_sha256(data2_b)} if data2_b else {})})
@@ -179,7 +179,7 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
     ev = t.on(data, data2)
     calib = (t.on(calib_data or data, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
                   split=calib_split) if calib_data or calib_split else ev)
-    sig = {**_signature(model_dir, task, data, data2, ev, 0, flags), "importance_data": calib_data or data,
+    sig = {**run_signature(model_dir, task, data, data2, ev, 0, flags), "importance_data": calib_data or data,
            **({"importance_split": calib_split} if calib_split else {}),
            "importance_n": len(calib), "calib_limit": calib_limit, "oracle_from": str(oracle_from) if oracle else None,
            "oracle_sha256": data_sha256(Path(oracle_from) / "ablation.csv") if oracle else None}

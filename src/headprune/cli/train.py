@@ -11,7 +11,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
-from ..train import ClassifierTrainSettings, TranslationTrainSettings
+from ..train.settings import ClassifierTrainSettings, TranslationTrainSettings
 from .app import app, friendly
 from .dataflags import in_cli_terms, parse_label_map, split_option
 from .options import LABEL, PAIR, SRC, TEXT, TGT, column

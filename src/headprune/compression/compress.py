@@ -17,8 +17,9 @@ from torch import nn
 from ..core.cost import flop_breakdown
 from ..core.folding import fold_scales
 from ..core.kvcache import kv_cache_bytes
+from ..core.prune import prune_heads
 from ..core.sites import find_sites
-from ..core.surgery import DroppedHeads, KeptHeads, kept_heads, prune_heads
+from ..core.surgery import DroppedHeads, KeptHeads, kept_heads
 from ..core.verify import verify_surgery
 from ..errors import ConfigError
 from ..scoring.gradients import LossFn

@@ -36,9 +36,10 @@ from torch import nn
 from ..checks import check_choice, check_int, check_number, check_share
 from ..core.cost import flop_breakdown
 from ..core.ffn import find_ffns
-from ..core.neurons import kept_neurons, prune_neurons
+from ..core.kept import kept_neurons
+from ..core.prune import prune_heads, prune_neurons
 from ..core.sites import find_sites
-from ..core.surgery import kept_heads, prune_heads
+from ..core.surgery import kept_heads
 from ..core.unit_cost import PRICES, UnitCosts, unit_costs
 from ..core.verify import verify_surgery
 from ..errors import ConfigError

@@ -40,8 +40,9 @@ from torch import nn
 from transformers.utils import logging as hf_logging
 
 from ..errors import ConfigError, DataError, PlanError, UnsupportedModelError
-from .neurons import KEPT_NEURONS_KEY, ORIGINAL_NEURONS_KEY, keep_neurons
-from .surgery import KEPT_KEY, LEGACY_KEYS, ORIGINAL_KEY, keep_heads
+from .neurons import cut_neurons, neurons_to_drop
+from .records import KEPT_KEY, KEPT_NEURONS_KEY, LEGACY_KEYS, ORIGINAL_KEY, ORIGINAL_NEURONS_KEY
+from .surgery import cut_heads, heads_to_drop
 
 PLAIN_WEIGHTS, PLAIN_INDEX = "model.safetensors", "model.safetensors.index.json"  # what transformers looks for
 PRUNED_WEIGHTS, PRUNED_INDEX = "pruned.safetensors", "pruned.safetensors.index.json"  # what it does not
@@ -232,7 +233,7 @@ def from_pretrained_pruned(cls: type, path: Path, config, kept: dict, original: 
     try:
         model, info = _replaying(cls, kept, original, neurons).from_pretrained(
             path, config=config, ignore_mismatched_sizes=True, output_loading_info=True, **kwargs)
-    except PlanError as e:  # from keep_heads: kept heads that do not fit the model's config
+    except PlanError as e:  # from heads_to_drop: kept heads that do not fit the model's config
         raise PlanError(f"{KEPT_KEY} in {str(path)!r}/config.json: {e}") from None
     except RuntimeError as e:  # a conversion that failed, or a tensor that cannot be copied
         raise PlanError(f"weights in {str(path)!r} do not fit the kept heads in its config.json: "
@@ -267,9 +268,9 @@ def _replaying(cls: type, kept: dict, original: dict | None, neurons: tuple = (N
         # skeleton is built on the CPU, uninitialised as _from_config would (weights are loaded next)
         with torch.device("cpu"), no_init_weights():
             cls.__init__(self, config, *args, **kwargs)
-            keep_heads(self, kept, original, verify=False)  # verified when it was pruned
+            cut_heads(self, heads_to_drop(self, kept, original))  # verified when it was pruned
             if neurons[0]:
-                keep_neurons(self, neurons[0], neurons[1])
+                cut_neurons(self, neurons_to_drop(self, neurons[0], neurons[1]))
         own = {name: module for name, module in self.named_modules() if _is_headprune(module)}
         for module in own.values():  # its weights all come from the checkpoint; and transformers' init of
             module._is_hf_initialized = True  # e.g. T5Attention would reach for projections surgery deleted

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from .records import ORIGINAL_KEY, config_record
 from .sites import find_sites, is_conv1d
-from .surgery import ORIGINAL_KEY, config_record
 
 # (up/gate child names, down child name) under one container module, most specific first.
 _PATTERNS = (

@@ -1,69 +1,29 @@
-"""Save and load models: safetensors weights + the config, which carries the kept heads.
+"""Loading for users: a model directory (or GGUF file) in, a model that runs exactly out.
 
-:func:`save_pruned` writes a Hugging Face model directory atomically (into a temporary sibling,
-renamed into place at the end). A pruned model's directory has the layout described in
-:mod:`.checkpoint`: the kept heads in ``config.json``, weights under a name plain transformers does
-not read, and a marker that makes ``from_pretrained`` fail loudly, naming
-:func:`headprune.load_pruned`. :func:`load_pruned` loads it through transformers' own
-``from_pretrained`` with the kept heads replayed on the freshly built model, so key conversions,
-tied weights, dtype and attention implementation are transformers'. No pickle anywhere; models
-and tokenizers come from local directories only, never from a hub, and never with custom code.
+:func:`load_pruned` reads a directory through :func:`.saving.read_pruned` (transformers' own
+``from_pretrained`` with the kept heads replayed) and then checks a pruned model like one about to be
+pruned (:mod:`.verify`: its family may not be exact under this environment's transformers).
+:func:`save_pruned` (:mod:`.saving`) writes what these read. Models and tokenizers come from local
+directories only, never from a hub, and never with custom code.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import torch
 import transformers
 from torch import nn
 
-from ..errors import ConfigError, DataError, PlanError, UnsupportedModelError
-from ..provenance import __version__
-from .checkpoint import (
-    atomic_directory,
-    check_output_dir,
-    finish_layout,
-    from_pretrained_pruned,
-    pruned_record,
-    read_config,
-    weight_files,
-)
+from ..errors import ConfigError, UnsupportedModelError
+from .checkpoint import check_output_dir
 from .gguf import is_gguf, load_gguf, load_gguf_tokenizer
-from .stock import write_stock
-from .surgery import KEPT_KEY, config_record
+from .records import KEPT_KEY, KEPT_NEURONS_KEY, config_record
+from .saving import read_pruned, save_pruned
 from .verify import check_model
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
 __all__ = ["save_pruned", "load_pruned", "load_model", "load_tokenizer", "check_output_dir"]
-
-
-def save_pruned(model: nn.Module, path: str | Path, tokenizer=None, *, stock: bool = True) -> Path:
-    """Write ``model`` (pruned or not) and optionally its tokenizer to the new directory ``path``.
-
-    ``path`` must not exist or be an empty directory. The directory appears only once complete: a
-    failure half way (a full disk) leaves nothing behind. An unpruned model is saved exactly as
-    ``save_pretrained`` does. A pruned one whose shape a stock config can say (the same heads in every
-    layer of a family with ``head_dim`` in its config, :mod:`.stock`) is saved as a stock directory that
-    plain ``from_pretrained`` loads exactly (checked by reloading it before the directory appears);
-    otherwise (or with ``stock=False``) in headprune's layout (load it with :func:`load_pruned`;
-    plain ``from_pretrained`` refuses it). The attention implementation is recorded in ``config.json``
-    so loading keeps it.
-    """
-    path = check_output_dir(path)
-    model.config.headprune_version = __version__
-    pruned = bool(config_record(model.config, KEPT_KEY))
-    with atomic_directory(path) as tmp:
-        if not (pruned and stock and write_stock(model, tmp) is None):
-            model.save_pretrained(tmp)
-            finish_layout(tmp, model, pruned)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
-    return path
 
 
 def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | str | None = None,
@@ -81,52 +41,15 @@ def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
     are refused. A pruned model is then checked like one about to be pruned (:mod:`.verify`: the
     family may not be exact under this environment's transformers); ``verify=False`` skips that.
     """
-    path = Path(path)
-    raw = read_config(path)
-    kept, original = pruned_record(raw, path)
-    try:
-        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
-    except (ValueError, KeyError, TypeError, OSError) as e:
-        raise UnsupportedModelError(f"config.json in {str(path)!r} cannot be loaded by transformers "
-                                    f"{transformers.__version__}: {str(e).strip().splitlines()[0]}") from None
-    cls = model_class or _architecture(config, path)
-    if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
-        raise ConfigError(f"model_class={cls!r}; allowed: a transformers PreTrainedModel class")
-    kwargs: dict = {"trust_remote_code": False}
-    if dtype is not None:
-        kwargs["dtype"] = dtype
-    if attn_implementation is not None:
-        kwargs["attn_implementation"] = attn_implementation
-    if device_map is not None:
-        if device is not None:
-            raise ConfigError(f"device={device!r} and device_map={device_map!r}; allowed: one of them")
-        kwargs["device_map"] = device_map
-    weights = weight_files(path, required=bool(kept))
-    if kept:
-        model = from_pretrained_pruned(cls, path, config, kept, original, weights, strict=model_class is None,
-                                       **kwargs)
-        if verify:
-            verdict = check_model(model)
-            if not verdict.ok:
-                raise UnsupportedModelError(f"{str(path)!r} holds a pruned model that headprune cannot run exactly "
-                                            f"with transformers {transformers.__version__}: {verdict.error()}")
-    else:
-        try:
-            model = cls.from_pretrained(path, config=config, **kwargs)
-        except OSError as e:  # no weights file transformers knows
-            raise DataError(f"cannot load weights from {str(path)!r}: {str(e).strip().splitlines()[0]}") from None
-    if device is not None:
-        model.to(device)
-    return model.eval()
-
-
-def _architecture(config, path: Path) -> type:
-    names = getattr(config, "architectures", None) or []
-    for name in names:
-        cls = getattr(transformers, name, None)
-        if cls is not None:
-            return cls
-    raise PlanError(f"config in {str(path)!r} names no known architecture ({names}); pass model_class=")
+    model = read_pruned(path, model_class=model_class, dtype=dtype, device=device,
+                        attn_implementation=attn_implementation, device_map=device_map)
+    if verify and config_record(model.config, KEPT_KEY):
+        units = ("heads", "neurons") if config_record(model.config, KEPT_NEURONS_KEY) else ("heads",)
+        verdict = check_model(model, units)
+        if not verdict.ok:
+            raise UnsupportedModelError(f"{str(path)!r} holds a pruned model that headprune cannot run exactly "
+                                        f"with transformers {transformers.__version__}: {verdict.error()}")
+    return model
 
 
 def load_model(model_dir: str | Path, *, model_class: type | None = None, device: torch.device | str | None = None,

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Sequence
 
 from torch import nn
 
+from .kept import original_heads
 from .sites import find_sites, kv_of_heads
-from .surgery import original_heads
 
 
 def cached_kv_heads(groups: Sequence[int], kept: Iterable[int]) -> int:

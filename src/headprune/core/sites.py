@@ -64,6 +64,9 @@ class Projection:
     width: int  # number of output features of this projection (heads * head_dim)
 
 
+REPR_FIELDS = ("name", "kind", "layer", "num_heads", "num_kv_heads", "head_dim", "path")  # what Site's repr shows
+
+
 @dataclass(eq=False)
 class Site:
     """One attention block of a model.
@@ -86,9 +89,9 @@ class Site:
     o: nn.Module
     meta: dict = field(default_factory=dict)  # family details surgery needs (e.g. fused, bert_style)
 
-    def __repr__(self) -> str:
-        return (f"Site({self.name!r}, kind={self.kind!r}, heads={self.num_heads}, "
-                f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, path={self.path!r})")
+    def __repr__(self) -> str:  # each field under its attribute's name (modules and meta left out)
+        shown = ", ".join(f"{k}={getattr(self, k)!r}" for k in REPR_FIELDS)
+        return f"Site({shown})"
 
 
 def is_conv1d(module: nn.Module) -> bool:

@@ -27,9 +27,10 @@ import transformers
 from torch import nn
 
 from .inputs import example_inputs
+from .kept import original_heads
+from .records import KEPT_KEY, LEGACY_KEYS, ORIGINAL_KEY, config_record
 from .runtime import RepeatHeads
 from .sites import find_sites
-from .surgery import KEPT_KEY, LEGACY_KEYS, ORIGINAL_KEY, config_record, original_heads
 
 STOCK_KEY = "headprune_stock"  # in a stock config.json: what was pruned (transformers ignores it)
 TOLERANCE = 1e-5  # of the largest logit magnitude

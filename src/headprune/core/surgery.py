@@ -15,27 +15,28 @@ T5 computes one relative-position bias ``[1, heads, q, k]`` in its first layer a
 every later layer. Surgery keeps that bias table whole and makes each pruned layer take the rows of
 its own kept heads (the bug of transformers v4's T5 pruning, #19625, cannot happen).
 
-Two kinds of head lists, two names (never "plan" for both):
-
-- :data:`DroppedHeads` ``{site: [indices among the heads the site has now]}``: what to remove.
-  :func:`prune_heads` takes it; selection (:mod:`headprune.selection`) returns it; ``--drop`` on
-  the CLI. On a model pruned before, index ``i`` is the site's ``i``-th remaining head.
-- :data:`KeptHeads` ``{site: [original indices of the heads the site keeps]}``: what a pruned model
-  is. :func:`kept_heads` reads it, :func:`keep_heads` replays it on an unpruned model, and it is
-  saved in ``config.json`` (``headprune_kept_heads``), so loading rebuilds the smaller shapes.
+Surgery takes :data:`~.records.DroppedHeads` ``{site: [indices among the heads the site has now]}`` (on a
+model pruned before, index ``i`` is the site's ``i``-th remaining head) and records
+:data:`~.records.KeptHeads` in the config. The contract, shared with neuron surgery (:mod:`.neurons`):
+validated before any change (:func:`check_head_drops`), refused inside an active mask, atomic (a
+:class:`~.snapshot.Snapshot` restores the model when a cut fails half way). This layer does not verify:
+:func:`headprune.prune_heads` (:mod:`.prune`) runs the trial (:mod:`.verify`) first, then cuts here.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
 
 from ..errors import PlanError
-from .masking import is_masked
+from .kept import kept_heads, original_heads
+from .masking import HEADS, masked_kinds, unit_indices
+from .records import KEPT_KEY, LEGACY_KEYS, ORIGINAL_KEY, DroppedHeads, KeptHeads, config_record
 from .runtime import BiasOnly, RemovedAttention, RepeatHeads, T5PrunedAttention, shares_t5_bias, swap_class
 from .sites import (
     Projection,
@@ -47,49 +48,26 @@ from .sites import (
     kv_of_heads,
     out_features,
 )
-from .verify import verify_surgery
+from .snapshot import Snapshot
 
-KEPT_KEY = "headprune_kept_heads"  # config attribute: KeptHeads of the model
-ORIGINAL_KEY = "headprune_original_heads"  # config attribute: {site: number of heads before any pruning}
-LEGACY_KEYS = {KEPT_KEY: "headprune_plan", ORIGINAL_KEY: "headprune_heads"}  # written by headprune 0.1.0
-
-DroppedHeads = dict[str, list[int]]  # {site: indices among the heads the site has now} -- to remove
-KeptHeads = dict[str, list[int]]  # {site: original indices of the heads the site keeps} -- what is left
+__all__ = ["check_head_drops", "cut_heads", "heads_to_drop", "refuse_masked", "DroppedHeads", "KeptHeads",
+           "kept_heads", "original_heads", "KEPT_KEY", "ORIGINAL_KEY", "LEGACY_KEYS", "config_record"]
 
 
-def config_record(config, key: str) -> dict | None:
-    """A headprune record of ``config`` (``KEPT_KEY`` or ``ORIGINAL_KEY``), read under its 0.1.0 name too."""
-    value = getattr(config, key, None)
-    if value is None:
-        value = getattr(config, LEGACY_KEYS[key], None)
-    return dict(value) if value else None
+def refuse_masked(model: nn.Module, action: str) -> None:
+    """Surgery inside an active mask is refused (the mask's hooks hold the old widths)."""
+    kinds = masked_kinds(model)
+    if "heads" in kinds:
+        raise PlanError(f"model is masked; call headprune.unmask_heads(model) before {action}")
+    if kinds:
+        raise PlanError(f"model has a neuron mask applied (inside masked_neurons(...)); leave that block before "
+                        f"{action}")
 
 
-def original_heads(model: nn.Module) -> dict[str, int]:
-    """Number of heads each site had before any pruning (removed sites included)."""
-    recorded = config_record(model.config, ORIGINAL_KEY)
-    if recorded:
-        return recorded
-    return {s.name: s.num_heads for s in find_sites(model)}
-
-
-def kept_heads(model: nn.Module) -> KeptHeads:
-    """For every site, the original indices of the heads it has now, in the order it holds them."""
-    kept = config_record(model.config, KEPT_KEY) or {}
-    return {name: list(kept.get(name, range(n))) for name, n in original_heads(model).items()}
-
-
-def prune_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]], *, verify: bool = True) -> KeptHeads:
-    """Remove ``dropped`` ({site name: indices among the site's current heads}) from ``model`` in place.
-
-    Everything is validated before anything changes, and ``verify`` first proves on a shrunk copy of
-    the model's class that surgery is exact for it (:mod:`.verify`; refused otherwise). The call is
-    atomic: if slicing fails half way, the model is restored to what it was. Returns the model's
-    :data:`KeptHeads` afterwards ({site: original indices of the kept heads}), also stored in
-    ``model.config``.
-    """
-    if is_masked(model):
-        raise PlanError("model is masked; call headprune.unmask_heads(model) before prune_heads")
+def check_head_drops(model: nn.Module, dropped: Mapping[str, Iterable[int]]) -> DroppedHeads:
+    """``dropped`` ({site: indices among its current heads}) checked against ``model``: sorted, without
+    repeats, sites that drop nothing left out. Raises :class:`PlanError` before anything changes."""
+    refuse_masked(model, "prune_heads")
     if not isinstance(dropped, Mapping):
         raise PlanError(f"dropped must be a mapping site name -> head indices, got {type(dropped).__name__}")
     sites = {s.name: s for s in find_sites(model)}
@@ -99,23 +77,31 @@ def prune_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]], *, verif
         raise PlanError(f"model.config records kept heads that do not match the model (site: recorded, present): "
                         f"{stale}; is its config object shared with another model that was pruned? Give each "
                         "model its own config (copy.deepcopy(config)) before pruning")
-    drops: dict[str, list[int]] = {}
+    drops: DroppedHeads = {}
     for name, idx in dropped.items():
         if name not in sites:
             gone = " (it has no heads left)" if name in before else ""
             raise PlanError(f"dropped: unknown site {name!r}{gone}; allowed: {', '.join(sites) or '(none)'}")
-        drops[name] = _check_indices("dropped", name, idx, sites[name].num_heads)
-    drops = {name: drop for name, drop in drops.items() if drop}
+        drops[name] = sorted(set(unit_indices(HEADS, "dropped", name, idx, sites[name].num_heads, PlanError)))
+    return {name: drop for name, drop in drops.items() if drop}
+
+
+def cut_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]]) -> KeptHeads:
+    """Remove ``dropped`` from ``model`` in place, unverified (:func:`headprune.prune_heads` verifies first).
+    Checked before anything changes; atomic: if slicing fails half way, the model is restored to what it
+    was. Returns the model's :data:`KeptHeads` afterwards, also stored in ``model.config``."""
+    drops = check_head_drops(model, dropped)
     if not drops:
-        return before
-    if verify:
-        verify_surgery(model)
+        return kept_heads(model)
+    sites = {s.name: s for s in find_sites(model)}
+    before = kept_heads(model)
     kept = config_record(model.config, KEPT_KEY) or {}
-    snapshot = _Snapshot(model, [sites[name] for name in drops])
+    snapshot = Snapshot(model, [m for name in drops for m in _site_roots(model, sites[name])])
     try:
         for name, drop in drops.items():
             site = sites[name]
-            keep = [h for h in range(site.num_heads) if h not in set(drop)]
+            gone = set(drop)
+            keep = [h for h in range(site.num_heads) if h not in gone]
             kept[name] = [before[name][h] for h in keep]
             if keep:
                 _slice_site(model, site, keep, kept[name])
@@ -133,49 +119,19 @@ def prune_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]], *, verif
     return kept_heads(model)
 
 
-class _Snapshot:
-    """The state surgery may change -- every module of the affected sites (their parameters, children,
-    attributes and class) and the config's records -- so a failed call can put it all back.
-
-    Surgery replaces parameters and children rather than writing into them, so shallow copies of each
-    module's dictionaries hold the old tensors and modules."""
-
-    def __init__(self, model: nn.Module, sites: list[Site]):
-        modules: dict[int, nn.Module] = {}
-        for site in sites:
-            roots = [site.attention, site.o]
-            if site.meta.get("bert_style"):
-                roots.append(model.get_submodule(site.path.rsplit(".", 1)[0]))
-            for root in roots:
-                modules.update({id(m): m for m in root.modules()})
-        self.modules = [(m, m.__class__, _copy_state(m.__dict__)) for m in modules.values()]
-        self.config = model.config
-        self.records = {k: copy.deepcopy(getattr(model.config, k)) for k in (*LEGACY_KEYS, *LEGACY_KEYS.values())
-                        if hasattr(model.config, k)}
-
-    def restore(self) -> None:
-        for module, cls, state in self.modules:
-            module.__dict__.clear()
-            module.__dict__.update(_copy_state(state))
-            module.__class__ = cls
-        for key in (*LEGACY_KEYS, *LEGACY_KEYS.values()):
-            if key in self.records:
-                setattr(self.config, key, self.records[key])
-            elif hasattr(self.config, key):
-                delattr(self.config, key)
+def _site_roots(model: nn.Module, site: Site) -> list[nn.Module]:
+    """The modules surgery of ``site`` may change (with their children)."""
+    roots = [site.attention, site.o]
+    if site.meta.get("bert_style"):
+        roots.append(model.get_submodule(site.path.rsplit(".", 1)[0]))
+    return roots
 
 
-def _copy_state(state: dict) -> dict:
-    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in state.items()}
-
-
-def keep_heads(model: nn.Module, kept: Mapping[str, Iterable[int]],
-               original: Mapping[str, int] | None = None, *, verify: bool = True) -> KeptHeads:
-    """Replay :data:`KeptHeads` ({site: original indices of kept heads}) on an unpruned model.
-
-    ``original`` ({site: heads before pruning}, as saved beside the kept heads) refuses a model of
-    another shape before anything changes.
-    """
+def heads_to_drop(model: nn.Module, kept: Mapping[str, Iterable[int]],
+                  original: Mapping[str, int] | None = None) -> DroppedHeads:
+    """The :data:`DroppedHeads` that leave an unpruned ``model`` with :data:`KeptHeads` ``kept`` ({site:
+    original indices of kept heads}); ``original`` ({site: heads before pruning}, as saved beside the kept
+    heads) refuses a model of another shape. Raises :class:`PlanError` before anything changes."""
     if config_record(model.config, KEPT_KEY):
         raise PlanError("keep_heads needs an unpruned model; this one already carries kept heads")
     current = {s.name: s.num_heads for s in find_sites(model)}
@@ -189,20 +145,9 @@ def keep_heads(model: nn.Module, kept: Mapping[str, Iterable[int]],
     for name, keep in kept.items():
         if name not in current:
             raise PlanError(f"kept: unknown site {name!r}; allowed: {', '.join(current)}")
-        keep = _check_indices("kept", name, keep, current[name])
-        drops[name] = [h for h in range(current[name]) if h not in set(keep)]
-    return prune_heads(model, drops, verify=verify)
-
-
-def _check_indices(argument: str, name: str, idx: Iterable[int], n: int) -> list[int]:
-    if isinstance(idx, (str, bytes)) or not isinstance(idx, Iterable):
-        raise PlanError(f"{argument}[{name!r}] must be a list of head indices, got {idx!r}")
-    out = []
-    for h in (idx.tolist() if isinstance(idx, torch.Tensor) else idx):
-        if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h < n:
-            raise PlanError(f"{argument}[{name!r}]: head index {h!r} out of range; allowed: integers 0..{n - 1}")
-        out.append(h)
-    return sorted(set(out))
+        keep = set(unit_indices(HEADS, "kept", name, keep, current[name], PlanError))
+        drops[name] = [h for h in range(current[name]) if h not in keep]
+    return drops
 
 
 # ---------------------------------------------------------------- slicing kept heads
@@ -241,7 +186,8 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
     q_rows = _rows(keep, hd)
     kv_of = kv_of_heads(site)
     kept_kv = sorted({kv_of[h] for h in keep})
-    counts = [sum(1 for h in keep if kv_of[h] == j) for j in kept_kv]
+    per_kv = Counter(kv_of[h] for h in keep)
+    counts = [per_kv[j] for j in kept_kv]
     group = math.gcd(*counts)
     kv_rows = _rows(kept_kv, hd)
     if site.meta.get("fused") == "interleaved":  # [q_h | k_h | v_h] per head
@@ -284,7 +230,10 @@ def _slice_head_lists(site: Site, keep: list[int], seen_kv: list[int]) -> None:
     for parent, attr, side in head_lists(site):
         old = getattr(parent, attr)
         order = keep if side == "query" else seen_kv
-        new = nn.ModuleList([old[h] if order.index(h) == i else copy.deepcopy(old[h]) for i, h in enumerate(order)])
+        new, seen = nn.ModuleList(), set()
+        for h in order:  # a head's first place holds its module; a repeat (uneven GQA) gets a copy
+            new.append(copy.deepcopy(old[h]) if h in seen else old[h])
+            seen.add(h)
         setattr(parent, attr, new)
         if getattr(parent, "num_heads", None) == len(old):
             parent.num_heads = len(new)

@@ -5,7 +5,11 @@ records how its attention is called (:mod:`.calls`), then checks that a ``[batch
 scales each example's own heads, that pruned equals masked for random plans (one emptying a site,
 one uneven under grouped-query attention; padded inputs), that a cached greedy ``generate`` of the
 pruned copy gives the masked copy's tokens and scores, and that the pruned copy saved and loaded
-back computes the same. Each check's failure is one line of :attr:`Trial.problems`.
+back computes the same. For FFN neurons (``units`` with ``"neurons"``) the same trial checks that
+neuron surgery equals the neuron mask for random plans (one emptying an FFN) and survives saving:
+an FFN that mixes its intermediate features (a norm over them, a gate over a window) fails here.
+Each check's failure is one line of :attr:`Trial.problems`. Surgery here is the unverified cut
+(:mod:`.surgery`, :mod:`.neurons`); the public functions that verify, then cut, sit above (:mod:`.prune`).
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ from torch import nn
 
 from ..errors import HeadpruneError, UnsupportedModelError
 from .calls import TEMPLATES, read_template
-from .masking import mask_from_heads, masked
+from .ffn import FFN, find_ffns
+from .masking import mask_from_heads, masked, masked_neurons, neuron_mask_from
+from .neurons import cut_neurons
+from .saving import read_pruned, save_pruned
 from .sites import Site, find_sites
+from .surgery import cut_heads
 
 RTOL = 1e-4  # of the largest output compared; inexact surgery differs by 1e-2 .. 1e0
 
@@ -37,9 +45,9 @@ class Trial:
     transient: bool = False  # a check failed for a reason of the machine (e.g. a full disk)
 
 
-def run_trial(cls: type, config, attn: str | None) -> Trial:
+def run_trial(cls: type, config, attn: str | None, units: tuple[str, ...] = ("heads",)) -> Trial:
     """Build ``cls`` from ``config`` (a shrunk one) with attention implementation ``attn`` and run every
-    check on it; never raises for a model that fails a check."""
+    check of ``units`` (``"heads"``, ``"neurons"``) on it; never raises for a model that fails a check."""
     verdict = Trial()
     try:
         small = _build(cls, config, attn)
@@ -59,10 +67,15 @@ def run_trial(cls: type, config, attn: str | None) -> Trial:
     if idle := [s.name for s in sites if s.name not in ran]:  # e.g. a vision tower fed text only
         verdict.problems.append(f"sites {idle} do not run on the example inputs, so their surgery cannot be checked")
         return verdict
-    checks = [("batched mask", lambda: _check_batched_mask(small, sites, x)),
-              ("pruned == masked", lambda: _check_plans(small, config, sites, x)),
-              ("cached generate", lambda: _check_generate(small, config, sites, x)),
-              ("save/load", lambda: _check_roundtrip(small, config, sites, x))]
+    checks = []
+    if "heads" in units:
+        checks += [("batched mask", lambda: _check_batched_mask(small, sites, x)),
+                   ("pruned == masked", lambda: _check_plans(small, config, sites, x)),
+                   ("cached generate", lambda: _check_generate(small, config, sites, x)),
+                   ("save/load", lambda: _check_roundtrip(small, config, sites, x))]
+    if "neurons" in units:
+        checks += [("neurons pruned == masked", lambda: _check_neuron_plans(small, config, x)),
+                   ("neurons save/load", lambda: _check_neuron_roundtrip(small, config, x))]
     for name, check in checks:
         try:
             problem = check()
@@ -153,9 +166,11 @@ def _causal(model: nn.Module) -> bool:
         type(model).__name__.endswith(("ForCausalLM", "LMHeadModel")) or getattr(model.config, "is_decoder", False))
 
 
-def _output(model: nn.Module, x: dict, mask=None) -> torch.Tensor:
-    """The model's main output with padded positions zeroed (they may hold anything)."""
-    with torch.no_grad(), (masked(model, mask) if mask else nullcontext()):
+def _output(model: nn.Module, x: dict, mask=None, neurons=None) -> torch.Tensor:
+    """The model's main output with padded positions zeroed (they may hold anything), under head mask ``mask``
+    and neuron mask ``neurons`` when given."""
+    with torch.no_grad(), (masked(model, mask) if mask else nullcontext()), \
+            (masked_neurons(model, neurons) if neurons else nullcontext()):
         out = model(**x, **({"use_cache": False} if _takes(model, "use_cache") else {}))
     y = getattr(out, "logits", None)
     if y is None:
@@ -213,13 +228,11 @@ def _check_batched_mask(model: nn.Module, sites: list[Site], x: dict) -> str:
 
 
 def _check_plans(model: nn.Module, config, sites: list[Site], x: dict) -> str:
-    from .surgery import prune_heads
-
     attn = getattr(model.config, "_attn_implementation", None)
     for plan in _plans(sites):
         want = _output(model, x, mask_from_heads(sites, plan))
         pruned = _build(type(model), config, attn)
-        prune_heads(pruned, plan, verify=False)
+        cut_heads(pruned, plan)
         problem = _differs(_output(pruned, x), want)
         if problem:
             return f"plan {plan}: {problem}"
@@ -227,8 +240,6 @@ def _check_plans(model: nn.Module, config, sites: list[Site], x: dict) -> str:
 
 
 def _check_generate(model: nn.Module, config, sites: list[Site], x: dict) -> str:
-    from .surgery import prune_heads
-
     if not (hasattr(model, "generate") and model.can_generate()) or "input_ids" not in x:
         return "skip"
     attn = getattr(model.config, "_attn_implementation", None)
@@ -239,7 +250,7 @@ def _check_generate(model: nn.Module, config, sites: list[Site], x: dict) -> str
         with torch.no_grad(), masked(model, mask_from_heads(sites, plan)):
             want = model.generate(**inputs, **kw)
         pruned = _build(type(model), config, attn)
-        prune_heads(pruned, plan, verify=False)
+        cut_heads(pruned, plan)
         with torch.no_grad():
             got = pruned.generate(**inputs, **kw)
         if not torch.equal(got.sequences, want.sequences):
@@ -252,12 +263,47 @@ def _check_generate(model: nn.Module, config, sites: list[Site], x: dict) -> str
 
 
 def _check_roundtrip(model: nn.Module, config, sites: list[Site], x: dict) -> str:
-    from .io import load_pruned, save_pruned  # io imports surgery, which imports this module
-    from .surgery import prune_heads
-
     plan = _plans(sites)[0]
     pruned = _build(type(model), config, getattr(model.config, "_attn_implementation", None))
-    prune_heads(pruned, plan, verify=False)
+    cut_heads(pruned, plan)
+    return _reloaded_differs(pruned, x)
+
+
+def _neuron_plans(ffns: list[FFN], n: int = 2, seed: int = 0) -> list[dict[str, list[int]]]:
+    """Random neuron plans: plan 0 empties the first FFN."""
+    rng = random.Random(seed)
+    plans = []
+    for i in range(n):
+        plan = {f.name: sorted(rng.sample(range(f.width), rng.randint(1, max(1, f.width - 1)))) for f in ffns}
+        if i == 0:
+            plan[ffns[0].name] = list(range(ffns[0].width))
+        plans.append(plan)
+    return plans
+
+
+def _check_neuron_plans(model: nn.Module, config, x: dict) -> str:
+    ffns = find_ffns(model)
+    if not ffns:
+        return "no feed-forward block found"
+    attn = getattr(model.config, "_attn_implementation", None)
+    for plan in _neuron_plans(ffns):
+        want = _output(model, x, neurons=neuron_mask_from(model, plan))
+        pruned = _build(type(model), config, attn)
+        cut_neurons(pruned, plan)
+        problem = _differs(_output(pruned, x), want)
+        if problem:
+            return f"neuron plan {plan}: {problem}"
+    return ""
+
+
+def _check_neuron_roundtrip(model: nn.Module, config, x: dict) -> str:
+    pruned = _build(type(model), config, getattr(model.config, "_attn_implementation", None))
+    cut_neurons(pruned, _neuron_plans(find_ffns(pruned))[1])
+    return _reloaded_differs(pruned, x)
+
+
+def _reloaded_differs(pruned: nn.Module, x: dict) -> str:
+    """What differs between ``pruned`` and ``pruned`` saved and read back ("" when nothing)."""
     want = _output(pruned, x)
     bars = transformers.utils.logging.is_progress_bar_enabled()
     transformers.utils.logging.disable_progress_bar()  # a shard bar per check is noise
@@ -265,7 +311,7 @@ def _check_roundtrip(model: nn.Module, config, sites: list[Site], x: dict) -> st
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / "model"
             save_pruned(pruned, path)
-            loaded = load_pruned(path, model_class=type(pruned))
+            loaded = read_pruned(path, model_class=type(pruned))
             if getattr(pruned.config, "_attn_implementation", None) and hasattr(loaded, "set_attn_implementation"):
                 loaded.set_attn_implementation(pruned.config._attn_implementation)
             got = _output(loaded.float().eval(), x)

@@ -13,8 +13,12 @@ touched):
    two layers per stack, a small feed-forward and vocabulary (:func:`shrunk_config`), random
    weights; the model itself is not copied.
 
+Neuron surgery is verified by the same trial (``units=("neurons",)``): pruned FFN neurons must
+compute what masked ones do, which a family with a norm or any other mix over the intermediate
+features fails.
+
 Verdicts are cached per (model class, shrunk config, attention implementation, transformers
-version) for the process. Anything not exact raises :class:`UnsupportedModelError` naming the
+version, units) for the process. Anything not exact raises :class:`UnsupportedModelError` naming the
 family, the attention class and what differed. ``verify=False`` (CLI: ``--trust-unverified``) is
 the only way past it.
 """
@@ -29,6 +33,7 @@ import transformers
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from .records import RECORD_KEYS, VERSION_KEY
 from .runtime import RepeatHeads, shares_t5_bias
 from .sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_lists, head_tensors
 from .trial import run_trial
@@ -68,29 +73,35 @@ _VERDICTS: dict[str, Verdict] = {}
 _ACTIVE = [0]  # verifications running now: the shrunk copies' own surgery and reload are not re-verified
 
 
-def verify_surgery(model: nn.Module) -> Verdict:
-    """Refuse ``model`` (raise :class:`UnsupportedModelError`) unless surgery is exact for its class."""
-    verdict = check_model(model)
+UNITS = ("heads", "neurons")
+
+
+def verify_surgery(model: nn.Module, units: tuple[str, ...] = ("heads",)) -> Verdict:
+    """Refuse ``model`` (raise :class:`UnsupportedModelError`) unless surgery of ``units`` (``"heads"``,
+    ``"neurons"``) is exact for its class."""
+    verdict = check_model(model, units)
     if not verdict.ok:
         raise verdict.error()
     return verdict
 
 
-def check_model(model: nn.Module) -> Verdict:
-    """Run (or recall) every check for ``model``'s class and options; never raises for a wrong model."""
+def check_model(model: nn.Module, units: tuple[str, ...] = ("heads",)) -> Verdict:
+    """Run (or recall) every check of ``units`` for ``model``'s class and options; never raises for a wrong
+    model."""
+    units = tuple(u for u in UNITS if u in units)
     sites = find_sites(model)
-    scan = per_head_parameters(sites)
+    scan = per_head_parameters(sites) if "heads" in units else []
     family = getattr(model.config, "model_type", None) or type(model).__name__
     classes = sorted({type(s.attention).__name__ for s in sites})
     small_config = shrunk_config(model.config)
-    key = _key(model, small_config)
+    key = _key(model, small_config, units)
     if _ACTIVE[0]:
         return Verdict(family, type(model).__name__, classes, exact=["(inside a verification)"])
     verdict = _VERDICTS.get(key)
     if verdict is None:
         _ACTIVE[0] += 1
         try:
-            outcome = run_trial(type(model), small_config, getattr(model.config, "_attn_implementation", None))
+            outcome = run_trial(type(model), small_config, getattr(model.config, "_attn_implementation", None), units)
             verdict = Verdict(family, type(model).__name__, classes, exact=outcome.exact, problems=outcome.problems,
                               transient=outcome.transient)
         finally:
@@ -137,9 +148,7 @@ def shrunk_config(config):
     """A copy of ``config`` with at most two layers per stack, a small feed-forward and vocabulary, and no
     headprune records: the same attention class and options at a fraction of the size."""
     small = copy.deepcopy(config)
-    for key in ("headprune_kept_heads", "headprune_original_heads", "headprune_plan", "headprune_heads",
-                "headprune_kept_neurons", "headprune_original_neurons",
-                "headprune_version", "quantization_config"):
+    for key in (*RECORD_KEYS, VERSION_KEY, "quantization_config"):
         if hasattr(small, key):
             delattr(small, key)
     for key in LAYER_KEYS:
@@ -173,9 +182,10 @@ def _keep_kinds(values: list, n: int) -> list:
     return out
 
 
-def _key(model: nn.Module, small_config) -> str:
+def _key(model: nn.Module, small_config, units: tuple[str, ...]) -> str:
     options = small_config.to_dict()
     for k in ("_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype"):
         options.pop(k, None)
     impl = getattr(model.config, "_attn_implementation", None)
-    return json.dumps([type(model).__name__, impl, transformers.__version__, options], sort_keys=True, default=str)
+    return json.dumps([type(model).__name__, impl, transformers.__version__, list(units), options], sort_keys=True,
+                      default=str)

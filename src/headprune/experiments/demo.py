@@ -20,8 +20,8 @@ import torch
 from ..core.io import save_pruned
 from ..core.kvcache import kv_cache_bytes
 from ..core.masking import mask_from_heads, masked
+from ..core.prune import prune_heads
 from ..core.sites import sites_table
-from ..core.surgery import prune_heads
 from ..errors import ConfigError, VerificationError
 from ..evaluation.data import python_docs_text
 from ..evaluation.lm import LanguageModelling

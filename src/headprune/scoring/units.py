@@ -21,8 +21,7 @@ from tqdm.auto import tqdm
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.inputs import batch_size, model_inputs
-from ..core.masking import masked, ones_mask
-from ..core.neurons import masked_neurons, neuron_ones
+from ..core.masking import masked, masked_neurons, neuron_ones, ones_mask
 from ..errors import ConfigError, DataError
 from .gradients import LossFn, example_losses, scoring_mode
 

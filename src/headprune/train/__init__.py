@@ -18,18 +18,17 @@ file (it is twice the model's size). Resuming refuses other data or other settin
 that cannot change the result (`progress`, `eval_batch_size`) and, for translation, `epochs` (its
 schedule does not depend on the run's length; the classifier's linear decay does).
 `torch.set_num_threads` is left to the caller.
+
+Names are imported on first use, so reading the settings' defaults (the CLI's flags) costs no torch.
 """
 
-from .classifier import ClassifierTrainSettings, finetune_classifier
-from .loop import TrainResult
-from .translation import (
-    ACTIVATIONS,
-    IGNORE,
-    TranslationTrainSettings,
-    build_translation_model,
-    train_translation,
-    translate,
-)
+import importlib
+
+SOURCES = {  # public name -> the module it is read from on first use
+    "ACTIVATIONS": "settings", "ClassifierTrainSettings": "settings", "TranslationTrainSettings": "settings",
+    "IGNORE": "translation", "build_translation_model": "translation", "train_translation": "translation",
+    "translate": "translation", "finetune_classifier": "classifier", "TrainResult": "loop",
+}
 
 __all__ = [
     "ACTIVATIONS",
@@ -42,3 +41,15 @@ __all__ = [
     "train_translation",
     "translate",
 ]
+
+
+def __getattr__(name: str):
+    if name not in SOURCES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{SOURCES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -22,37 +22,37 @@ from ..errors import ConfigError, DataError, HeadpruneError
 from ..provenance import versions
 
 if TYPE_CHECKING:
-    from .loop import _Job
+    from .job import Job
 
 # settings a resumed run may change: they cannot change its result (see the `headprune.train` doc)
 _RESUME_FREE = {"classifier": {"progress", "eval_batch_size"},
                 "translation": {"progress", "eval_batch_size", "epochs"}}
 
 
-def _fingerprint(*parts: Any) -> str:
+def data_fingerprint(*parts: Any) -> str:
     h = hashlib.sha256()
     for part in parts:
         h.update(json.dumps(part, ensure_ascii=False).encode())
     return h.hexdigest()
 
 
-def _write_json(path: Path, obj: Any) -> None:
+def write_json(path: Path, obj: Any) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1, ensure_ascii=False) + "\n")
     tmp.replace(path)
 
 
-def _write_log(output_dir: Path, log: list[dict]) -> None:
+def write_log(output_dir: Path, log: list[dict]) -> None:
     tmp = output_dir / "train_log.jsonl.tmp"
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in log))
     tmp.replace(output_dir / "train_log.jsonl")
 
 
-def _settings_json(settings: Any) -> dict:
+def settings_json(settings: Any) -> dict:
     return json.loads(json.dumps(dataclasses.asdict(settings)))
 
 
-def _find_resume(output_dir: Path, task: str, settings: Any, fingerprint: str) -> tuple[int, dict] | None:
+def find_resume(output_dir: Path, task: str, settings: Any, fingerprint: str) -> tuple[int, dict] | None:
     """The newest `epoch-k` holding both trainer_state.json and optimizer.safetensors, checked."""
     found = []
     for p in output_dir.glob("epoch-*"):
@@ -68,7 +68,7 @@ def _find_resume(output_dir: Path, task: str, settings: Any, fingerprint: str) -
     if state.get("data_sha256") != fingerprint:
         raise DataError(f"output_dir {output_dir} holds a run on other data (fingerprint differs): "
                         "use another output_dir or delete it")
-    now, then = _settings_json(settings), state.get("settings", {})
+    now, then = settings_json(settings), state.get("settings", {})
     free = _RESUME_FREE[task]
     diff = sorted(n for n in set(now) | set(then) if n not in free and now.get(n) != then.get(n))
     if diff:
@@ -90,7 +90,7 @@ def _save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
     save_file(tensors, str(path))
 
 
-def _load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
+def load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
     state: dict[int, dict] = defaultdict(dict)
     for key, value in load_file(str(path)).items():
         idx, name = key.split(".", 1)
@@ -106,15 +106,15 @@ def _load_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
     opt.load_state_dict(sd)
 
 
-def _save_checkpoint(job: _Job, opt: torch.optim.Optimizer, epoch: int, step: int, log: list[dict]) -> None:
+def save_checkpoint(job: Job, opt: torch.optim.Optimizer, epoch: int, step: int, log: list[dict]) -> None:
     out = job.output_dir
     tmp, dest = out / f"epoch-{epoch}.tmp", out / f"epoch-{epoch}"
     shutil.rmtree(tmp, ignore_errors=True)
     job.model.save_pretrained(str(tmp))
     job.tokenizer.save_pretrained(str(tmp))
     _save_optimizer(opt, tmp / "optimizer.safetensors")
-    _write_json(tmp / "trainer_state.json", {
-        "task": job.task, "epoch": epoch, "global_step": step, "settings": _settings_json(job.settings),
+    write_json(tmp / "trainer_state.json", {
+        "task": job.task, "epoch": epoch, "global_step": step, "settings": settings_json(job.settings),
         "data_sha256": job.info["data_sha256"], "log": log, "versions": versions()})
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
@@ -122,7 +122,7 @@ def _save_checkpoint(job: _Job, opt: torch.optim.Optimizer, epoch: int, step: in
     older.unlink(missing_ok=True)
 
 
-def _prepare_dir(output_dir: str | Path) -> Path:
+def prepare_dir(output_dir: str | Path) -> Path:
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"output_dir must be a directory, got the file {out}")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,33 +16,11 @@ from ..errors import ConfigError, DataError
 from ..evaluation.batching import length_buckets, pad_rows
 from ..provenance import versions
 from .batching import epoch_seed
-from .checkpoint import _find_resume, _fingerprint, _prepare_dir, _settings_json
-from .checks import _check_common, _check_stop, _check_texts, _fractions, _ints
-from .loop import TrainResult, _fit, _Job
-
-
-@dataclass
-class ClassifierTrainSettings:
-    """Fine-tuning a pretrained encoder: AdamW, linear warm-up then linear decay to zero."""
-
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 2e-5
-    warmup_ratio: float = 0.1  # fraction of all steps spent warming up linearly from 0
-    weight_decay: float = 0.01  # not applied to biases and LayerNorm weights (1-D parameters)
-    max_grad_norm: float | None = 1.0  # clip the global gradient norm; None: no clipping
-    max_length: int = 128  # tokens per example (pair) after truncation, specials included
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    seed: int = 0
-    sort_chunk: int = 1024  # sort by length within random chunks of this many examples (1: no sorting)
-    eval_batch_size: int = 64
-    progress: bool = True  # tqdm bars on stderr
-
-    def __post_init__(self) -> None:
-        _check_common(self)
-        _ints(self, ("batch_size",), 1)
-        _fractions(self, ("warmup_ratio",), one_ok=True)
+from .checkpoint import data_fingerprint, find_resume, prepare_dir, settings_json
+from .checks import check_stop, check_texts
+from .job import Job
+from .loop import TrainResult, fit
+from .settings import ClassifierTrainSettings
 
 
 def finetune_classifier(
@@ -74,11 +51,11 @@ def finetune_classifier(
     s = settings
     if not isinstance(s, ClassifierTrainSettings):
         raise ConfigError(f"settings must be a ClassifierTrainSettings, got {type(s).__name__}")
-    _check_stop(stop_after_epoch)
-    texts = _check_texts("texts", texts)
+    check_stop(stop_after_epoch)
+    texts = check_texts("texts", texts)
     if not texts:
         raise DataError("texts must hold at least one example, got 0")
-    pairs = None if text_pairs is None else _check_texts("text_pairs", text_pairs, len(texts))
+    pairs = None if text_pairs is None else check_texts("text_pairs", text_pairs, len(texts))
     if label_names is not None:
         label_names = [str(x) for x in label_names]
         if num_labels is not None and num_labels != len(label_names):
@@ -93,12 +70,12 @@ def finetune_classifier(
     if has_eval:
         if eval_texts is None or eval_labels is None:
             raise DataError("eval_texts and eval_labels must be given together")
-        eval_texts = _check_texts("eval_texts", eval_texts)
+        eval_texts = check_texts("eval_texts", eval_texts)
         eval_labels = _check_labels("eval_labels", eval_labels, len(eval_texts), n_labels)
         if (eval_text_pairs is None) != (pairs is None):
             raise DataError("eval_text_pairs must be given exactly when text_pairs is")
         if eval_text_pairs is not None:
-            eval_text_pairs = _check_texts("eval_text_pairs", eval_text_pairs, len(eval_texts))
+            eval_text_pairs = check_texts("eval_text_pairs", eval_text_pairs, len(eval_texts))
 
     from_dir = isinstance(model_dir_or_model, (str, Path))
     if tokenizer is None:
@@ -108,9 +85,9 @@ def finetune_classifier(
     if tokenizer.pad_token_id is None:
         raise ConfigError("tokenizer must have a pad token (tokenizer.pad_token_id is None)")
 
-    out = _prepare_dir(output_dir)
-    fingerprint = _fingerprint(texts, pairs, labels, label_names, n_labels)
-    resume = _find_resume(out, "classifier", s, fingerprint)
+    out = prepare_dir(output_dir)
+    fingerprint = data_fingerprint(texts, pairs, labels, label_names, n_labels)
+    resume = find_resume(out, "classifier", s, fingerprint)
     torch.manual_seed(s.seed)
     label_kw: dict[str, Any] = {}
     if label_names is not None:
@@ -179,8 +156,8 @@ def finetune_classifier(
             "num_labels": n_labels, "label_names": label_names, "pairs": pairs is not None,
             "model": str(model_dir_or_model) if from_dir else type(model).__name__,
             "n_parameters": sum(p.numel() for p in model.parameters()), "total_steps": total,
-            "settings": _settings_json(s), "data_sha256": fingerprint, "versions": versions()}
-    return _fit(_Job("classifier", model, tokenizer, s, out, info, resume, batches, loss, lr_factor, evaluate,
+            "settings": settings_json(s), "data_sha256": fingerprint, "versions": versions()}
+    return fit(Job("classifier", model, tokenizer, s, out, info, resume, batches, loss, lr_factor, evaluate,
                      stop_after_epoch))
 
 

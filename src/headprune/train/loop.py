@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,8 @@ from tqdm.auto import tqdm
 
 from ..errors import HeadpruneError
 from .batching import epoch_seed
-from .checkpoint import _load_optimizer, _save_checkpoint, _write_json, _write_log
+from .checkpoint import load_optimizer, save_checkpoint, write_json, write_log
+from .job import Job
 
 
 @dataclass
@@ -40,37 +40,19 @@ def _adamw(model: torch.nn.Module, s: Any) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=s.lr, betas=s.adam_betas, eps=s.adam_eps, foreach=False)
 
 
-@dataclass
-class _Job:
-    """What differs between the tasks; `_fit` does the rest."""
-
-    task: str
-    model: Any
-    tokenizer: Any
-    settings: Any
-    output_dir: Path
-    info: dict
-    resume: tuple[int, dict] | None
-    batches: Callable[[int], list[list[int]]]  # epoch -> batches of example indices
-    loss: Callable[[Any, list[int]], tuple[torch.Tensor, int, int]]  # -> (mean loss, weight, n examples)
-    lr_factor: Callable[[int], float]  # 1-based global step -> multiplier of settings.lr
-    evaluate: Callable[[Any], dict] | None
-    stop_after_epoch: int | None
-
-
-def _fit(job: _Job) -> TrainResult:
+def fit(job: Job) -> TrainResult:
     t_call = time.perf_counter()
     s, out, model = job.settings, job.output_dir, job.model
     opt = _adamw(model, s)
     first, step, log = 1, 0, []
     if job.resume is not None:
         k, state = job.resume
-        _load_optimizer(opt, out / f"epoch-{k}" / "optimizer.safetensors")
+        load_optimizer(opt, out / f"epoch-{k}" / "optimizer.safetensors")
         first, step, log = k + 1, state["global_step"], state["log"]
     else:  # a fresh run: nothing from an older run in this directory may pass for this one's
         shutil.rmtree(out / "final", ignore_errors=True)
-    _write_log(out, log)  # on resume, drops lines of an epoch that never got its checkpoint
-    _write_json(out / "run.json", job.info)
+    write_log(out, log)  # on resume, drops lines of an epoch that never got its checkpoint
+    write_json(out / "run.json", job.info)
     last = s.epochs if job.stop_after_epoch is None else min(s.epochs, job.stop_after_epoch)
     for epoch in range(first, last + 1):
         torch.manual_seed(epoch_seed(s.seed, epoch))  # dropout
@@ -106,8 +88,8 @@ def _fit(job: _Job) -> TrainResult:
             record.update(job.evaluate(model))
             record["eval_seconds"] = round(time.perf_counter() - t1, 3)
         log.append(record)
-        _save_checkpoint(job, opt, epoch, step, log)
-        _write_log(out, log)
+        save_checkpoint(job, opt, epoch, step, log)
+        write_log(out, log)
     final = None
     if last == s.epochs:
         final = out / "final"

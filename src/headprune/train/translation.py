@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -17,79 +16,14 @@ from ..evaluation.batching import length_buckets, pad_rows
 from ..evaluation.translation import generate_translations, generation_protocol
 from ..provenance import versions
 from .batching import epoch_seed
-from .checkpoint import _find_resume, _fingerprint, _prepare_dir, _settings_json
-from .checks import _check, _check_common, _check_stop, _check_texts, _fractions, _ints
-from .loop import TrainResult, _fit, _Job
+from .checkpoint import data_fingerprint, find_resume, prepare_dir, settings_json
+from .checks import check_stop, check_texts
+from .job import Job
+from .loop import TrainResult, fit
+from .settings import TranslationTrainSettings
 from .tokenizer import train_tokenizer
 
 IGNORE = -100  # label id that cross_entropy skips (padding)
-ACTIVATIONS = ("relu", "gelu", "swish", "silu")
-
-
-@dataclass
-class TranslationTrainSettings:
-    """A Marian-shaped (post-LN Transformer) encoder-decoder trained from scratch.
-
-    Defaults are a small model for CPUs (3+3 layers, d_model 256, 4 heads); `iwslt()` gives the
-    paper's IWSLT shape. AdamW with linear warm-up then inverse-square-root decay.
-    """
-
-    epochs: int = 10
-    batch_size: int | None = 64  # examples per batch; exactly one of batch_size and max_tokens is set
-    max_tokens: int | None = None  # padded tokens per batch: n * max(source, target length) <= max_tokens
-    lr: float = 7e-4  # peak learning rate, reached at the end of the warm-up
-    warmup_steps: int = 1000
-    weight_decay: float = 1e-4
-    max_grad_norm: float | None = 1.0
-    label_smoothing: float = 0.1
-    max_length: int = 128  # tokens incl. </s>; longer training pairs are skipped, eval sources truncated;
-    # BLEU is decoded by headprune's one protocol (evaluation.translation.generate_translations), greedy
-    adam_betas: tuple[float, float] = (0.9, 0.98)
-    adam_eps: float = 1e-8
-    vocab_size: int = 8000  # joint source+target vocabulary when the tokenizer is trained here
-    tokenizer_kind: Literal["bpe", "unigram"] = "bpe"
-    encoder_layers: int = 3
-    decoder_layers: int = 3
-    d_model: int = 256
-    attention_heads: int = 4  # per attention site (encoder self, decoder self, cross)
-    ffn_dim: int = 1024
-    activation: str = "relu"
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    activation_dropout: float = 0.0
-    seed: int = 0
-    sort_chunk: int = 4096
-    eval_batch_size: int = 64
-    progress: bool = True
-
-    @classmethod
-    def iwslt(cls, **overrides: Any) -> TranslationTrainSettings:
-        """Section 6's IWSLT model: 6+6 layers, 8 heads, d_model 512, FFN 1024 (fairseq's
-        `transformer_iwslt_de_en` sizes), dropout 0.3, 4096 tokens per batch, 4000 warm-up steps."""
-        shape = dict(encoder_layers=6, decoder_layers=6, d_model=512, attention_heads=8, ffn_dim=1024,
-                     dropout=0.3, batch_size=None, max_tokens=4096, lr=5e-4, warmup_steps=4000,
-                     vocab_size=10000)
-        return cls(**{**shape, **overrides})
-
-    def __post_init__(self) -> None:
-        _check_common(self)
-        _ints(self, ("batch_size", "max_tokens"), 1, none_ok=True)
-        if (self.batch_size is None) == (self.max_tokens is None):
-            raise ConfigError("TranslationTrainSettings: set exactly one of batch_size and max_tokens, "
-                              f"got batch_size={self.batch_size!r}, max_tokens={self.max_tokens!r}")
-        if self.max_tokens is not None:
-            _check(self, "max_tokens", self.max_tokens >= self.max_length,
-                   f"an int >= max_length ({self.max_length})")
-        _ints(self, ("warmup_steps", "encoder_layers", "decoder_layers", "d_model", "attention_heads"), 1)
-        _ints(self, ("ffn_dim",), 1)
-        _check(self, "d_model", self.d_model % self.attention_heads == 0,
-               f"a multiple of attention_heads ({self.attention_heads})")
-        _ints(self, ("vocab_size",), 8)
-        _check(self, "tokenizer_kind", self.tokenizer_kind in ("bpe", "unigram"), "'bpe' or 'unigram'")
-        _check(self, "activation", self.activation in ACTIVATIONS, f"one of {ACTIVATIONS}")
-        _fractions(self, ("label_smoothing", "dropout", "attention_dropout", "activation_dropout"))
-
-
 def build_translation_model(settings: TranslationTrainSettings, tokenizer: Any) -> MarianMTModel:
     """A randomly initialised Marian model sized by `settings`, with the tokenizer's special ids.
 
@@ -163,23 +97,23 @@ def train_translation(
     s = settings
     if not isinstance(s, TranslationTrainSettings):
         raise ConfigError(f"settings must be a TranslationTrainSettings, got {type(s).__name__}")
-    _check_stop(stop_after_epoch)
-    sources = _check_texts("sources", sources)
-    targets = _check_texts("targets", targets, len(sources))
+    check_stop(stop_after_epoch)
+    sources = check_texts("sources", sources)
+    targets = check_texts("targets", targets, len(sources))
     if not sources:
         raise DataError("sources must hold at least one pair, got 0")
     has_eval = eval_sources is not None or eval_targets is not None
     if has_eval:
         if eval_sources is None or eval_targets is None:
             raise DataError("eval_sources and eval_targets must be given together")
-        eval_sources = _check_texts("eval_sources", eval_sources)
-        eval_targets = _check_texts("eval_targets", eval_targets, len(eval_sources))
+        eval_sources = check_texts("eval_sources", eval_sources)
+        eval_targets = check_texts("eval_targets", eval_targets, len(eval_sources))
         if not eval_sources:
             raise DataError("eval_sources must hold at least one pair, got 0")
 
-    out = _prepare_dir(output_dir)
-    fingerprint = _fingerprint(sources, targets)
-    resume = _find_resume(out, "translation", s, fingerprint)
+    out = prepare_dir(output_dir)
+    fingerprint = data_fingerprint(sources, targets)
+    resume = find_resume(out, "translation", s, fingerprint)
     if tokenizer is None and resume is not None:  # the one the checkpoint was trained with
         tokenizer = AutoTokenizer.from_pretrained(str(out / f"epoch-{resume[0]}"))
     elif tokenizer is None:
@@ -254,7 +188,7 @@ def train_translation(
     info = {"task": "translation", "architecture": "MarianMTModel", "n_pairs": len(sources),
             "n_train": len(keep), "n_skipped_too_long": len(sources) - len(keep),
             "n_eval": len(eval_sources) if has_eval else 0, "vocab_size": len(tokenizer),
-            "n_parameters": sum(p.numel() for p in model.parameters()), "settings": _settings_json(s),
+            "n_parameters": sum(p.numel() for p in model.parameters()), "settings": settings_json(s),
             "data_sha256": fingerprint, "versions": versions()}
-    return _fit(_Job("translation", model, tokenizer, s, out, info, resume, batches, loss, lr_factor,
+    return fit(Job("translation", model, tokenizer, s, out, info, resume, batches, loss, lr_factor,
                      evaluate, stop_after_epoch))
