@@ -18,7 +18,11 @@ escape_help(app)
 
 def main() -> None:
     """The command line; under ``torchrun --nproc_per_node N`` the processes split the work
-    (:mod:`headprune.distributed`) and rank 0 writes."""
+    (:mod:`headprune.distributed`) and rank 0 writes. One process needs no process group (nor torch, to start:
+    ``headprune --version`` and ``--help`` import neither torch nor transformers)."""
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        app(prog_name="headprune")
+        return
     from ..distributed import init_from_env, is_main, sharded
 
     with sharded(init_from_env()):
