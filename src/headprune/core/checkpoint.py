@@ -105,7 +105,7 @@ def read_config(path: Path) -> dict:
 
 def pruned_record(raw: dict, path: Path) -> tuple[dict | None, dict | None]:
     """The kept heads and original head counts recorded in a config dict (current or 0.1.0 names);
-    ``(None, None)`` for an unpruned model. Types are checked here, indices by ``keep_heads``."""
+    ``(None, None)`` for an unpruned model. Types are checked here, indices by ``heads_to_drop``."""
     kept, original = (_record(raw, key) for key in (KEPT_KEY, ORIGINAL_KEY))
     if not kept:
         return None, None
