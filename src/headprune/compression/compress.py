@@ -100,7 +100,8 @@ def compress(
     scales = None
     if plan.scales is not None:
         fold_scales(pruned, plan.scales)
-        scales = {name: [float(s[h]) for h in range(s.numel()) if h not in set(plan.drop.get(name, []))]
+        gone = {name: set(heads) for name, heads in plan.drop.items()}
+        scales = {name: [float(s[h]) for h in range(s.numel()) if h not in gone.get(name, ())]
                   for name, s in plan.scales.items()}
     prune_heads(pruned, plan.drop, verify=False)  # verified above (or trusted)
     pruned.eval()
