@@ -62,6 +62,18 @@ def plan(layers: int, heads: int, kv_heads: int, seed: int = 0):
     return scores, HeadCosts(head, kvd, group)
 
 
+def select(case: str, scores, costs: HeadCosts, share: float):
+    if case == "free":
+        return budget_heads(scores, flops=share, costs=costs)
+    return select_heads(scores, costs.group, flops=share, costs=costs)
+
+
+def select_old(case: str, scores, costs: HeadCosts, share: float):
+    if case == "free":
+        return reference.reference_knapsack(scores, costs, share, 0)
+    return reference.reference_by_flops(scores, costs.group, "uniform", share, costs, 0)
+
+
 def timed(fn, repeats: int) -> tuple[float, object]:
     times, out = [], None
     for _ in range(repeats):
@@ -81,10 +93,7 @@ def main(argv=None) -> dict:
     rows = []
     for case, layers, heads, kv_heads in (("free", 80, 64, 64), ("uniform", 80, 64, 8), ("uniform", 10, 64, 8)):
         scores, costs = plan(layers, heads, kv_heads)
-        if case == "free":
-            new_ms, new = timed(lambda: budget_heads(scores, flops=args.share, costs=costs), args.repeats)
-        else:
-            new_ms, new = timed(lambda: select_heads(scores, costs.group, flops=args.share, costs=costs), args.repeats)
+        new_ms, new = timed(lambda s=scores, c=costs, case=case: select(case, s, c, args.share), args.repeats)
         row = {"case": case, "layers": layers, "heads_per_layer": heads, "kv_heads_per_layer": kv_heads,
                "heads": layers * heads, "new_ms": round(new_ms, 2),
                "dropped": sum(len(v) for v in new.values()), "kept_flops_share": round(
@@ -92,11 +101,7 @@ def main(argv=None) -> dict:
                    / costs.total(), 4)}
         slow = case == "uniform" and layers * heads > 1000
         if not args.quick and not slow:
-            if case == "free":
-                old_ms, old = timed(lambda: reference.reference_knapsack(scores, costs, args.share, 0), 1)
-            else:
-                old_ms, old = timed(lambda: reference.reference_by_flops(scores, costs.group, "uniform", args.share,
-                                                                         costs, 0), 1)
+            old_ms, old = timed(lambda s=scores, c=costs, case=case: select_old(case, s, c, args.share), 1)
             row |= {"old_ms": round(old_ms, 1), "speedup": round(old_ms / new_ms, 1), "same_selection": old == new}
         rows.append(row)
         print(json.dumps(row))
