@@ -15,13 +15,13 @@ from . import compression, core, scoring, selection
 from .compression import (
     CompressPlan,
     CompressResult,
-    CompressSettings,
+    CompressSettings,  # noqa: F401  (deprecated: PruneSettings)
     PruneSettings,
     Scores,
     UnitResult,
-    UnitSettings,
+    UnitSettings,  # noqa: F401  (deprecated: PruneSettings)
     compress,
-    compress_units,
+    compress_units,  # noqa: F401  (deprecated: compress)
     plan_heads,
     score_heads,
 )
@@ -61,8 +61,15 @@ from .errors import (
 from .evaluation.texts import text_batches
 from .extras import MissingDependencyError
 from .provenance import __version__
-from .renamed import keep_heads, replay_kept_heads
-from .scoring import Fisher, fisher_information, head_importance, importance_sums, mask_gradients, normalize_per_site
+from .renamed import keep_heads, replay_kept_heads  # noqa: F401  (keep_heads: deprecated)
+from .scoring import (
+    Fisher,
+    fisher_information,
+    head_importance,
+    importance_sums,
+    mask_gradients,
+    normalize_per_site,
+)
 from .selection import kv_groups, lowest_heads, select_heads
 
 # Pinned by tests/test_public_api.py. Kept importable but not listed (deprecated for one release):
