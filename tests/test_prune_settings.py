@@ -129,3 +129,22 @@ def test_replay_kept_heads_and_its_deprecated_name():
     x = inputs("bert")
     with torch.no_grad():
         assert torch.equal(fresh(**x).logits, old(**x).logits)
+
+
+def test_the_readme_selection_never_grows_a_gqa_kv_cache():
+    """README quick start: select_heads(scores, kv_groups(model), fraction=...) on a GQA model drops the same
+    number of query heads in every key/value group, for every fraction and random scores."""
+    from headprune.selection.gqa import kv_growth
+
+    model = build("llama")
+    groups = hp.kv_groups(model)
+    assert any(len(set(g)) < len(g) for g in groups.values())  # the tiny Llama has GQA
+    g = torch.Generator().manual_seed(0)
+    for trial in range(20):
+        scores = {name: torch.rand(len(v), generator=g) for name, v in groups.items()}
+        for fraction in (0.25, 0.4, 0.5, 0.75):
+            drop = hp.select_heads(scores, groups, fraction=fraction, min_per_site=1)
+            assert kv_growth(drop, groups)[0] <= 1.0
+            for name, heads in drop.items():
+                per_group = [sum(1 for h in heads if groups[name][h] == j) for j in set(groups[name])]
+                assert len(set(per_group)) == 1, (name, drop)
