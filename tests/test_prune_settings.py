@@ -140,7 +140,7 @@ def test_the_readme_selection_never_grows_a_gqa_kv_cache():
     groups = hp.kv_groups(model)
     assert any(len(set(g)) < len(g) for g in groups.values())  # the tiny Llama has GQA
     g = torch.Generator().manual_seed(0)
-    for trial in range(20):
+    for _ in range(20):
         scores = {name: torch.rand(len(v), generator=g) for name, v in groups.items()}
         for fraction in (0.25, 0.4, 0.5, 0.75):
             drop = hp.select_heads(scores, groups, fraction=fraction, min_per_site=1)
