@@ -71,8 +71,9 @@ class PruneSettings:
         check_choice("gqa", self.gqa, GQA_MODES)
         given = {k: v for k, v in (("share", self.share), ("n_keep", self.n_keep)) if v is not None}
         if len(given) != 1:
-            raise ConfigError(f"give exactly one budget: share (of the units' {self.price} kept, 0..1) or n_keep "
-                              f"(number of units kept); got {given or 'none'}")
+            got = ", ".join(f"{k}={v!r}" for k, v in given.items()) or "none"
+            raise ConfigError(f"give exactly one budget: share= (the share of the units' {self.price} kept, 0..1) or "
+                              f"n_keep= (the number of units kept); got {got}")
         if self.share is not None:
             check_share("share", self.share)
             if self.share == 0:
