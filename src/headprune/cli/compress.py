@@ -49,9 +49,10 @@ def compress_command(
     calib_limit: int = calib_limit_option("--calib-data", "for scores and tuning"),
     allow_same_data: bool = typer.Option(False, "--allow-same-data", help="Allow calibrating on the evaluation data."),
     units: str = typer.Option("heads", "--units", help="What to prune: heads, neurons (FFN) or both, under one budget."),
-    share: float = typer.Option(None, "--share", help="Budget: the share of the units' --price kept, in (0, 1] "
-                                "(or --n-keep)."),
-    n_keep: int = typer.Option(None, "--n-keep", help="Budget: the number of heads kept (or --share)."),
+    share: float = typer.Option(None, "--share", help="Budget: the share of the units' --price kept, in (0, 1]; "
+                                "required: exactly one of --share, --n-keep."),
+    n_keep: int = typer.Option(None, "--n-keep", help="Budget: the number of heads kept (or --share: one is "
+                                "required)."),
     price: str = typer.Option(None, "--price", help="What --share measures: count (units), flops (at --seq-len; the "
                               "default), params, kv (KV-cache bytes per token; drops whole key/value groups) or latency "
                               "(a table timed once on this machine at --bench-batch, --seq-len)."),
