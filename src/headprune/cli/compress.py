@@ -13,7 +13,6 @@ from pathlib import Path
 
 import typer
 
-from ..compression.compress import check_head_count
 from ..errors import ConfigError
 from .app import app, echo_headline, friendly
 from .compress_common import DEFAULT_SEQ_LEN, check_inputs, signature, with_seq_len
@@ -116,6 +115,7 @@ def compress_command(
 ):
     """Prune heads, FFN neurons or both to one budget (a share of their count, FLOPs, parameters, KV cache or
     latency, or a count), compensate, and save the smaller model."""
+    from ..compression.compress import check_head_count
     from ..compression.settings import PruneSettings
     from ..experiments.compress import run_compress
     from .compress_flags import settings_from_flags, settings_from_former
