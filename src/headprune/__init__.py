@@ -8,16 +8,47 @@ model -> :mod:`~headprune.core` (sites, mask, surgery, save/load) -> :mod:`~head
 :mod:`~headprune.compression` chains them under a budget. Studies live in
 :mod:`~headprune.evaluation`, :mod:`~headprune.experiments`, :mod:`~headprune.bench`,
 :mod:`~headprune.report` and :mod:`~headprune.train` (``pip install 'headprune[study]'``).
-This namespace holds what the README uses; it needs only the core dependencies. Its names load on first
-use (PEP 562), so ``import headprune`` (and ``headprune --version``) does not import torch until a name
-that needs it is read.
+This namespace holds what the README uses; it needs only the core dependencies.
 """
 
-from __future__ import annotations
-
-import importlib
-from typing import TYPE_CHECKING
-
+from . import compression, core, scoring, selection
+from .compression import (
+    CompressPlan,
+    CompressResult,
+    CompressSettings,  # noqa: F401  (deprecated: PruneSettings)
+    PruneSettings,
+    Scores,
+    UnitResult,
+    UnitSettings,  # noqa: F401  (deprecated: PruneSettings)
+    compress,
+    compress_units,  # noqa: F401  (deprecated: compress)
+    plan_heads,
+    score_heads,
+)
+from .core import (
+    FFN,
+    DroppedHeads,
+    KeptHeads,
+    Site,
+    find_ffns,
+    find_sites,
+    fold_scales,
+    is_masked,
+    kept_heads,
+    kept_neurons,
+    load_model,
+    load_pruned,
+    mask_from_heads,
+    mask_heads,
+    masked,
+    masked_neurons,
+    ones_mask,
+    original_heads,
+    prune_heads,
+    prune_neurons,
+    save_pruned,
+    unmask_heads,
+)
 from .errors import (
     ConfigError,
     DataError,
@@ -27,24 +58,19 @@ from .errors import (
     SiteError,
     UnsupportedModelError,
 )
+from .evaluation.texts import text_batches
+from .extras import MissingDependencyError
 from .provenance import __version__
-
-# public name -> the module that defines it (loaded on first use)
-_LAZY = {
-    **dict.fromkeys(("core", "scoring", "selection", "compression"), ""),
-    **dict.fromkeys(("CompressPlan", "CompressResult", "PruneSettings", "Scores", "UnitResult", "compress",
-                     "plan_heads", "score_heads", "CompressSettings", "UnitSettings", "compress_units"), "compression"),
-    **dict.fromkeys(("FFN", "DroppedHeads", "KeptHeads", "Site", "find_ffns", "find_sites", "fold_scales", "is_masked",
-                     "kept_heads", "kept_neurons", "load_model", "load_pruned", "mask_from_heads", "mask_heads",
-                     "masked", "masked_neurons", "ones_mask", "original_heads", "prune_heads", "prune_neurons",
-                     "save_pruned", "unmask_heads"), "core"),
-    "text_batches": "evaluation.texts",
-    "MissingDependencyError": "extras",
-    **dict.fromkeys(("keep_heads", "replay_kept_heads"), "renamed"),
-    **dict.fromkeys(("Fisher", "fisher_information", "head_importance", "importance_sums", "mask_gradients",
-                     "normalize_per_site"), "scoring"),
-    **dict.fromkeys(("kv_groups", "lowest_heads", "select_heads"), "selection"),
-}
+from .renamed import keep_heads, replay_kept_heads  # noqa: F401  (keep_heads: deprecated)
+from .scoring import (
+    Fisher,
+    fisher_information,
+    head_importance,
+    importance_sums,
+    mask_gradients,
+    normalize_per_site,
+)
+from .selection import kv_groups, lowest_heads, select_heads
 
 # Pinned by tests/test_public_api.py. Kept importable but not listed (deprecated for one release):
 # keep_heads (-> replay_kept_heads), compress_units (-> compress with PruneSettings), and the pipelines'
@@ -68,70 +94,3 @@ __all__ = [
     "CompressPlan",
     "text_batches",
 ]
-
-
-def __getattr__(name: str):
-    if name not in _LAZY:
-        raise AttributeError(f"module 'headprune' has no attribute {name!r}")
-    where = _LAZY[name]
-    module = importlib.import_module(f".{where or name}", __name__)
-    value = module if not where else getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
-
-
-if TYPE_CHECKING:  # what the names are, for type checkers and editors
-    from . import compression, core, scoring, selection  # noqa: F401
-    from .compression import (  # noqa: F401
-        CompressPlan,
-        CompressResult,
-        CompressSettings,
-        PruneSettings,
-        Scores,
-        UnitResult,
-        UnitSettings,
-        compress,
-        compress_units,
-        plan_heads,
-        score_heads,
-    )
-    from .core import (  # noqa: F401
-        FFN,
-        DroppedHeads,
-        KeptHeads,
-        Site,
-        find_ffns,
-        find_sites,
-        fold_scales,
-        is_masked,
-        kept_heads,
-        kept_neurons,
-        load_model,
-        load_pruned,
-        mask_from_heads,
-        mask_heads,
-        masked,
-        masked_neurons,
-        ones_mask,
-        original_heads,
-        prune_heads,
-        prune_neurons,
-        save_pruned,
-        unmask_heads,
-    )
-    from .evaluation.texts import text_batches  # noqa: F401
-    from .extras import MissingDependencyError  # noqa: F401
-    from .renamed import keep_heads, replay_kept_heads  # noqa: F401
-    from .scoring import (  # noqa: F401
-        Fisher,
-        fisher_information,
-        head_importance,
-        importance_sums,
-        mask_gradients,
-        normalize_per_site,
-    )
-    from .selection import kv_groups, lowest_heads, select_heads  # noqa: F401
