@@ -92,9 +92,10 @@ def _knapsack(pool, costs: HeadCosts, share: float, min_per_site: int) -> dict[s
     slack = 1e-9 * max(budget, 1.0)  # float sums in another order must not flip a head that fits exactly
     score = {name: [-math.inf if math.isnan(x) else x for x in s.tolist()] for name, s in pool.items()}
     kept: dict[str, set[int]] = {name: set() for name in pool}
-    for name, s in score.items():
-        kept[name].update(sorted(range(len(s)), key=lambda h: (-s[h], h))[:min_per_site])
-    spent = costs.cost(kept)
+    if min_per_site:
+        for name, s in score.items():
+            kept[name].update(sorted(range(len(s)), key=lambda h: (-s[h], h))[:min_per_site])
+    spent = costs.cost(kept) if min_per_site else 0.0  # (nothing kept yet costs nothing)
     if spent > budget + slack:
         raise ConfigError(f"flops={share}: the {min_per_site} heads per site that min_per_site keeps already cost "
                           f"{spent / total if total else 0.0:.1%} of the head FLOPs; allowed: a larger flops share "
