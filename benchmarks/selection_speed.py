@@ -109,7 +109,8 @@ def main(argv=None) -> dict:
         print(json.dumps(row))
     record = {"benchmark": "selection_speed", "share": args.share, "repeats": args.repeats, "goal_ms": 50,
               "rows": rows, "machine": {"platform": platform.platform(), "processor": platform.processor(),
-                                        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads()},
+                                        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+                                        "load_average_1_5_15_min": os.getloadavg()},
               "versions": versions(), "command": "python benchmarks/selection_speed.py"}
     if not args.quick:
         args.out.parent.mkdir(parents=True, exist_ok=True)
