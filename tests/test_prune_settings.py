@@ -97,6 +97,11 @@ def test_bad_settings_are_refused_on_creation(kwargs, pattern):
         PruneSettings(**kwargs)
 
 
+def test_same_per_site_takes_a_head_count_whatever_the_price_says():
+    assert PruneSettings(n_keep=4, same_per_site=True).heads_settings().n_keep == 4  # price keeps its default
+    assert PruneSettings(share=0.5, price="count", same_per_site=True).heads_settings().keep == 0.5
+
+
 def test_a_count_above_the_model_heads_is_refused_before_reading_the_batches():
     model = build("bert")  # 2 sites x 4 heads
     with pytest.raises(ConfigError, match=r"n_keep=500; allowed: an integer 1..8"):

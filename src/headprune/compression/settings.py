@@ -94,7 +94,7 @@ class PruneSettings:
             raise ConfigError(f"compensate={self.compensate!r} with scores={self.scores!r}; allowed: scores='fisher' "
                               "(rearrangement and tuning read the Fisher matrix), or compensate='none'")
         if self.head_plan:
-            if self.same_per_site and (self.gqa == "free" or self.price != "count"):
+            if self.same_per_site and (self.gqa == "free" or (self.n_keep is None and self.price != "count")):
                 raise ConfigError(f"same_per_site=True with gqa={self.gqa!r}, price={self.price!r}; allowed: gqa "
                                   "'uniform' or 'groups' with a head count budget (n_keep, or share of price='count')")
             return
