@@ -33,7 +33,7 @@ from headprune.evaluation import Classification
 from headprune.evaluation.data import load_classification
 from headprune.provenance import versions
 from headprune.scoring.gradients import mean_loss
-from headprune.selection.budget import select_heads
+from headprune.selection.budget import budget_heads
 
 ROOT = Path(__file__).resolve().parent
 MODEL = Path("/work/main/runs/sst2-minilm/final")
@@ -91,7 +91,7 @@ def main(argv=None):
     rows = []
     base = {"calib": mean_loss(model, calib), "val": mean_loss(model, val)}
     for keep in [float(k) for k in args.keep.split(",")]:
-        drop = select_heads(fisher.diag, keep=keep)
+        drop = budget_heads(fisher.diag, keep=keep)
         variants = {}
 
         def masked_losses(mask):

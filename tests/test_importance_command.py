@@ -116,7 +116,7 @@ def test_fisher_and_l2_normalisation(setup, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--absolute", "token"], "--absolute 'token'; allowed: example, batch"),
     (["--normalize", "l1"], "--normalize 'l1'; allowed: l2, none"),
-    (["--scores", "taylor"], "--scores 'taylor'; allowed: importance, fisher"),
+    (["--scores", "taylor"], "--scores 'taylor'; allowed: ih, fisher"),
     (["--calib-limit", "0"], "--calib-limit 0; allowed"),
     (["--scores", "fisher", "--absolute", "batch"], "--absolute 'batch' with --scores fisher"),
 ])

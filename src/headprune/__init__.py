@@ -32,33 +32,43 @@ from .provenance import __version__
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: models come from local paths only
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+# Pinned by tests/test_public_api.py. Kept importable but not listed (deprecated for one release):
+# keep_heads (-> replay_kept_heads), compress_units (-> compress with PruneSettings), and the pipelines'
+# own settings CompressSettings / UnitSettings (-> PruneSettings).
 __all__ = [
     "__version__", "core", "scoring", "selection", "compression",
     "ConfigError", "DataError", "HeadpruneError", "MaskError", "PlanError", "SiteError", "UnsupportedModelError",
     "MissingDependencyError",
-    "Site", "find_sites", "mask_heads", "unmask_heads", "is_masked", "masked", "ones_mask", "mask_from_heads",
-    "head_importance", "importance_sums", "mask_gradients", "normalize_per_site", "fisher_information",
-    "lowest_heads", "select_heads",
-    "DroppedHeads", "KeptHeads", "prune_heads", "keep_heads", "kept_heads", "original_heads", "fold_scales",
-    "save_pruned", "load_pruned", "load_model",
-    "compress", "CompressResult", "CompressSettings", "plan_heads", "score_heads",
+    # model -> sites and FFNs; masks
+    "Site", "find_sites", "FFN", "find_ffns",
+    "mask_heads", "unmask_heads", "is_masked", "masked", "ones_mask", "mask_from_heads", "masked_neurons",
+    # scores
+    "head_importance", "importance_sums", "mask_gradients", "normalize_per_site", "fisher_information", "Fisher",
+    # selection
+    "select_heads", "kv_groups", "lowest_heads",
+    # surgery, saving and loading
+    "DroppedHeads", "KeptHeads", "prune_heads", "replay_kept_heads", "kept_heads", "original_heads", "fold_scales",
+    "prune_neurons", "kept_neurons", "save_pruned", "load_pruned", "load_model",
+    # compression: one entry point, its settings, its results
+    "compress", "PruneSettings", "CompressResult", "UnitResult", "score_heads", "Scores", "plan_heads",
+    "CompressPlan",
     "text_batches",
 ]
 
-# FFN neurons as prunable units beside heads (one budget over both; issue 16)
-__all__ += ["UnitSettings", "compress_units", "find_ffns", "kept_neurons", "masked_neurons", "prune_neurons"]
-
+# Importable but not listed (deprecated for one release): keep_heads, compress_units, CompressSettings,
+# UnitSettings.
 SUBPACKAGES = ("core", "scoring", "selection", "compression")
 SOURCES = {  # public name -> the module it is read from on first use
-    **dict.fromkeys(("CompressResult", "CompressSettings", "compress", "plan_heads", "score_heads", "UnitSettings",
-                     "compress_units"), "compression"),
-    **dict.fromkeys(("DroppedHeads", "KeptHeads", "Site", "find_sites", "fold_scales", "is_masked", "keep_heads",
+    **dict.fromkeys(("CompressPlan", "CompressResult", "CompressSettings", "PruneSettings", "Scores", "UnitResult",
+                     "UnitSettings", "compress", "compress_units", "plan_heads", "score_heads"), "compression"),
+    **dict.fromkeys(("FFN", "DroppedHeads", "KeptHeads", "Site", "find_sites", "fold_scales", "is_masked",
                      "kept_heads", "load_model", "load_pruned", "mask_from_heads", "mask_heads", "masked", "ones_mask",
                      "original_heads", "prune_heads", "save_pruned", "unmask_heads", "find_ffns", "kept_neurons",
                      "masked_neurons", "prune_neurons"), "core"),
-    **dict.fromkeys(("fisher_information", "head_importance", "importance_sums", "mask_gradients",
+    **dict.fromkeys(("keep_heads", "replay_kept_heads"), "renamed"),
+    **dict.fromkeys(("Fisher", "fisher_information", "head_importance", "importance_sums", "mask_gradients",
                      "normalize_per_site"), "scoring"),
-    **dict.fromkeys(("lowest_heads", "select_heads"), "selection"),
+    **dict.fromkeys(("kv_groups", "lowest_heads", "select_heads"), "selection"),
     "text_batches": "evaluation.texts",
 }
 

@@ -1,8 +1,8 @@
 """``headprune compress --units neurons|both``: heads and FFN neurons under one budget, reconstruction
-guarded on validation data (the library's :func:`headprune.compression.units.compress_units`).
+guarded on validation data (the library's :func:`headprune.compression.units.compress_pool`).
 
 headprune compress MODEL_DIR --task classification --data dev.tsv --calib-data train.tsv --units both \\
-    --flops 0.5 -o OUT
+    --share 0.5 -o OUT
 """
 
 from __future__ import annotations
@@ -13,47 +13,23 @@ import typer
 
 from ..errors import ConfigError
 from .app import echo_headline
-from .compress_common import DEFAULT_SEQ_LEN, check_inputs, signature, with_seq_len
+from .compress_common import check_inputs, signature, with_seq_len
 from .dataflags import in_cli_terms
 from .options import TaskSetup, show_progress
 
-METHODS = {"fisher": "none", "fisher+tune": "reconstruct", "fisher+reconstruct": "reconstruct"}  # -> compensation
 
-
-def compress_units_command(*, model_dir: Path, task: str, data: str, data2, calib_data, calib_data2, calib_split,
-                           calib_limit, allow_same_data: bool, keep, keep_heads, flops, method: str, seq_len, tgt_len,
-                           damping: float, tune_target: str, no_guard: bool, bench_batch: int, bench_repeats: int,
-                           no_bench: bool, output: Path, quiet: bool, progress: bool, trust_unverified: bool,
-                           units: str, price: str, val_data, val_data2, val_split, val_limit, flags, gqa: str,
-                           fit_limit=None, distill_epochs: int = 0, distill_lr: float = 2e-5, seed: int = 0,
-                           **_ignored):
-    """The ``--units neurons|both`` (or ``--price``, ``--val-data``) branch of ``headprune compress``."""
-    from ..compression.units import UnitSettings
+def compress_pool_command(prune, *, model_dir: Path, task: str, data: str, data2, calib_data, calib_data2,
+                          calib_split, calib_limit, allow_same_data: bool, bench_batch: int, bench_repeats: int,
+                          no_bench: bool, output: Path, quiet: bool, progress: bool, verify: bool, val_data, val_data2,
+                          val_split, val_limit, fit_limit, seq_len_given: bool, flags, compensate_flag: str):
+    """``headprune compress`` when :class:`~headprune.compression.PruneSettings` ``prune`` is not the head plan
+    (neurons, both, a params / latency price, reconstruct, distillation). ``compensate_flag``: how the
+    compensation was asked for, as the user typed it (for messages)."""
     from ..evaluation.data import same_data
     from ..experiments.compress_units import run_compress_units
 
-    if units not in ("heads", "neurons", "both"):
-        raise ConfigError(f"--units {units!r}; allowed: heads, neurons, both")
-    if keep_heads is not None:
-        raise ConfigError("--keep-heads counts heads; with --units/--price/--val-data give --keep (share of the "
-                          "units' price) or --flops (share of their FLOPs)")
-    given = {f: v for f, v in (("--keep", keep), ("--flops", flops)) if v is not None}
-    if len(given) != 1:
-        raise ConfigError(f"give exactly one budget of --keep (share of the units' {price} kept) or --flops; got "
-                          f"{', '.join(given) or 'none'}")
-    if flops is not None and price != "flops":
-        raise ConfigError(f"--flops with --price {price!r}; allowed: --keep (share of the {price} kept), or --price flops")
-    if method not in METHODS:
-        raise ConfigError(f"--method {method!r} with --units {units}; allowed: {', '.join(METHODS)} (fisher+tune: "
-                          "least-squares reconstruction of every pruned layer, kept only if it lowers the validation loss)")
-    flag, share = next(iter(given.items()))
-    if not 0.0 <= share <= 1.0:  # typer gives a float; NaN fails this too
-        raise ConfigError(f"{flag} {share}; allowed: a number 0.0..1.0 (the share of the units' {price} kept)")
-    with in_cli_terms():  # checks all, in flag names
-        settings = UnitSettings(share=share, units=units, price=price,
-                                seq_len=DEFAULT_SEQ_LEN if seq_len is None else seq_len, tgt_len=tgt_len,
-                                compensate=METHODS[method], damping=damping, target=tune_target, guard=not no_guard,
-                                gqa=gqa, distill_epochs=distill_epochs, distill_lr=distill_lr, seed=seed)
+    settings = prune.unit_settings()
+    price = settings.price
     calib, calib_split = check_inputs(output=output, data=data, calib_data=calib_data, calib_data2=calib_data2,
                                       calib_split=calib_split, split=flags.split, allow_same_data=allow_same_data,
                                       calib_limit=calib_limit, bench_batch=bench_batch, bench_repeats=bench_repeats,
@@ -70,13 +46,13 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
     if fit_limit is not None and val_data is None:
         raise ConfigError(f"--fit-limit {fit_limit} without --val-data: the guard's validation part would be held out "
                           "of calibration examples the fit also reads; allowed: give --val-data (disjoint data)")
-    if fit_limit is not None and METHODS.get(method) != "reconstruct" and not distill_epochs:
-        raise ConfigError(f"--fit-limit with --method {method}; allowed: only with a reconstruction "
-                          "(--method fisher+tune or fisher+reconstruct)")
+    if fit_limit is not None and settings.compensate != "reconstruct" and not settings.distill_epochs:
+        raise ConfigError(f"--fit-limit with {compensate_flag}; allowed: only with a reconstruction (--compensate "
+                          "reconstruct) or --distill-epochs")
     bars = show_progress(quiet, progress)
     t = TaskSetup(model_dir, task, flags)
     model, tok = t.model, t.tokenizer
-    settings = with_seq_len(settings, seq_len, model)
+    settings = with_seq_len(settings, None if not seq_len_given else settings.seq_len, model)
     ev = t.on(data, data2)
     calib_ev = t.on(calib, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data", split=calib_split)
     prices = table = None
@@ -103,6 +79,6 @@ def compress_units_command(*, model_dir: Path, task: str, data: str, data2, cali
                                              val_batches=val, fit_batches=fit, signature=sig, prices=prices,
                                              latency_table=table,
                                              bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
-                                             verify=not trust_unverified, progress=bars)
+                                             verify=verify, progress=bars)
     echo_headline(output)
     typer.echo(f"compressed {model_dir} -> {output}: {summary}; report: {report}")

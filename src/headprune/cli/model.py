@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from ..deprecation import deprecation_line
 from ..errors import HeadpruneError
 from .app import app, echo_headline, friendly, json_arg
 from .dataflags import argument_as_flag
@@ -71,8 +72,9 @@ def prune(
     heads: str = typer.Option(None, "--heads", hidden=True, help="Old name of --drop."),
     output: Path = typer.Option(..., "-o", "--output",
                                 help="Directory to write the pruned model to (must not exist, or be empty)."),
-    trust_unverified: bool = typer.Option(False, "--trust-unverified", help="Skip the check that surgery is exact "
-                                          "for this model's class (refused families): check the result yourself."),
+    no_verify: bool = typer.Option(False, "--no-verify", help="Skip the check that surgery is exact for this model's "
+                                   "class (refused families): check the result yourself (library: verify=False)."),
+    trust_unverified: bool = typer.Option(False, "--trust-unverified", hidden=True, help="Deprecated: --no-verify."),
     device: str = DEVICE,
     dtype: str = DTYPE,
 ):
@@ -90,7 +92,7 @@ def prune(
     before = sum(p.numel() for p in model.parameters())
     groups = kv_groups(model)
     with argument_as_flag("dropped", "--drop" if drop is not None else "--heads"):
-        prune_heads(model, dropped, verify=not trust_unverified)
+        prune_heads(model, dropped, verify=not (no_verify or trust_unverified))
     factor, worst, worst_factor, cached, was = kv_growth(dropped, groups)
     if worst is not None:  # an explicit plan may spread query heads unevenly over key/value groups: say what it costs
         typer.echo(f"warning: this plan makes the KV cache {factor:.2f}x the unpruned one ({worst}: {worst_factor:.2f}x, "
@@ -99,6 +101,8 @@ def prune(
     after = sum(p.numel() for p in model.parameters())
     save_pruned(model, output, tokenizer=load_tokenizer(model_dir))  # complete, or no output at all
     typer.echo(f"pruned {model_dir} -> {output}: {before:,} -> {after:,} parameters ({after / before:.1%})")
+    if trust_unverified:  # after the work: a refused command prints one line only
+        typer.echo("warning: " + deprecation_line("--trust-unverified", "--no-verify"), err=True)
 
 
 DEMO_HELP = (

@@ -1,4 +1,4 @@
-"""``compress()``: apply a compression plan -- fold the tuned scales, physically remove the heads.
+"""``compress_heads()``: apply a compression plan -- fold the tuned scales, physically remove the heads.
 
 The plan (:func:`.plan.plan_heads`) is data; this module turns it into a smaller plain model and
 reports its sizes before and after (heads, parameters, FLOPs from :mod:`headprune.core.cost`).
@@ -47,47 +47,27 @@ class CompressResult:
         return out | {"model_class": type(self.model).__name__}
 
 
-def compress(
+def compress_heads(
     model: nn.Module,
     calib_batches: Iterable[Mapping[str, torch.Tensor]],
+    settings: CompressSettings,
     *,
-    keep: float | None = None,
-    n_keep: int | None = None,
-    flops: float | None = None,
-    method: str = "fisher+tune",
-    min_per_site: int = 0,
-    seq_len: int = 128,
-    tgt_len: int | None = None,
-    damping: float = 1e-2,
-    max_scale: float = 10.0,
-    target: str = "residual",
-    guard: bool = True,
-    seed: int = 0,
     sites: list[str] | None = None,
     loss_fn: LossFn | None = None,
     inplace: bool = False,
     verify: bool = True,
     progress: bool = False,
-    gqa: str = "uniform",
-    kv: float | None = None,
-    same_per_site: bool = False,
 ) -> CompressResult:
-    """Prune ``model`` (a copy unless ``inplace``) to one budget with ``method``; see the module doc.
+    """The head plan's pipeline of :func:`headprune.compression.compress`: prune ``model`` (a copy unless
+    ``inplace``) to the one budget of ``settings``.
 
     ``calib_batches``: labelled model inputs (as for :func:`headprune.head_importance`), disjoint
     from whatever the result is evaluated on. ``sites``: prune only these (the budget is of their
     heads). ``verify=False`` skips the check that surgery is exact for the model's class
-    (:mod:`headprune.core.verify`). Returns the physically pruned model (tuned scales folded in: it computes exactly what
-    the plan's mask computes) with sizes before and after. ``gqa``: how heads sharing key/value heads are
-    chosen (:mod:`headprune.selection.gqa`; the default never enlarges the KV cache); ``kv``: a budget as
-    the share of the KV-cache bytes per token kept (instead of ``keep`` / ``n_keep`` / ``flops``);
-    ``same_per_site``: the same number of heads kept in every site, so that :func:`headprune.save_pruned`
-    can write a stock config that plain ``from_pretrained`` loads.
+    (:mod:`headprune.core.verify`). Returns the physically pruned model (tuned scales folded in: it computes
+    exactly what the plan's mask computes) with sizes before and after.
     """
-    settings = CompressSettings(keep=keep, n_keep=n_keep, flops=flops, method=method, min_per_site=min_per_site,
-                                seq_len=seq_len, tgt_len=tgt_len, damping=damping, max_scale=max_scale,
-                                target=target, guard=guard, seed=seed, gqa=gqa, kv=kv,
-                                same_per_site=same_per_site)
+    check_head_count(model, settings.n_keep, sites)
     batches = list(calib_batches)
     if not batches:
         raise ConfigError("calib_batches: empty; compression needs calibration examples")
@@ -101,7 +81,8 @@ def compress(
     scales = None
     if plan.scales is not None:
         fold_scales(pruned, plan.scales)
-        scales = {name: [float(s[h]) for h in range(s.numel()) if h not in set(plan.drop.get(name, []))]
+        gone = {name: set(heads) for name, heads in plan.drop.items()}
+        scales = {name: [float(s[h]) for h in range(s.numel()) if h not in gone.get(name, ())]
                   for name, s in plan.scales.items()}
     prune_heads(pruned, plan.drop, verify=False)  # verified above (or trusted)
     pruned.eval()
@@ -112,6 +93,17 @@ def compress(
                           scales=scales, sizes={"before": before, "after": after},
                           loss_estimate=plan.loss_estimate, tuning=plan.tuning, calib_loss=plan.calib_loss,
                           rejected=plan.rejected, seconds=seconds)
+
+
+def check_head_count(model: nn.Module, n_keep: int | None, sites: list[str] | None) -> None:
+    """Refuse a count budget larger than the heads it counts, and unknown ``sites``, before any work."""
+    names = {s.name: s.num_heads for s in find_sites(model)}
+    if sites is not None and (unknown := [s for s in sites if s not in names]):
+        raise ConfigError(f"sites: unknown {unknown}; allowed: {', '.join(names)}")
+    total = sum(n for name, n in names.items() if sites is None or name in sites)
+    if n_keep is not None and not (isinstance(n_keep, int) and 0 <= n_keep <= total):
+        raise ConfigError(f"n_keep={n_keep!r}; allowed: an integer 1..{total} (the heads of {type(model).__name__}"
+                          f"{' in sites' if sites is not None else ''})")
 
 
 def _sizes(model: nn.Module, settings: CompressSettings) -> dict:

@@ -1,4 +1,4 @@
-"""``compress_units()``: heads and FFN neurons under one budget, then compensation judged on held-out data.
+"""``compress_pool()``: heads and FFN neurons under one budget, then compensation judged on held-out data.
 
 Stages (each recorded; the summary says which were kept):
 
@@ -42,6 +42,7 @@ from ..core.sites import find_sites
 from ..core.surgery import kept_heads
 from ..core.unit_cost import PRICES, UnitCosts, unit_costs
 from ..core.verify import verify_surgery
+from ..deprecation import deprecated
 from ..errors import ConfigError
 from ..scoring.gradients import LossFn, mean_loss
 from ..scoring.units import unit_fisher
@@ -121,10 +122,24 @@ class UnitResult:
                 f"stages: {stages}")
 
 
-def compress_units(
+def compress_units(model: nn.Module, calib_batches: Iterable[Mapping[str, torch.Tensor]],
+                   settings: UnitSettings | None = None, *, val_batches=None, fit_batches=None,
+                   prices: UnitCosts | None = None, loss_fn: LossFn | None = None, verify: bool = True,
+                   progress: bool = False, **overrides) -> UnitResult:
+    """Deprecated: :func:`headprune.compression.compress` with :class:`~.settings.PruneSettings` (``units``,
+    ``share``, ``price``, ``compensate``: the same names). Keyword ``overrides`` build the settings."""
+    deprecated("compress_units(model, batches, UnitSettings(...))",
+               "compress(model, batches, PruneSettings(units=..., share=..., price=..., compensate=...))")
+    if settings is not None and (overrides or not isinstance(settings, UnitSettings)):
+        raise ConfigError(f"settings: give a UnitSettings or keyword settings ({', '.join(overrides)}), not both")
+    return compress_pool(model, calib_batches, settings or UnitSettings(**overrides), val_batches=val_batches,
+                         fit_batches=fit_batches, prices=prices, loss_fn=loss_fn, verify=verify, progress=progress)
+
+
+def compress_pool(
     model: nn.Module,
     calib_batches: Iterable[Mapping[str, torch.Tensor]],
-    settings: UnitSettings | None = None,
+    settings: UnitSettings,
     *,
     val_batches: Iterable[Mapping[str, torch.Tensor]] | None = None,
     fit_batches: Iterable[Mapping[str, torch.Tensor]] | None = None,
@@ -132,20 +147,19 @@ def compress_units(
     loss_fn: LossFn | None = None,
     verify: bool = True,
     progress: bool = False,
-    **overrides,
 ) -> UnitResult:
-    """Prune heads and/or FFN neurons of a copy of ``model`` to one budget (see the module doc).
+    """The pipeline of :func:`headprune.compression.compress` for heads and/or FFN neurons under one budget
+    (see the module doc): prune a copy of ``model``.
 
     ``calib_batches``: labelled inputs for scores and the refit; ``val_batches``: labelled inputs for the
     guard, disjoint from both the calibration data and whatever the result is evaluated on.
     ``fit_batches``: inputs for the reconstruction (labels unused; default: ``calib_batches``); they may
     include the calibration examples but not the validation ones, so they need ``val_batches``.
     ``prices``: per-unit prices (e.g. measured seconds, :func:`headprune.bench.unit_latency.latency_prices`);
-    required for ``price="latency"``. Keyword ``overrides`` build the settings (``share=0.5, units="both"``).
+    required for ``price="latency"``.
     """
-    if settings is not None and (overrides or not isinstance(settings, UnitSettings)):
-        raise ConfigError(f"settings: give a UnitSettings or keyword settings ({', '.join(overrides)}), not both")
-    settings = settings or UnitSettings(**overrides)
+    if not isinstance(settings, UnitSettings):
+        raise ConfigError(f"settings: {type(settings).__name__}; allowed: UnitSettings")
     if settings.price == "latency" and prices is None:
         raise ConfigError("price='latency' needs prices= (a latency table measured on the target machine)")
     batches = list(calib_batches)

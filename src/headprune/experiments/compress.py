@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ..bench.timing import benchmark
-from ..compression.compress import compress
+from ..compression.compress import check_head_count, compress_heads
 from ..compression.plan import CompressSettings
 from ..core.cost import flops_per_example
 from ..core.io import save_pruned
@@ -41,9 +41,10 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     if bench_batch is not None and (isinstance(bench_batch, bool) or not isinstance(bench_batch, int) or bench_batch < 1):
         raise ConfigError(f"bench_batch={bench_batch!r}; allowed: an integer >= 1, or None for no timing")
     sites = {s.name: s for s in find_sites(model)}
+    check_head_count(model, settings.n_keep, None)  # a count above the model's heads: refused before any work
     flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now
     before = evaluator.evaluate(model, progress=progress)
-    result = compress(model, calib_batches, **asdict(settings), verify=verify, progress=progress)
+    result = compress_heads(model, calib_batches, settings, verify=verify, progress=progress)
     after = evaluator.evaluate(result.model, progress=progress)
     speed = bench_and_save(model, result.model, out, tokenizer, settings, bench_batch, bench_repeats)
     sig = {"model": None, "data": None, "split": None, "n": before.n, **(signature or {}),

@@ -1,6 +1,6 @@
 """A heads-and-neurons compression run as a directory: the pruned model, ``compress.json``, ``report.html``.
 
-Like :mod:`.compress` (heads only), for :func:`headprune.compression.units.compress_units`: the
+Like :mod:`.compress` (heads only), for :func:`headprune.compression.units.compress_pool`: the
 output directory is a loadable model (``headprune.load_pruned``) with its tokenizer, beside
 ``compress.json`` (settings, dropped heads and neurons, sizes, the stages kept, validation losses,
 scores before and after, speed), ``results.json`` + ``report.html`` and ``units.csv`` (per layer).
@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..compression.units import UnitSettings, compress_units
+from ..compression.units import UnitSettings, compress_pool
 from ..core.cost import flops_per_example
 from ..provenance import code_identity, versions
 from ..report import build_report
@@ -33,7 +33,7 @@ def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: It
     out = output_dir(out)
     flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now
     before = evaluator.evaluate(model, progress=progress)
-    result = compress_units(model, calib_batches, settings, val_batches=val_batches, fit_batches=fit_batches,
+    result = compress_pool(model, calib_batches, settings, val_batches=val_batches, fit_batches=fit_batches,
                             prices=prices, verify=verify,
                             progress=progress)
     after = evaluator.evaluate(result.model, progress=progress)

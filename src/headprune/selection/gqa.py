@@ -21,6 +21,7 @@ budget in KV-cache bytes (``kv``) always drops whole groups, the unit that frees
 
 from __future__ import annotations
 
+import heapq
 import math
 import warnings
 from collections.abc import Mapping, Sequence
@@ -34,7 +35,7 @@ from ..core.kvcache import cached_kv_heads
 from ..core.sites import find_sites, kv_of_heads
 from ..core.surgery import DroppedHeads
 from ..errors import ConfigError, KVCacheWarning
-from .budget import select_heads
+from .budget import budget_heads
 from .lowest import lowest_heads
 
 GQA_MODES = ("uniform", "groups", "free")
@@ -94,7 +95,7 @@ def select_gqa(
         return _by_kv(pool, groups, kv, kv_bytes, min_per_site)
     if flops is not None:
         if mode == "free":
-            drop = select_heads(pool, flops=flops, costs=costs, min_per_site=min_per_site)
+            drop = budget_heads(pool, flops=flops, costs=costs, min_per_site=min_per_site)
             warn_kv_growth(drop, groups)
             return drop
         return _by_flops(pool, groups, mode, flops, costs, min_per_site)
@@ -160,13 +161,14 @@ def _units(pool: dict[str, torch.Tensor], groups: dict[str, list[int]], mode: st
     """{site: steps in the order they must be taken, each the heads it drops}."""
     out = {}
     for name, s in pool.items():
+        value = [_value(x) for x in s.tolist()]
         members: dict[int, list[int]] = {}
         for h, j in enumerate(groups[name]):
             members.setdefault(j, []).append(h)
         for j in members:  # lowest score first (NaN last), then head index
-            members[j].sort(key=lambda h: (_value(s[h]), h))
+            members[j].sort(key=lambda h: (value[h], h))
         if mode == "groups" or all(len(hs) == 1 for hs in members.values()):  # (no GQA: head by head)
-            out[name] = sorted(members.values(), key=lambda hs: (_mean(s, hs), hs[0]))
+            out[name] = sorted(members.values(), key=lambda hs: (sum(value[h] for h in hs) / len(hs), hs[0]))
         else:  # uniform: step k takes every group from keeping (size - k) heads to (size - k - 1)
             size = max(len(hs) for hs in members.values())
             out[name] = [[hs[len(hs) - level - 1] for hs in members.values() if len(hs) > level]
@@ -249,36 +251,59 @@ def _count(g: Sequence[int]) -> dict[int, int]:
 
 
 def _by_flops(pool, groups, mode, share, costs: HeadCosts | None, min_per_site) -> dict[str, list[int]]:
-    """Drop steps, lowest score per FLOP saved first, until the kept FLOPs fit ``share`` of the pool's."""
+    """Drop steps, lowest score per FLOP saved first, until the kept FLOPs fit ``share`` of the pool's.
+
+    A step's key (its summed score per FLOP it saves, then the site's order) depends on its own site only,
+    so a heap holds each site's next step and only the site that took a step is priced again: a step saves
+    its heads' own FLOPs and those of every key/value head whose last reader it drops."""
     check_share("flops", share)
     if costs is None:
         raise ConfigError("flops= needs costs= (FLOPs per head, from headprune.core.cost.head_costs(model))")
-    full = {name: list(range(s.numel())) for name, s in pool.items()}
-    total = costs.cost(full)
-    budget = share * total
+    names = list(pool)
+    site_cost = [costs.cost({name: range(pool[name].numel())}) for name in names]
+    budget = share * sum(site_cost)
     units = _units(pool, groups, mode)
+    own = {name: costs.head[name].tolist() for name in names}
+    value = {name: [_value(x) for x in pool[name].tolist()] for name in names}
+    readers = {name: _count(costs.group[name]) for name in names}  # key/value head -> query heads kept that read it
+    left = {name: pool[name].numel() for name in names}
     drop: dict[str, list[int]] = {}
     nxt = {name: 0 for name in pool}
-    order = {name: i for i, name in enumerate(pool)}
-    while costs.cost(_kept(full, drop)) > budget * (1 + 1e-12):
-        best = None
-        for name in pool:
-            if nxt[name] >= len(units[name]):
-                continue
-            heads = units[name][nxt[name]]
-            if len(full[name]) - len(drop.get(name, [])) - len(heads) < min(min_per_site, len(full[name])):
-                continue
-            trial = dict(drop) | {name: drop.get(name, []) + heads}
-            saved = costs.cost(_kept(full, drop)) - costs.cost(_kept(full, trial))
-            key = (float(sum(_value(pool[name][h]) for h in heads)) / saved if saved > 0 else math.inf, order[name])
-            if best is None or key < best[0]:
-                best = (key, name, heads)
-        if best is None:
+    heap = []
+
+    def saving(name: str, heads: list[int]) -> float:
+        gone = _count([costs.group[name][h] for h in heads])
+        closed = sum(1 for j, n in gone.items() if readers[name][j] == n)
+        return sum(own[name][h] for h in heads) + costs.kv[name] * closed
+
+    def push(i: int) -> None:  # site i's next step, unless it has none or it would break min_per_site
+        name = names[i]
+        if nxt[name] >= len(units[name]):
+            return
+        heads = units[name][nxt[name]]
+        if left[name] - len(heads) < min(min_per_site, pool[name].numel()):
+            return
+        saved = saving(name, heads)
+        ratio = float(sum(value[name][h] for h in heads)) / saved if saved > 0 else math.inf
+        heapq.heappush(heap, (ratio, i, saved))
+
+    for i in range(len(names)):
+        push(i)
+    total = sum(site_cost)
+    while total > budget * (1 + 1e-12):
+        if not heap:
             raise ConfigError(f"flops={share}: min_per_site={min_per_site} keeps more than that; allowed: a larger "
                               "flops share or a smaller min_per_site")
-        _, name, heads = best
-        drop[name] = drop.get(name, []) + heads
+        _, i, saved = heapq.heappop(heap)
+        name = names[i]
+        heads = units[name][nxt[name]]
+        drop.setdefault(name, []).extend(heads)
+        for h in heads:
+            readers[name][costs.group[name][h]] -= 1
+        left[name] -= len(heads)
+        total -= saved
         nxt[name] += 1
+        push(i)
     return {name: sorted(v) for name, v in drop.items() if v}
 
 
@@ -291,7 +316,8 @@ def _by_kv(pool, groups, share, kv_bytes, min_per_site) -> dict[str, list[int]]:
     price = {name: float(kv_bytes.get(name, 0.0)) for name in pool}
 
     def cache(drop) -> float:
-        return sum(price[name] * cached_kv_heads(g, [h for h in range(len(g)) if h not in set(drop.get(name, []))])
+        gone = {name: set(heads) for name, heads in drop.items()}
+        return sum(price[name] * cached_kv_heads(g, [h for h in range(len(g)) if h not in gone.get(name, ())])
                    for name, g in groups.items())
 
     total = cache({})
@@ -311,10 +337,6 @@ def _by_kv(pool, groups, share, kv_bytes, min_per_site) -> dict[str, list[int]]:
         drop[name] = drop.get(name, []) + heads
         nxt[name] += 1
     return {name: sorted(v) for name, v in drop.items() if v}
-
-
-def _kept(full: dict[str, list[int]], drop: Mapping[str, list[int]]) -> dict[str, list[int]]:
-    return {name: [h for h in heads if h not in set(drop.get(name, []))] for name, heads in full.items()}
 
 
 def _value(x) -> float:

@@ -1,0 +1,67 @@
+"""``select_heads``: the one way to turn scores into the heads to drop, under any budget.
+
+Lowest scores go first, under one budget: ``n_drop`` / ``fraction`` (heads dropped), ``keep`` / ``n_keep``
+(heads kept), ``flops`` (share of the head FLOPs kept, ``costs``) or ``kv`` (share of the KV-cache bytes
+kept, ``kv_bytes``). ``groups`` ({site: the key/value head each query head reads}, :func:`.gqa.kv_groups`)
+lets the default ``gqa="uniform"`` keep grouped-query attention even -- the same number of query heads per
+key/value group, so the KV cache never grows; ``"groups"`` drops whole key/value groups, ``"free"`` any
+heads (it warns when the cache grows). :func:`.lowest.lowest_heads` is the paper's plain rule (the lowest
+heads wherever they are), kept beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from ..core.cost import HeadCosts
+from ..core.surgery import DroppedHeads
+from ..deprecation import deprecated
+from ..errors import ConfigError
+from .budget import budget_heads
+from .gqa import Groups, select_gqa
+
+_NOT_GIVEN = object()  # ``groups`` left out: the deprecated head-by-head form (None is a real value: no GQA)
+
+
+def select_heads(
+    scores: Mapping[str, torch.Tensor],
+    groups: Groups | None = _NOT_GIVEN,  # type: ignore[assignment]
+    *,
+    gqa: str = "uniform",
+    n_drop: int | None = None,
+    fraction: float | None = None,
+    keep: float | None = None,
+    n_keep: int | None = None,
+    flops: float | None = None,
+    costs: HeadCosts | Mapping[str, torch.Tensor] | None = None,
+    kv: float | None = None,
+    kv_bytes: Mapping[str, float] | None = None,
+    min_per_site: int = 0,
+    sites: list[str] | None = None,
+    same_per_site: bool = False,
+) -> DroppedHeads:
+    """Heads to drop ({site: sorted indices}) under one budget; see the module doc.
+
+    ``groups``: :func:`headprune.kv_groups` ``(model)``, or None for a model without grouped-query
+    attention. Left out (deprecated): the former head-by-head rule of ``keep`` / ``n_keep`` / ``flops``,
+    which can grow a GQA model's KV cache.
+    """
+    if groups is _NOT_GIVEN:
+        others = {k: v for k, v in (("n_drop", n_drop), ("fraction", fraction), ("kv", kv), ("kv_bytes", kv_bytes),
+                                    ("same_per_site", same_per_site or None)) if v is not None}
+        if others or gqa != "uniform":
+            raise ConfigError(f"select_heads: {', '.join(others) or 'gqa'} needs groups; allowed: "
+                              "select_heads(scores, headprune.kv_groups(model), ...) (groups=None without GQA)")
+        deprecated("select_heads(scores, ...) without groups", "select_heads(scores, headprune.kv_groups(model), "
+                   "...) (the KV cache never grows) or headprune.lowest_heads (the paper's plain rule)")
+        return budget_heads(scores, keep=keep, n_keep=n_keep, flops=flops, costs=costs, min_per_site=min_per_site,
+                            sites=sites)
+    if costs is not None and not isinstance(costs, HeadCosts):
+        if not isinstance(costs, Mapping):
+            raise ConfigError(f"costs: {type(costs).__name__}; allowed: HeadCosts or a mapping site -> [heads]")
+        costs = HeadCosts.additive(costs)
+    return select_gqa(scores, groups, mode=gqa, n_drop=n_drop, fraction=fraction, keep=keep, n_keep=n_keep,
+                      flops=flops, costs=costs, kv=kv, kv_bytes=kv_bytes, min_per_site=min_per_site, sites=sites,
+                      same_per_site=same_per_site)

@@ -1,0 +1,155 @@
+"""One compression entry point: ``compress(model, batches, PruneSettings(...))`` for heads, neurons or both.
+
+The former entry points (``compress(keep=...)``, ``compress_units``) keep working for one release with a
+DeprecationWarning, and give what the new one gives for the same settings; bad budgets are refused before
+any scoring, naming the argument, the value and the allowed range.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import headprune as hp
+from headprune.compression import CompressResult, PruneSettings, UnitResult, compress, compress_units
+from headprune.errors import ConfigError
+from tiny import build, inputs, labels
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _batches(family, seeds=(1, 2), batch=4):
+    out = []
+    for s in seeds:
+        x = inputs(family, batch=batch, seed=s)
+        x["labels"] = labels(family, x)
+        out.append(x)
+    return out
+
+
+def _never_read():
+    raise AssertionError("the calibration batches were read: the refusal came too late")
+    yield  # a generator: nothing runs until it is read
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+@pytest.mark.parametrize("old, new", [
+    (dict(keep=0.5, method="fisher+tune"), dict(share=0.5, price="count")),
+    (dict(n_keep=5, method="fisher+rearrange"), dict(n_keep=5, compensate="rearrange")),
+    (dict(flops=0.6, method="ih"), dict(share=0.6, price="flops", scores="ih")),
+])
+def test_settings_give_what_the_former_keywords_gave(family, old, new):
+    model = build(family)
+    batches = _batches(family)
+    with pytest.warns(DeprecationWarning, match=r"compress\(model, batches, keep=.*use compress\(model, batches, "
+                                                r"PruneSettings"):
+        before = compress(model, batches, seq_len=8, **old)
+    after = compress(model, batches, PruneSettings(seq_len=8, **new))
+    assert isinstance(after, CompressResult)
+    assert after.dropped == before.dropped and after.kept == before.kept and after.scales == before.scales
+    assert after.settings == before.settings  # the plan's own record is unchanged
+    x = inputs(family)
+    with torch.no_grad():
+        assert torch.equal(after.model(**x).logits, before.model(**x).logits)
+
+
+def test_heads_and_neurons_give_what_compress_units_gave():
+    model = build("bert")
+    batches = _batches("bert", seeds=(1, 2, 3, 4))
+    with pytest.warns(DeprecationWarning, match="compress_units.*use compress"):
+        before = compress_units(model, batches, share=0.5, units="both", seq_len=8, compensate="none")
+    after = compress(model, batches, PruneSettings(units="both", share=0.5, seq_len=8, compensate="none"))
+    assert isinstance(after, UnitResult)
+    assert after.dropped_heads == before.dropped_heads and after.dropped_neurons == before.dropped_neurons
+    assert any(after.dropped_neurons.values())
+
+
+def test_new_entry_point_does_not_warn():
+    model = build("bert")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        result = compress(model, _batches("bert"), PruneSettings(share=0.5, price="count", scores="ih", seq_len=8))
+    assert sum(len(v) for v in result.dropped.values()) == 4  # of 8 heads
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    (dict(share=0.0), r"share=0; allowed: a number in \(0, 1\]"),
+    (dict(share=1.5), r"share=1.5; allowed: .*0.0..1.0"),
+    (dict(n_keep=0), r"n_keep=0; allowed: .*integer >= 1"),
+    (dict(share=0.5, n_keep=3), "exactly one budget"),
+    ({}, "exactly one budget"),
+    (dict(share=0.5, units="all"), "units='all'; allowed: heads, neurons, both"),
+    (dict(share=0.5, scores="ih", compensate="tune"), "compensate='tune' with scores='ih'"),
+    (dict(units="both", n_keep=10), "n_keep=10 with units='both'"),
+    (dict(units="neurons", share=0.5, price="kv"), "price='kv' with units='neurons'"),
+    (dict(share=0.5, price="flops", same_per_site=True), "same_per_site=True with"),
+])
+def test_bad_settings_are_refused_on_creation(kwargs, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        PruneSettings(**kwargs)
+
+
+def test_same_per_site_takes_a_head_count_whatever_the_price_says():
+    assert PruneSettings(n_keep=4, same_per_site=True).heads_settings().n_keep == 4  # price keeps its default
+    assert PruneSettings(share=0.5, price="count", same_per_site=True).heads_settings().keep == 0.5
+
+
+def test_a_count_above_the_model_heads_is_refused_before_reading_the_batches():
+    model = build("bert")  # 2 sites x 4 heads
+    with pytest.raises(ConfigError, match=r"n_keep=500; allowed: an integer 1..8"):
+        compress(model, _never_read(), PruneSettings(n_keep=500))
+    with pytest.raises(ConfigError, match=r"n_keep=5; allowed: an integer 1..4 .* in sites"):
+        compress(model, _never_read(), PruneSettings(n_keep=5), sites=[hp.find_sites(model)[0].name])
+
+
+def test_arguments_a_pipeline_cannot_use_are_refused_not_dropped():
+    model = build("bert")
+    batches = _batches("bert")
+    with pytest.raises(ConfigError, match="val_batches: not used by the head plan"):
+        compress(model, batches, PruneSettings(share=0.5), val_batches=batches)
+    with pytest.raises(ConfigError, match="sites: not used by units='both'"):
+        compress(model, batches, PruneSettings(units="both", share=0.5), sites=["encoder.0.self"])
+    with pytest.raises(ConfigError, match="not both"):
+        compress(model, batches, PruneSettings(share=0.5), keep=0.5)
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'kepe'"), \
+            pytest.warns(DeprecationWarning):
+        compress(model, batches, kepe=0.5)
+
+
+def test_replay_kept_heads_and_its_deprecated_name():
+    model = build("bert")
+    kept = {s.name: [0, 2] for s in hp.find_sites(model)}
+    fresh, old = build("bert"), build("bert")
+    assert hp.replay_kept_heads(fresh, kept) == kept
+    with pytest.warns(DeprecationWarning, match="keep_heads is deprecated; use headprune.replay_kept_heads"):
+        assert hp.keep_heads(old, kept) == kept
+    x = inputs("bert")
+    with torch.no_grad():
+        assert torch.equal(fresh(**x).logits, old(**x).logits)
+
+
+def test_the_readme_selection_never_grows_a_gqa_kv_cache():
+    """README quick start: select_heads(scores, kv_groups(model), fraction=...) on a GQA model drops the same
+    number of query heads in every key/value group, for every fraction and random scores."""
+    from headprune.selection.gqa import kv_growth
+
+    model = build("llama")
+    groups = hp.kv_groups(model)
+    assert any(len(set(g)) < len(g) for g in groups.values())  # the tiny Llama has GQA
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        scores = {name: torch.rand(len(v), generator=g) for name, v in groups.items()}
+        for fraction in (0.25, 0.4, 0.5, 0.75):
+            drop = hp.select_heads(scores, groups, fraction=fraction, min_per_site=1)
+            assert kv_growth(drop, groups)[0] <= 1.0
+            for name, heads in drop.items():
+                per_group = [sum(1 for h in heads if groups[name][h] == j) for j in set(groups[name])]
+                assert len(set(per_group)) == 1, (name, drop)

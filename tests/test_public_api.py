@@ -1,0 +1,108 @@
+"""The public names, pinned: ``headprune.__all__`` and the command line's commands and flags.
+
+A rename shows up here first; the former name then stays for one release with a deprecation (see
+``headprune.renamed`` and ``headprune.cli.compress_flags``), and this list changes with it.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import typer
+
+import headprune
+from headprune.cli import app
+
+PUBLIC = [
+    "__version__", "core", "scoring", "selection", "compression",
+    "ConfigError", "DataError", "HeadpruneError", "MaskError", "PlanError", "SiteError", "UnsupportedModelError",
+    "MissingDependencyError",
+    "Site", "find_sites", "FFN", "find_ffns",
+    "mask_heads", "unmask_heads", "is_masked", "masked", "ones_mask", "mask_from_heads", "masked_neurons",
+    "head_importance", "importance_sums", "mask_gradients", "normalize_per_site", "fisher_information", "Fisher",
+    "select_heads", "kv_groups", "lowest_heads",
+    "DroppedHeads", "KeptHeads", "prune_heads", "replay_kept_heads", "kept_heads", "original_heads", "fold_scales",
+    "prune_neurons", "kept_neurons", "save_pruned", "load_pruned", "load_model",
+    "compress", "PruneSettings", "CompressResult", "UnitResult", "score_heads", "Scores", "plan_heads", "CompressPlan",
+    "text_batches",
+]
+DEPRECATED = ["keep_heads", "compress_units", "CompressSettings", "UnitSettings"]  # importable, not listed
+
+TASK = ["--task", "--data", "--data2", "--split", "--text-column", "--text-pair-column", "--label-column",
+        "--source-column", "--target-column", "--label-map", "--limit", "--batch-size", "--metric", "--beams",
+        "--device", "--dtype"]
+SWEEP = ["--sites", "--alpha", "--resamples", "--seed", "--correction", "--prefix-cache"]
+COMMANDS = {
+    "ablate": [*TASK, *SWEEP, "--output", "--fresh", "--quiet", "--progress"],
+    "all-but-one": [*TASK, *SWEEP, "--choose-data", "--choose-data2", "--choose-split", "--calib-limit", "--output",
+                    "--fresh", "--quiet", "--progress"],
+    "bench": ["--batch-sizes", "--decode", "--decode-batch", "--decode-new", "--decode-prompt", "--device", "--dtype",
+              "--gqa", "--masked", "--min-repeat-s", "--no-memory", "--onnx", "--output", "--prune-fraction",
+              "--prune-order", "--repeats", "--seed", "--seq-len", "--tgt-len", "--threads", "--no-verify",
+              "--trust-unverified", "--warmup"],
+    "compress": [*TASK, "--calib-data", "--calib-data2", "--calib-split", "--calib-limit", "--allow-same-data",
+                 "--units", "--share", "--n-keep", "--price", "--scores", "--compensate", "--gqa", "--same-per-site",
+                 "--min-per-site", "--seq-len", "--tgt-len", "--damping", "--max-scale", "--target", "--no-guard",
+                 "--val-share", "--bench-batch", "--bench-repeats", "--no-bench", "--seed", "--val-data", "--val-data2",
+                 "--val-split", "--val-limit", "--fit-limit", "--distill-epochs", "--distill-lr", "--output", "--quiet",
+                 "--progress", "--no-verify",
+                 # former flags (hidden, deprecated for one release)
+                 "--keep", "--keep-heads", "--flops", "--kv", "--method", "--tune-target", "--trust-unverified"],
+    "cross-domain": [*TASK, *SWEEP, "--data-b", "--data2-b", "--split-b", "--names", "--output", "--fresh", "--quiet",
+                     "--progress"],
+    "curve": [*TASK, "--calib-data", "--calib-data2", "--calib-split", "--calib-limit", "--gqa", "--kind",
+              "--min-per-site", "--oracle-from", "--orders", "--seeds", "--step", "--output", "--fresh", "--quiet",
+              "--progress"],
+    "demo": ["--fresh", "--output", "--quick"],
+    "dynamics": [*TASK, "--kind", "--step", "--output", "--fresh", "--quiet", "--progress"],
+    "evaluate": [*TASK, "--block-size", "--heads-off", "--json", "--max-length", "--max-new-tokens", "--quiet",
+                 "--progress"],
+    "export": ["--format", "--opset", "--output", "--tolerance"],
+    "importance": [*TASK, "--absolute", "--block-size", "--calib-limit", "--checkpoint-blocks", "--max-length",
+                   "--normalize", "--scores", "--output", "--fresh", "--quiet", "--progress"],
+    "prune": ["--device", "--drop", "--dtype", "--heads", "--output", "--no-verify", "--trust-unverified"],
+    "report": [],
+    "sites": ["--device", "--dtype", "--json"],
+    "train classifier": ["--batch-size", "--data", "--epochs", "--eval-data", "--eval-limit", "--eval-split",
+                         "--label-column", "--label-map", "--limit", "--lr", "--max-length", "--output", "--seed",
+                         "--split", "--text-column", "--text-pair-column", "--threads"],
+    "train translation": ["--batch-size", "--d-model", "--data", "--data2", "--epochs", "--eval-data", "--eval-data2",
+                          "--eval-limit", "--eval-split", "--ffn-dim", "--heads", "--layers", "--limit", "--lr",
+                          "--max-length", "--output", "--preset", "--seed", "--source-column", "--split",
+                          "--target-column", "--threads", "--vocab-size", "--warmup-steps"],
+}
+
+
+def _flags(command, prefix: str = "") -> dict[str, list[str]]:
+    """{command path: its long flags}, read from click's command objects (what the parser accepts)."""
+    if hasattr(command, "commands"):
+        out = {}
+        for name, sub in command.commands.items():
+            out |= _flags(sub, f"{prefix} {name}".strip())
+        return out
+    return {prefix: sorted(o for p in command.params for o in getattr(p, "opts", []) if o.startswith("--"))}
+
+
+def test_public_names_are_pinned():
+    assert headprune.__all__ == PUBLIC
+    assert all(hasattr(headprune, n) for n in PUBLIC + DEPRECATED)
+    assert not set(DEPRECATED) & set(headprune.__all__)
+
+
+def test_exported_functions_return_exported_types():
+    """What an exported function returns is exported too (or is a plain builtin / torch type)."""
+    names = set(headprune.__all__)
+    for fn, returned in [(headprune.compress, ("CompressResult", "UnitResult")), (headprune.score_heads, ("Scores",)),
+                         (headprune.plan_heads, ("CompressPlan",)), (headprune.fisher_information, ("Fisher",)),
+                         (headprune.find_sites, ("Site",)), (headprune.find_ffns, ("FFN",)),
+                         (headprune.prune_heads, ("KeptHeads",))]:
+        annotation = str(inspect.signature(fn).return_annotation)
+        for name in returned:
+            assert name in annotation and name in names, (fn.__name__, annotation)
+
+
+def test_commands_and_flags_are_pinned():
+    got = _flags(typer.main.get_command(app))
+    assert sorted(got) == sorted(COMMANDS)
+    for name, flags in COMMANDS.items():
+        assert got[name] == sorted(flags), name
