@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -q --disable-pip-version-check -c constraints.txt
 
-.PHONY: install install-test install-demo demo test lint clean
+.PHONY: install install-test install-demo demo test gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +33,13 @@ demo: install-demo
 test: install-test
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+
+# On a machine with a CUDA GPU and the packages its image already has (no network): the CUDA tests and a short
+# bf16 end-to-end (importance, prune, save/load, bench), under 8 minutes; writes benchmarks/results/gpu_check.json.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
+	$(GPU_PYTHON) benchmarks/gpu_check.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
