@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -q --disable-pip-version-check -c constraints.txt
 
-.PHONY: install install-test install-demo demo test lint clean
+.PHONY: install install-test install-demo demo test test-oldest gpu-check clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,5 +34,27 @@ test: install-test
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
+# The oldest transformers headprune supports (pyproject's lower bound) in a second environment: the families'
+# quick survey, mask == prune on every tiny family, save/load. CI runs this after `make test` (the newest).
+OLDEST_VENV ?= .venv-oldest
+OLDEST_TRANSFORMERS := $(shell sed -n 's/.*"transformers>=\([0-9.]*\),.*/\1/p' pyproject.toml)
+test-oldest: install-test
+	test -x $(OLDEST_VENV)/bin/python || $(PYTHON) -m venv $(OLDEST_VENV)
+	# torch and the rest come from $(VENV) (a path after this environment's own packages): only transformers
+	# and what it needs at that version are installed here, in seconds
+	$(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
+		"$$($(OLDEST_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_headprune_main_venv.pth"
+	$(OLDEST_VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt "transformers==$(OLDEST_TRANSFORMERS)"
+	$(OLDEST_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	$(OLDEST_VENV)/bin/python -c 'import transformers; print("oldest supported transformers:", transformers.__version__)'
+	$(OLDEST_VENV)/bin/python -m pytest -q tests/test_families.py tests/test_core_equivalence.py tests/test_io_reload.py
+
+# On a machine with a CUDA GPU and the packages its image already has (no network): the CUDA tests and a short
+# bf16 end-to-end (importance, prune, save/load, bench), under 8 minutes; writes benchmarks/results/gpu_check.json.
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) -m pip install -q --no-deps --no-build-isolation -e .
+	$(GPU_PYTHON) benchmarks/gpu_check.py
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) runs .pytest_cache

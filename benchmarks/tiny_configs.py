@@ -309,6 +309,9 @@ def _shrink(config, gqa: bool = True) -> dict:
             continue
         if new != value:
             out[key] = new
+    kinds, types = fields.get("attention_layers"), fields.get("attention_types")
+    if isinstance(kinds, list) and isinstance(types, list) and len(kinds) == layers and keep:  # GPT-Neo before 5.2x
+        out["attention_types"] = [[[kinds[i] for i in keep], 1]]  # its attention_layers is rebuilt from this
     rope = fields.get("qk_rope_head_dim")
     if _int(rope) and _int(fields.get("head_dim")):  # latent attention (MLA): head_dim is the rotary part or all
         out["head_dim"] = SMALL["qk_rope_head_dim"] if fields["head_dim"] == rope else SMALL["qk_head_dim"]

@@ -107,12 +107,19 @@ def test_committed_results_agree_with_a_fresh_run(quick):
 
 
 def test_committed_results_cover_every_model_type():
+    """On the version the table was made with, it covers every model type; on any other, the types the table
+    has not seen are surveyed now (a newer transformers adds families) and none of them may be broken."""
     import transformers
 
     assert all(r["verdict"] in families.VERDICTS for r in COMMITTED["families"])
-    if COMMITTED["transformers"] != transformers.__version__:
-        pytest.skip(f"results are for transformers {COMMITTED['transformers']}, {transformers.__version__} here")
-    assert set(COMMITTED_ROWS) == set(families.tiny_configs.model_types())
+    installed = set(families.tiny_configs.model_types())
+    if COMMITTED["transformers"] == transformers.__version__:
+        assert set(COMMITTED_ROWS) == installed
+        return
+    unseen = sorted(installed - set(COMMITTED_ROWS))
+    rows = [families.survey(t) for t in unseen]
+    broken = [(r["model_type"], r["reason"]) for r in rows if r["verdict"] == "broken"]
+    assert not broken, f"transformers {transformers.__version__}: families the table has not seen break headprune"
 
 
 def test_readme_table_is_what_the_results_say():

@@ -30,10 +30,16 @@ details{margin:.5em 0} .sig td{text-align:left} .note{color:#444;font-size:.92em
 
 
 def build_report(run_dir: str | Path) -> Path:
+    """Write ``run_dir/report.html`` from its results.json; a folder that is not a headprune run (no run.json) is
+    refused before anything is written."""
     run_dir = Path(run_dir)
     results_path = run_dir / "results.json"
     if not results_path.is_file():
         raise ConfigError(f"run directory {str(run_dir)!r} has no results.json; expected a headprune run directory")
+    if not (run_dir / "run.json").is_file() or (run_dir / "run.json").is_symlink():  # report.html may be the user's own
+        raise ConfigError(f"run directory {str(run_dir)!r} has a results.json but no run.json: it is not a headprune run "
+                          "directory, and its report.html is left as it is; allowed: a directory a headprune command "
+                          "wrote (it holds run.json beside results.json)")
     results = read_results(results_path)
     _check_inside(run_dir, results)
     try:

@@ -12,6 +12,7 @@ gradients are then those of the masked model, and heads the outer mask switches 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager, nullcontext
 
@@ -21,10 +22,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core.devices import accumulator_device, input_device, to_device
-from ..core.inputs import batch_size, model_inputs, rows_with_tokens
+from ..core.inputs import batch_size, model_inputs, rows_with_tokens, unwrap
 from ..core.masking import HeadMask, masked, ones_mask
 from ..distributed import reduce_sums, shard
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, UnsupportedModelError
 
 LossFn = Callable[[object, Mapping[str, torch.Tensor]], torch.Tensor]  # (outputs, batch) -> [B]
 
@@ -124,39 +125,130 @@ def per_example_loss(model: nn.Module, batch: Mapping[str, torch.Tensor], output
 
     Sequence classification: cross-entropy (MSE for one regression label). Token outputs
     (causal LM, seq2seq, token classification): mean cross-entropy over the example's tokens
-    whose label is not -100 (labels shifted by one for causal LMs; a causal LM without labels
-    predicts its own ``input_ids`` where ``attention_mask`` is 1, and no target is scored whose
-    predicting position is padding: the first real token of a left-padded row has no context).
+    whose label is not -100 (labels shifted by one where the model shifts them; a model that shifts
+    and has no labels predicts its own ``input_ids`` where ``attention_mask`` is 1, and no target is
+    scored whose predicting position is padding: the first real token of a left-padded row has no context).
+
+    Whether the labels are shifted is decided by what the model does, once per model
+    (:func:`own_loss_check`): headprune's loss must equal the model's own ``.loss`` on the first batch
+    scored, or the model is refused for scoring (pass a ``loss_fn``).
     """
-    logits = outputs.logits  # the loss in float32 at least (a bfloat16/float16 model's gradients stay in its dtype)
-    logits = logits.float() if logits.is_floating_point() and logits.element_size() < 4 else logits
+    shift = own_loss_check(model, batch, outputs)
+    losses, n_tokens = _example_losses(outputs.logits, _labels(batch, shift), shift, batch.get("attention_mask"))
+    return losses, n_tokens > 0
+
+
+def own_loss_check(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs) -> bool:
+    """Whether the model shifts token labels by one (a causal LM does), decided by behaviour and checked.
+
+    On ``batch``, headprune's loss (the mean over real tokens, or over examples) must equal the model's own
+    ``.loss`` for the same batch and labels, relative tolerance 1e-4; else :class:`UnsupportedModelError`
+    (pass ``loss_fn=``). Token outputs of a model that is not an encoder-decoder are run once more with
+    labels built to tell the two apart (each position's target is the token the position before predicts
+    best: shifted and unshifted cross-entropy then differ even on a random model). Run on a model's first
+    batch only: the answer is kept on the model (a copy of it keeps it too).
+    """
+    model = unwrap(model)
+    known = model.__dict__.get(_CHECKED)
+    if known is not None:
+        return known
+    logits = outputs.logits.detach()
+    encoder_decoder = bool(getattr(model.config, "is_encoder_decoder", False))
+    with torch.no_grad():
+        if logits.dim() == 2 or encoder_decoder:  # classification; seq2seq (its labels build its decoder inputs)
+            labels = _labels(batch, False)
+            own = outputs.loss if encoder_decoder and getattr(outputs, "loss", None) is not None else \
+                _own_loss(model, batch, labels)
+            candidates = {False: _mean_loss(logits, labels, False, batch.get("attention_mask"))}
+        else:
+            labels = _telling_labels(logits, _labels(batch, True), batch.get("attention_mask"))
+            if not bool((labels != -100).any()):  # one token a row: nothing a causal LM could be scored on
+                labels = _labels(batch, False)
+                candidates = {False: _mean_loss(logits, labels, False, None)}
+            else:
+                candidates = {shift: _mean_loss(logits, labels, shift, None) for shift in (True, False)}
+            own = _own_loss(model, batch, labels)
+    own = None if own is None else float(own.detach().float())
+    agree = [shift for shift, value in candidates.items() if _close(value, own)]
+    if not agree:
+        mine = ", ".join(f"{v:.6g} ({'labels shifted' if k else 'unshifted'})" for k, v in candidates.items())
+        raise UnsupportedModelError(
+            f"model of class {type(model).__name__}: its own loss on the first batch is {own!r}, headprune's "
+            f"per-example loss gives {mine}; headprune scores only with a loss it has checked against the "
+            "model's own .loss; allowed: pass loss_fn=(outputs, batch) -> [batch] losses (from the CLI: a "
+            "--task whose loss is the model's own)")
+    shift = min(agree, key=lambda k: abs(candidates[k] - own))
+    model.__dict__[_CHECKED] = shift
+    return shift
+
+
+_CHECKED = "_headprune_shifts_labels"  # the answer of own_loss_check, kept on the model it was checked on
+
+
+def _labels(batch: Mapping[str, torch.Tensor], shift: bool) -> torch.Tensor:
+    """The batch's labels; a model that shifts them and has none predicts its own real ``input_ids``."""
     labels = batch.get("labels")
-    causal = _is_causal_lm(model)
-    if labels is None and causal:
-        labels = batch["input_ids"].masked_fill(batch.get("attention_mask", torch.ones_like(batch["input_ids"])) == 0, -100)
+    if labels is None and shift and "input_ids" in batch:
+        ids = batch["input_ids"]
+        labels = ids.masked_fill(batch.get("attention_mask", torch.ones_like(ids)) == 0, -100)
     if labels is None:
         raise ConfigError("batch has no 'labels'; pass labels in the batch or a loss_fn(outputs, batch) -> [batch]")
+    return labels
+
+
+def _example_losses(logits: torch.Tensor, labels: torch.Tensor, shift: bool,
+                    attention_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B] losses, [B] how many targets each: 1 or 0 for a classification) from logits [B, C] or [B, T, V]."""
+    logits = logits.float() if logits.is_floating_point() and logits.element_size() < 4 else logits  # float32 at least
     labels = labels.to(logits.device)  # a model spread by a device_map returns its logits on the last device
     if logits.dim() == 2:  # [B, C]
         if logits.shape[-1] == 1 and labels.is_floating_point():
-            return F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype), reduction="none"), torch.ones_like(labels, dtype=torch.bool)
+            losses = F.mse_loss(logits.squeeze(-1), labels.to(logits.dtype), reduction="none")
+            return losses, torch.ones_like(losses, dtype=torch.long)
         valid = labels != -100
-        return F.cross_entropy(logits, labels.clamp_min(0), reduction="none") * valid, valid
-    if causal:
+        return F.cross_entropy(logits, labels.clamp_min(0), reduction="none") * valid, valid.long()
+    if shift:
         logits, labels = logits[:, :-1], labels[:, 1:]
-        mask = batch.get("attention_mask")
-        if mask is not None:  # a target predicted from a padding position (left padding) means nothing: not scored
-            labels = labels.masked_fill(mask[:, :-1].to(labels.device) == 0, -100)
+        if attention_mask is not None:  # a target predicted from a padding position (left padding) means nothing
+            labels = labels.masked_fill(attention_mask[:, :-1].to(labels.device) == 0, -100)
     token = F.cross_entropy(logits.transpose(1, 2), labels.clamp_min(0), reduction="none")  # [B, T]
     keep = labels != -100
     n_tokens = keep.sum(-1)
-    return (token * keep).sum(-1) / n_tokens.clamp_min(1), n_tokens > 0
+    return (token * keep).sum(-1) / n_tokens.clamp_min(1), n_tokens
 
 
-def _is_causal_lm(model: nn.Module) -> bool:
-    name = type(model).__name__
-    return not getattr(model.config, "is_encoder_decoder", False) and (
-        name.endswith("ForCausalLM") or name.endswith("LMHeadModel"))
+def _mean_loss(logits: torch.Tensor, labels: torch.Tensor, shift: bool, attention_mask: torch.Tensor | None) -> float:
+    """What a model's own ``.loss`` is: the mean over all targets of the batch (tokens, or examples)."""
+    losses, n = _example_losses(logits, labels, shift, attention_mask)
+    return float((losses * n).sum() / n.sum().clamp_min(1))
+
+
+def _telling_labels(logits: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Labels [B, T] where position t's target is what position t-1 predicts best (where t is a target a
+    shifting model would score): a shifting model's loss is then the lowest its logits allow, an unshifted
+    one's is not."""
+    best = logits.argmax(-1).to(labels.device)  # [B, T]
+    told = torch.full_like(labels, -100)
+    told[:, 1:] = best[:, :-1]
+    scored = torch.zeros_like(labels, dtype=torch.bool)
+    scored[:, 1:] = labels[:, 1:] != -100
+    if attention_mask is not None:
+        scored[:, 1:] &= attention_mask[:, :-1].to(labels.device) != 0
+    return told.masked_fill(~scored, -100)
+
+
+def _own_loss(model: nn.Module, batch: Mapping[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor | None:
+    """The model's ``.loss`` on ``batch`` with ``labels`` (None when it returns none)."""
+    inputs = model_inputs(model, batch, labels=True, cache=False)
+    inputs["labels"] = labels
+    try:
+        return getattr(model(**inputs), "loss", None)
+    except TypeError:  # a forward that takes no labels
+        return None
+
+
+def _close(value: float, own: float | None, rtol: float = 1e-4) -> bool:
+    return own is not None and math.isfinite(own) and abs(value - own) <= rtol * max(abs(own), 1e-6)
 
 
 @contextmanager
