@@ -66,12 +66,12 @@ def _sst2(model, tokenizer, limit=24):
 def test_ablate_on_real_model_and_data_writes_schema(minilm_dir, tmp_path):
     out = tmp_path / "ablate"
     result = runner.invoke(app, ["ablate", str(minilm_dir), "--task", "classification", "--data", str(SST2),
-                                 "--limit", "16", "--sites", "encoder.5.self", "--resamples", "200", "-o", str(out)])
+                                 "--limit", "16", "--sites", "encoder.5.self", "-o", str(out)])
     assert result.exit_code == 0, result.output
     rows = _rows(out / "ablation.csv")
     assert len(rows) == 12 and {r["site"] for r in rows} == {"encoder.5.self"}
     assert list(rows[0]) == ["site", "kind", "layer", "head", "score", "delta", "damage", "p_value", "p_ttest",
-                             "p_mcnemar", "p_bootstrap", "p_adjusted", "ci_low", "ci_high", "significant"]
+                             "p_mcnemar", "p_adjusted", "ci_low", "ci_high", "significant"]
     results = json.loads((out / "results.json").read_text())
     assert set(results["signature"]) >= {"model", "data", "split", "n", "method", "seed", "versions"}
     assert results["signature"]["n"] == 16
@@ -80,6 +80,8 @@ def test_ablate_on_real_model_and_data_writes_schema(minilm_dir, tmp_path):
         assert 0.0 <= float(r["p_value"]) <= float(r["p_adjusted"]) <= 1.0  # Holm over the 12 heads
         assert r["significant"] == str(float(r["p_adjusted"]) < 0.01)
         assert float(r["ci_low"]) <= float(r["delta"]) + 1e-9 and float(r["delta"]) <= float(r["ci_high"]) + 1e-9
+        assert (float(r["p_value"]) < 0.05) == (float(r["ci_low"]) > 0 or float(r["ci_high"]) < 0)  # one test
+    assert results["signature"]["settings"]["n_resamples"] == 6000  # sized for 12 heads at 0.01: 5 * 12 / 0.01
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "One head masked" in html
 
@@ -90,9 +92,9 @@ def test_prefix_cache_gives_the_same_sweep(minilm_dir):
 
     model, tok = load_model(minilm_dir), load_tokenizer(minilm_dir)
     ev = _sst2(model, tok, limit=16)
-    fast = one_head_ablation(model, ev, sites=["encoder.3.self"], settings=SweepSettings(n_resamples=50), progress=False)
+    fast = one_head_ablation(model, ev, sites=["encoder.3.self"], settings=SweepSettings(), progress=False)
     slow = one_head_ablation(model, ev, sites=["encoder.3.self"],
-                             settings=SweepSettings(n_resamples=50, prefix_cache=False), progress=False)
+                             settings=SweepSettings(prefix_cache=False), progress=False)
     assert [r["score"] for r in fast.rows] == [r["score"] for r in slow.rows]
     assert fast.base.score == slow.base.score
 
@@ -127,10 +129,10 @@ def test_all_but_one_of_a_one_head_site_equals_unmasked_and_held_out(tiny_dir):
     labels = [1, 0, 1, 0, 1] * 3
     ev = Classification(tok, (texts, labels), config=model.config, batch_size=4)
     other = Classification(tok, (texts[::-1], labels[::-1]), config=model.config, batch_size=4)
-    sweep = all_but_one(model, ev, settings=SweepSettings(n_resamples=20), progress=False)
+    sweep = all_but_one(model, ev, settings=SweepSettings(), progress=False)
     one = next(r for r in sweep.rows if r["site"] == "encoder.0.self")
     assert one["score"] == sweep.base.score and one["kept_head"] == 0
-    held = all_but_one(model, ev, choose_on=other, settings=SweepSettings(n_resamples=20), progress=False)
+    held = all_but_one(model, ev, choose_on=other, settings=SweepSettings(), progress=False)
     assert all(r["chosen_on"] == "held-out" for r in held.rows)
     assert len(held.rows[1]["choice_scores"]) == 4
 
@@ -202,7 +204,7 @@ def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
     out = tmp_path / "cd"
     result = runner.invoke(app, ["cross-domain", str(tmp_path / "lm"), "--task", "lm", "--data", "builtin:pydoc",
                                  "--data-b", str(tmp_path / "cola.txt"), "--names", "docs,cola", "--limit", "4",
-                                 "--resamples", "50", "-o", str(out)])
+                                 "-o", str(out)])
     assert result.exit_code == 0, result.output
     results = json.loads((out / "results.json").read_text())
     assert -1.0 <= results["pearson_r"] <= 1.0 and (out / "cross_domain.png").is_file()

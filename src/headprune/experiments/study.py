@@ -46,11 +46,13 @@ def _finish(run: RunDir, results: dict, evaluated=None) -> Path:
     return report
 
 
-P_KEYS = ("p_value", "p_ttest", "p_mcnemar", "p_bootstrap", "p_adjusted", "ci_low", "ci_high", "significant")
+P_KEYS = ("p_value", "p_ttest", "p_mcnemar", "p_bootstrap", "p_sacrebleu", "p_adjusted", "ci_low", "ci_high",
+          "significant")
 
 
 def _csv_rows(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
-    """``keys`` then the significance columns the rows hold (p_ttest/p_mcnemar for accuracy only)."""
+    """``keys`` then the significance columns the rows hold (p_ttest/p_mcnemar for accuracy only,
+    p_bootstrap for corpus metrics, p_sacrebleu for BLEU: beside the reported p_value, never instead)."""
     wanted = [*keys, *(k for k in P_KEYS if rows and k in rows[0])]
     return [{k: r.get(k) for k in wanted} for r in rows]
 
@@ -68,7 +70,7 @@ def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dic
                  sites: Iterable[str] | None = None, settings: ablation.SweepSettings | None = None,
                  fresh: bool = False, progress: bool = True) -> Path:
     """Paper 3.2 (Table 1, Fig. 1): one head masked at a time, with significance."""
-    settings = settings or ablation.SweepSettings()
+    settings = (settings or ablation.SweepSettings()).for_units(ablation.sweep_units(model, sites, "head"))
     run = RunDir(out, _signature(signature, "one-head ablation", {**vars(settings), "sites": sites}, evaluator), fresh=fresh)
     sweep = ablation.one_head_ablation(model, evaluator, sites=sites, settings=settings, run=run, progress=progress)
     metric, base = sweep.base.metric, sweep.base.score
@@ -98,7 +100,7 @@ def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=N
                     sites: Iterable[str] | None = None, settings: ablation.SweepSettings | None = None,
                     fresh: bool = False, progress: bool = True) -> Path:
     """Paper 3.3 / App. A (Tables 2, 3, 5, 6): keep one head per site."""
-    settings = settings or ablation.SweepSettings()
+    settings = (settings or ablation.SweepSettings()).for_units(ablation.sweep_units(model, sites, "site"))
     method = "all-but-one" + (" (head chosen on a held-out split)" if choose_on is not None else "")
     run = RunDir(out, _signature(signature, method, {**vars(settings), "sites": sites}, evaluator, choose_on), fresh=fresh)
     sweep = ablation.all_but_one(model, evaluator, choose_on=choose_on, sites=sites, settings=settings, run=run,
@@ -123,7 +125,7 @@ def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, out: str | Path
                      signature: dict | None = None, sites: Iterable[str] | None = None,
                      settings: ablation.SweepSettings | None = None, fresh: bool = False, progress: bool = True) -> Path:
     """Paper 3.4 (Fig. 2): one-head ablation on two datasets, Pearson r."""
-    settings = settings or ablation.SweepSettings()
+    settings = (settings or ablation.SweepSettings()).for_units(ablation.sweep_units(model, sites, "head"))
     run = RunDir(out, _signature(signature, "cross-domain one-head ablation",
                                  {**vars(settings), "sites": sites, "datasets": list(names)}, evaluator_a,
                                  evaluator_b), fresh=fresh)
