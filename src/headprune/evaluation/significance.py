@@ -42,6 +42,8 @@ from .metrics import CLASSIFICATION_METRICS, bleu_scorer, bleu_statistics, label
 
 scipy_stats = require("scipy.stats", "significance tests")
 
+STATISTICS = "issue-25: McNemar mid-p | sign-flip | approximate randomization; two-sided, +1 floor"  # in run
+# signatures: a run whose signature lacks this string was tested by older statistics (stale)
 SACREBLEU_SEED = 12345  # sacrebleu's default SACREBLEU_SEED: same seed -> same resamples as `sacrebleu --paired-bs`
 CI_ALPHA = 0.05  # the printed interval is the 95% interval of the reported test
 
