@@ -20,6 +20,7 @@ from tiny import build, word_tokenizer
 
 DATA = shared_root() or Path("HEADPRUNE_SHARED_DATA-unset")
 SST2 = DATA / "sst2" / "dev.tsv"
+SST2_TRAIN = DATA / "sst2" / "train.tsv"
 COLA_IN = DATA / "cola" / "cola_public_v1.1" / "dev_in_domain.tsv"
 COLA_OUT = DATA / "cola" / "cola_public_v1.1" / "dev_out_of_domain.tsv"
 needs_data = pytest.mark.shared_data("sst2/dev.tsv")  # skipped without the variable, failed if missing
@@ -218,6 +219,20 @@ def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
     assert {r["order"] for r in summary} == {"importance", "oracle", "random"}
     zero = {r["order"]: float(r["score"]) for r in summary if r["pruned"] == "0"}
     assert len(set(zero.values())) == 1  # the 0% point of every curve is the unmasked score
+    results = json.loads((out / "results.json").read_text())
+    tested = results["no_significant_loss"]
+    assert set(tested) == {"importance", "oracle"}  # random is averaged over 2 seeds: no per-step test
+    for order, t in tested.items():  # the largest share before the first step with p < 0.05 and a lower score
+        steps = sorted((r for r in summary if r["order"] == order), key=lambda r: float(r["fraction"]))
+        first = next((r for r in steps if r["p_value"] and float(r["p_value"]) < 0.05
+                      and float(r["relative"]) < 1), None)
+        before = [float(r["pruned"]) / float(r["of"]) for r in steps if first is None or
+                  float(r["fraction"]) < float(first["fraction"])]
+        assert t["share"] == pytest.approx(max(before)) and t["alpha"] == 0.05
+    figure = json.loads((out / "figures.json").read_text())["curves.png"]
+    assert figure["source"] == "curves_summary.csv" and figure["labels"]["random"].endswith("(mean ± std over 2 seeds)")
+    assert figure["bands"] == {"random": "std over seeds", "importance": "95% interval of the paired test vs unpruned",
+                               "oracle": "95% interval of the paired test vs unpruned"}
 
     from headprune.core.io import load_tokenizer
 
@@ -239,6 +254,19 @@ def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
     assert all(float(r["relative"]) == 1.0 for r in rows if r["fraction"] == "0.0")
     result = runner.invoke(app, ["report", str(out)])
     assert result.exit_code == 0 and "data:image/png;base64," in (out / "report.html").read_text()
+    same = json.loads((out / "results.json").read_text())
+    assert same["importance_data"] == f"{SST2} (the evaluated examples themselves)"  # said, not hidden
+
+    calibrated = tmp_path / "dyn-calib"  # I_h from other examples (the paper: training data)
+    result = runner.invoke(app, ["dynamics", *map(str, ckpts), "--task", "classification", "--data", str(SST2),
+                                 "--limit", "12", "--step", "0.5", "--calib-data", str(SST2_TRAIN),
+                                 "--calib-limit", "16", "-o", str(calibrated)])
+    assert result.exit_code == 0, result.output
+    signature = json.loads((calibrated / "run.json").read_text())["signature"]
+    assert signature["importance_data"] == str(SST2_TRAIN) and signature["importance_n"] == 16
+    assert "--calib-data" in signature["data_sha256"]
+    other = _rows(calibrated / "dynamics.csv")
+    assert [r["score"] for r in other if r["fraction"] == "0.0"] == [r["score"] for r in rows if r["fraction"] == "0.0"]
 
 
 def test_bad_input_exits_2_and_writes_nothing(tiny_dir, tmp_path):
