@@ -182,3 +182,16 @@ def test_bleu_batch_equals_sacrebleu_on_every_branch():
     reference = np.array([bleu_scorer(BLEU())(row) for row in sums])
     assert bleu_batch(sums) == pytest.approx(reference, rel=1e-12, abs=1e-12)
     assert (reference == 0).sum() >= 10 and (reference > 0).sum() > 200
+
+
+def test_confusion_batch_equals_the_one_matrix_metrics():
+    from headprune.evaluation.metrics import CLASSIFICATION_METRICS
+    from headprune.evaluation.significance import confusion_batch
+
+    rng = np.random.default_rng(5)
+    for k in (2, 3):
+        counts = rng.integers(0, 30, (200, k, k)).astype(float)
+        counts[:3] = 0  # empty
+        counts[3:6, :, 0] = 0  # one predicted class missing
+        for name, one in CLASSIFICATION_METRICS.items():
+            assert confusion_batch(name, k)(counts) == pytest.approx([one(c) for c in counts], abs=1e-12)

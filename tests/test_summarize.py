@@ -144,7 +144,9 @@ def test_a_fresh_run_is_not_stale_and_its_figures_match_its_table(fresh_ablation
     with open(run / "ablation.csv", newline="") as f:
         starred = sorted(f"{r['site']}:{r['head']}" for r in csv.DictReader(f) if r["significant"] == "True")
     assert index["ablation_heatmap.png"]["starred"] == starred and starred  # some heads matter at alpha 0.2
-    assert index["ablation_heatmap.png"]["sha256"] == hashlib.sha256((run / "ablation.csv").read_bytes()).hexdigest()
+    sha = hashlib.sha256((run / "ablation.csv").read_bytes()).hexdigest()
+    assert index["ablation_heatmap.png"]["sha256"] == sha
+    assert f"(drawn from ablation.csv, sha256 {sha[:12]})" in (run / "report.html").read_text()  # the report says so
 
 
 def test_a_figure_not_drawn_from_the_current_table_is_reported(fresh_ablation, tmp_path):

@@ -414,6 +414,33 @@ def bleu_batch(sums: np.ndarray) -> np.ndarray:
     return np.where(dead, 0.0, score)
 
 
+def confusion_batch(metric: str, k: int) -> Callable[[np.ndarray], np.ndarray]:
+    """``metric`` ('accuracy', 'f1' of class 1, 'matthews') of many confusion matrices [m, k, k] (or their
+    flat [m, k*k] sums) -> [m]; the vectorised :data:`CLASSIFICATION_METRICS` (a test holds them equal)."""
+
+    def score(sums: np.ndarray) -> np.ndarray:
+        c = np.asarray(sums, dtype=np.float64).reshape(-1, k, k)  # [m, label, pred]
+        total = c.sum(axis=(1, 2))
+        trace = np.trace(c, axis1=1, axis2=2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if metric == "accuracy":
+                return np.where(total > 0, trace / total, 0.0)
+            if metric == "f1":
+                if k < 2:
+                    return np.zeros(len(c))
+                tp = c[:, 1, 1]
+                fp, fn = c[:, :, 1].sum(axis=1) - tp, c[:, 1, :].sum(axis=1) - tp
+                return np.where(tp + fp + fn > 0, 2 * tp / (2 * tp + fp + fn), 0.0)
+            t, pr = c.sum(axis=2), c.sum(axis=1)  # true / predicted per class [m, k]
+            cov_tp = trace * total - (t * pr).sum(axis=1)
+            cov_pp, cov_tt = total**2 - (pr * pr).sum(axis=1), total**2 - (t * t).sum(axis=1)
+            return np.where(cov_tt * cov_pp > 0, cov_tp / np.sqrt(cov_tt * cov_pp), 0.0)
+
+    if metric not in CLASSIFICATION_METRICS:
+        raise ConfigError(f"metric={metric!r}; allowed: {sorted(CLASSIFICATION_METRICS)}")
+    return score
+
+
 def paired_bootstrap_bleu(
     hyps_a: Sequence[str], hyps_b: Sequence[str], refs: Sequence[str] | Sequence[Sequence[str]], *,
     n_resamples: int = 1000, seed: int | None = SACREBLEU_SEED, tokenize: str = "13a", lowercase: bool = False,
@@ -619,10 +646,11 @@ def compare(base: EvalResult, other: EvalResult, *, n_resamples: int = 1000, see
                                                                  (b["pred"], "preds_b")])
         k = int(max(pa.max(), pb.max(), labels.max()) + 1)
         eye = np.eye(k * k, dtype=np.float64)  # one-hot of the (label, pred) cell; summing gives the confusion
-        on_counts = CLASSIFICATION_METRICS[base.metric]
-        perm = paired_permutation(eye[labels * k + pa], eye[labels * k + pb], lambda c: on_counts(c.reshape(k, k)),
-                                  n_resamples=n_resamples, seed=seed)
-        boot = paired_bootstrap_classification(pa, pb, labels, metric=base.metric, n_resamples=n_resamples, seed=seed)
+        batch = confusion_batch(base.metric, k)
+        sa, sb = eye[labels * k + pa], eye[labels * k + pb]
+        perm = paired_permutation(sa, sb, lambda c: float(batch(c[None])[0]), n_resamples=n_resamples, seed=seed,
+                                  batch_metric=batch)
+        boot, _, _ = _bootstrap(sa, sb, lambda c: float(batch(c[None])[0]), n_resamples, seed, "sum", batch_metric=batch)
         return _perm(f"paired approximate randomization of corpus {base.metric}", perm, boot)
     if base.metric == "bleu" and "bleu_stats" in a:
         sa, sb = _paired_arrays(a["bleu_stats"], b["bleu_stats"], ("a bleu_stats", "b bleu_stats"))

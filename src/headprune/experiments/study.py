@@ -196,7 +196,7 @@ def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveS
     table = run.write_csv("curves_summary.csv", summary)
     kinds = f" ({', '.join(settings.kinds)} attention only)" if settings.kinds else ""
     fig.pruning_curves(summary, metric, run.path / "curves.png", title=title or f"Pruning curve{kinds}", source=table,
-                       unpruned_label=f"unpruned, on the curve's data ({getattr(evaluator, 'signature', {}).get('task', 'evaluated')} set)")
+                       unpruned_label="unpruned, on the curve's own data")
     unpruned = next(r["score"] for r in summary if r["pruned"] == 0)
     tested = no_significant_loss(summary)
     return _finish(run, {
