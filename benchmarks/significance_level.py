@@ -186,8 +186,8 @@ def main() -> None:
         "accuracy_4pct_discordant": mcnemar(size(200_000), 872, 0.04, seed=2),
         "accuracy_ttest": paired_ttest_on_outcomes(size(2000), 872, seed=3),
         "nll_per_block": sign_flip(size(2000), 60, 999, seed=4),
-        "corpus_bleu": corpus_bleu(size(2000), 150, 24, 999, seed=5),
-        "corpus_f1": corpus_f1(size(1500), 400, 999, seed=6),
+        "corpus_bleu": corpus_bleu(size(1200), 150, 24, 499, seed=5),
+        "corpus_f1": corpus_f1(size(1000), 400, 499, seed=6),
     }
     out = {"what": "simulated type-I error under a true null, per reported test (issue 25)",
            "statistics": STATISTICS, "quick": args.quick, "alphas": list(ALPHAS), "results": results,
