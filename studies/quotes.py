@@ -8,10 +8,15 @@ In the Markdown a quoted number is ``<!--q:NAME-->value<!--/q-->`` and a generat
 - ``score:RUN:ORDER:FRACTION``      a pruning-curve step's score (``curves`` runs; %-scaled as above)
 - ``rel:RUN:ORDER:FRACTION``        the same step relative to the unpruned model, in %
 - ``abl:RUN:KIND:STAT``             one-head ablation per attention kind (KIND ``all`` for every head):
-                                    ``n``, ``sig`` (Holm-significant), ``better`` (masking helps), ``min``/``max`` delta
+                                    ``n``, ``sig`` (significant, as the run says), ``better`` (masking helps),
+                                    ``min``/``max`` delta, ``halfwidth`` (median half-width of the heads' 95%
+                                    intervals: about the smallest effect the run could detect)
 - ``abo:RUN:SITE:STAT``             all-but-one per site: ``delta``, ``p`` (two-sided), ``padj`` (Holm)
 - ``abo:RUN:*:STAT``                over sites: ``sig``, ``min``/``max`` delta of the sites not Holm-significant
 - ``cd:RUN:STAT``                   cross-domain: ``r``, ``p``, ``n``, ``base:NAME``
+- ``nsl:RUN:ORDER:STAT``            a curve's tested "no significant loss up to" (results.json
+                                    ``no_significant_loss``): ``share`` in %, ``low`` (worst relative quality
+                                    its interval allows there, in %), ``first`` (share of the first loss, %)
 - ``dyn:RUN:EPOCH:FRACTION``        relative score (%) at that epoch (``base`` for FRACTION: the unpruned score)
 - ``speed:PLAN:BATCH:STAT``         benchmarks/results/pruned_speed.json (``x``, ``flop``, ``orig``, ``pruned``,
                                     ``eff`` in %; PLAN ``*`` and STAT ``effmin``/``effmax``: over plans and batches)
@@ -125,6 +130,10 @@ def _abl(run: str, kind: str, stat: str) -> float:
     sig = [r.get("significant") for r in res["rows"]]
     rows = [(r, s) for r, s in zip(res["rows"], sig, strict=True) if kind == "all" or r["kind"] == kind]
     deltas = [scaled(res["metric"], r["delta"]) for r, _ in rows]
+    if stat == "halfwidth":
+        tested(run)
+        widths = sorted(scaled(res["metric"], (r["ci_high"] - r["ci_low"]) / 2) for r, _ in rows)
+        return widths[len(widths) // 2] if len(widths) % 2 else (widths[len(widths) // 2 - 1] + widths[len(widths) // 2]) / 2
     return {"n": lambda: len(rows), "sig": lambda: sum(s for _, s in rows),
             "better": lambda: sum(r["damage"] < 0 for r, _ in rows),
             "min": lambda: min(deltas), "max": lambda: max(deltas)}[stat]()
@@ -151,6 +160,14 @@ def _cd(run: str, stat: str, name: str = "") -> float:
     if stat == "n":
         return len((STUDIES / run / "cross_domain.csv").read_text().strip().splitlines()) - 1
     return {"r": res["pearson_r"], "p": res["p_value"]}[stat]
+
+
+def _nsl(run: str, order: str, stat: str) -> float:
+    t = tested(run)["no_significant_loss"][order]
+    value = {"share": t["share"], "low": t["relative_low_at_share"], "first": t["first_loss"]}[stat]
+    if value is None:
+        raise ValueError(f"{run}: no_significant_loss[{order!r}][{stat!r}] is empty (no such step)")
+    return 100 * value
 
 
 def _dyn(run: str, epoch: str, fraction: str) -> float:
@@ -211,7 +228,7 @@ KINDS: dict[str, tuple[Callable, str]] = {  # kind -> (function of the args, def
     "base": (_base, ".2f"), "score": (_score, ".2f"), "rel": (_rel, ".0f"), "abl": (_abl, ".2f"),
     "abo": (_abo, ".2f"), "cd": (_cd, ".2f"), "dyn": (_dyn, ".0f"), "speed": (_speed, ".3f"),
     "train": (_train, ".2f"), "mc": (_mc, ".2f"), "demo": (_demo, ".2f"), "json": (_json, ".2f"),
-    "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"),
+    "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"), "nsl": (_nsl, ".0f"),
 }
 UNITS = {"MB": (1e6, 0, "MB"), "GB": (1e9, 1, "GB"), "min": (60, 1, "min")}  # ~FORMAT -> (divisor, digits, unit)
 INTEGER_STATS = ("n", "sig", "better", "n_train", "n_eval")

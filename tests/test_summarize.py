@@ -105,6 +105,17 @@ def test_significance_is_read_from_the_run_never_recomputed(tmp_path, monkeypatc
         with pytest.raises(quotes.Stale, match="studies/results/old: made before the current significance tests"):
             quotes.quote(name)
     assert quotes.quote("abo:old:a:delta~+.2f") == "-2.00"  # a score does not depend on the tests
+    ablation = [{**r, "kind": "encoder", "head": i, "damage": -r["delta"]} for i, r in enumerate(rows)]
+    ablation.append({**ablation[0], "head": 2, "ci_low": -0.05, "ci_high": 0.01})
+    (tmp_path / "abl").mkdir()
+    (tmp_path / "abl" / "results.json").write_text(json.dumps({"metric": "accuracy", "base": 0.9, "rows": ablation,
+                                                               "signature": signature}))
+    assert quotes.quote("abl:abl:all:halfwidth") == "1.10"  # median of 1.00, 1.10, 3.00 (x100)
+    curve = {"metric": "accuracy", "base": 0.9, "rows": [], "signature": signature, "no_significant_loss": {
+        "importance": {"share": 0.4, "first_loss": 0.5, "relative_low_at_share": 0.955, "alpha": 0.05}}}
+    (tmp_path / "curve").mkdir()
+    (tmp_path / "curve" / "results.json").write_text(json.dumps(curve))
+    assert [quotes.quote(f"nsl:curve:importance:{k}") for k in ("share", "low", "first")] == ["40", "96", "50"]
     with pytest.raises(quotes.Stale, match="no adjusted p"):
         quotes.adjusted([{"p_value": 0.1}], "benchmarks/results/x.json")
     quotes.load.cache_clear()
