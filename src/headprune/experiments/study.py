@@ -266,7 +266,9 @@ def run_dynamics(checkpoints: list[tuple[int, Callable[[], tuple]]], out: str | 
     return _finish(run, {
         "title": "Pruning curves across training epochs (Michel et al. 2019, 6)", "experiment": "dynamics",
         "metric": metric, "rows": rows, "importance_data": scored,
-        "headline": [["epochs", len(checkpoints)], ["I_h scored on", scored or "the evaluated examples"]] + [
+        "notes": [f"I_h scored on {scored or 'the evaluated examples themselves'}; the paper scores it on training "
+                  "data (dynamics --calib-data)."],
+        "headline": [["epochs", len(checkpoints)]] + [
             [f"epoch {r['epoch']}: relative score at {r['fraction']:.0%} pruned", f"{r['relative']:.1%}"]
             for r in _near_40_percent(rows, [e for e, _ in checkpoints])],
         "figures": [{"file": "dynamics.png", "caption": "Left: relative score per pruning level over epochs. Right: early vs late curves."}],
