@@ -8,10 +8,15 @@ In the Markdown a quoted number is ``<!--q:NAME-->value<!--/q-->`` and a generat
 - ``score:RUN:ORDER:FRACTION``      a pruning-curve step's score (``curves`` runs; %-scaled as above)
 - ``rel:RUN:ORDER:FRACTION``        the same step relative to the unpruned model, in %
 - ``abl:RUN:KIND:STAT``             one-head ablation per attention kind (KIND ``all`` for every head):
-                                    ``n``, ``sig`` (Holm-significant), ``better`` (masking helps), ``min``/``max`` delta
+                                    ``n``, ``sig`` (significant, as the run says), ``better`` (masking helps),
+                                    ``min``/``max`` delta, ``halfwidth`` (median half-width of the heads' 95%
+                                    intervals: about the smallest effect the run could detect)
 - ``abo:RUN:SITE:STAT``             all-but-one per site: ``delta``, ``p`` (two-sided), ``padj`` (Holm)
 - ``abo:RUN:*:STAT``                over sites: ``sig``, ``min``/``max`` delta of the sites not Holm-significant
 - ``cd:RUN:STAT``                   cross-domain: ``r``, ``p``, ``n``, ``base:NAME``
+- ``nsl:RUN:ORDER:STAT``            a curve's tested "no significant loss up to" (results.json
+                                    ``no_significant_loss``): ``share`` in %, ``low`` (worst relative quality
+                                    its interval allows there, in %), ``first`` (share of the first loss, %)
 - ``dyn:RUN:EPOCH:FRACTION``        relative score (%) at that epoch (``base`` for FRACTION: the unpruned score)
 - ``speed:PLAN:BATCH:STAT``         benchmarks/results/pruned_speed.json (``x``, ``flop``, ``orig``, ``pruned``,
                                     ``eff`` in %; PLAN ``*`` and STAT ``effmin``/``effmax``: over plans and batches)
@@ -23,8 +28,11 @@ In the Markdown a quoted number is ``<!--q:NAME-->value<!--/q-->`` and a generat
 - ``json:FILE:FIELD``               any benchmarks/results/FILE.json (dotted path into it)
 - ``mcmin:FILE:METHOD``             smallest two-sided p of METHOD's steps below I_h (method comparison)
 
-Significance of committed runs: see :func:`two_sided` (how one-sided p-values of runs made before
-the change are turned into two-sided ones) and :func:`holm_rows`.
+Significance is read, never recomputed: a quote of a p-value, an adjusted p or a "significant" count
+reads the run's own ``p_value`` / ``p_adjusted`` / ``significant``. A run whose signature does not carry
+today's ``headprune.evaluation.significance.STATISTICS`` was tested by older code: its significance
+quotes raise :class:`Stale` (``summarize --check`` lists such runs with the command that regenerates
+them), and so do benchmark files whose paired tests carry no adjusted p.
 """
 
 from __future__ import annotations
@@ -38,7 +46,30 @@ ROOT = Path(__file__).resolve().parents[1]
 STUDIES = ROOT / "studies" / "results"
 BENCH = ROOT / "benchmarks" / "results"
 PERCENT = ("accuracy", "f1", "matthews")
-ONE_SIDED = "paired bootstrap"  # tests whose committed p is the old one-sided sign share
+
+
+class Stale(Exception):
+    """A quote needs the significance of a results file made by older statistics code: rerun it."""
+
+    def __init__(self, where: str, why: str):
+        super().__init__(f"{where}: {why}")
+        self.where = where
+
+
+@functools.cache
+def statistics_version() -> str:
+    """The statistics the current code reports (recorded in every study run's signature)."""
+    from headprune.evaluation.significance import STATISTICS
+
+    return STATISTICS
+
+
+def stale_reason(res: dict) -> str | None:
+    """Why a study run's significance is not today's (None when it is)."""
+    made = res.get("signature", {}).get("statistics")
+    if made == statistics_version():
+        return None
+    return "made before the current significance tests" if made is None else f"made by statistics {made!r}"
 
 
 @functools.cache
@@ -58,34 +89,20 @@ def scaled(metric: str, x: float) -> float:
     return 100 * x if metric in PERCENT else x
 
 
-def two_sided(row: dict) -> float:
-    """Two-sided p of a committed row. Runs made before headprune's two-sided bootstrap stored, for
-    corpus metrics, the one-sided share of resamples whose delta lacks the observed sign; the
-    two-sided percentile-bootstrap p of the same resamples is twice that (capped at 1). Paired t-tests
-    were always two-sided. Rows written by the current code (they carry ``p_bootstrap`` or
-    ``p_adjusted``) are two-sided already and used as they are."""
-    p = row["p_value"]
-    if "p_adjusted" in row or "p_bootstrap" in row or not str(row.get("test", "")).startswith(ONE_SIDED):
-        return p
-    return min(1.0, 2 * p)
+def tested(run: str) -> dict:
+    """A study run's results.json whose tests are today's; :class:`Stale` otherwise."""
+    res = study(run)
+    why = stale_reason(res)
+    if why is not None:
+        raise Stale(f"studies/results/{run}", why)
+    return res
 
 
-def holm_rows(rows: list[dict]) -> list[float]:
-    """Holm-adjusted two-sided p of each row, over all ``rows`` (one sweep; rows with their own
-    ``p_adjusted`` keep it, e.g. a study run with ``--correction bh`` keeps its BH values)."""
-    if rows and all("p_adjusted" in r for r in rows):
-        return [r["p_adjusted"] for r in rows]
-    p = [two_sided(r) for r in rows]
-    order = sorted(range(len(p)), key=lambda i: p[i])
-    out, running = [0.0] * len(p), 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (len(p) - rank) * p[i]))
-        out[i] = running
-    return out
-
-
-def significant(rows: list[dict], alpha: float = 0.01) -> list[bool]:
-    return [q < alpha for q in holm_rows(rows)]
+def adjusted(rows: list[dict], where: str) -> list[float]:
+    """Each row's own adjusted p (written by the run over its sweep); :class:`Stale` if a row has none."""
+    if any("p_adjusted" not in r for r in rows):
+        raise Stale(where, "its tests carry no adjusted p (made before the current significance tests)")
+    return [r["p_adjusted"] for r in rows]
 
 
 # ---------------------------------------------------------------- kinds
@@ -109,25 +126,31 @@ def _rel(run: str, order: str, fraction: str) -> float:
 
 
 def _abl(run: str, kind: str, stat: str) -> float:
-    res = study(run)
-    sig = significant(res["rows"], res["signature"]["settings"]["alpha"])
+    res = tested(run) if stat == "sig" else study(run)
+    sig = [r.get("significant") for r in res["rows"]]
     rows = [(r, s) for r, s in zip(res["rows"], sig, strict=True) if kind == "all" or r["kind"] == kind]
     deltas = [scaled(res["metric"], r["delta"]) for r, _ in rows]
+    if stat == "halfwidth":
+        tested(run)
+        widths = sorted(scaled(res["metric"], (r["ci_high"] - r["ci_low"]) / 2) for r, _ in rows)
+        return widths[len(widths) // 2] if len(widths) % 2 else (widths[len(widths) // 2 - 1] + widths[len(widths) // 2]) / 2
     return {"n": lambda: len(rows), "sig": lambda: sum(s for _, s in rows),
             "better": lambda: sum(r["damage"] < 0 for r, _ in rows),
             "min": lambda: min(deltas), "max": lambda: max(deltas)}[stat]()
 
 
 def _abo(run: str, site: str, stat: str) -> float:
-    res = study(run)
-    rows, adj = res["rows"], holm_rows(res["rows"])
-    alpha = res["signature"]["settings"]["alpha"]
+    if stat == "delta":
+        res = study(run)
+        return scaled(res["metric"], next(r for r in res["rows"] if r["site"] == site)["delta"])
+    res = tested(run)
+    rows = res["rows"]
     if site == "*":
-        rest = [scaled(res["metric"], r["delta"]) for r, q in zip(rows, adj, strict=True) if q >= alpha]
-        return {"sig": lambda: sum(q < alpha for q in adj), "min": lambda: min(rest), "max": lambda: max(rest)}[stat]()
-    i = next(i for i, r in enumerate(rows) if r["site"] == site)
-    return {"delta": lambda: scaled(res["metric"], rows[i]["delta"]), "p": lambda: two_sided(rows[i]),
-            "padj": lambda: adj[i]}[stat]()
+        rest = [scaled(res["metric"], r["delta"]) for r in rows if not r["significant"]]
+        return {"sig": lambda: sum(bool(r["significant"]) for r in rows), "min": lambda: min(rest),
+                "max": lambda: max(rest)}[stat]()
+    row = next(r for r in rows if r["site"] == site)
+    return {"p": lambda: row["p_value"], "padj": lambda: row["p_adjusted"]}[stat]()
 
 
 def _cd(run: str, stat: str, name: str = "") -> float:
@@ -137,6 +160,14 @@ def _cd(run: str, stat: str, name: str = "") -> float:
     if stat == "n":
         return len((STUDIES / run / "cross_domain.csv").read_text().strip().splitlines()) - 1
     return {"r": res["pearson_r"], "p": res["p_value"]}[stat]
+
+
+def _nsl(run: str, order: str, stat: str) -> float:
+    t = tested(run)["no_significant_loss"][order]
+    value = {"share": t["share"], "low": t["relative_low_at_share"], "first": t["first_loss"]}[stat]
+    if value is None:
+        raise ValueError(f"{run}: no_significant_loss[{order!r}][{stat!r}] is empty (no such step)")
+    return 100 * value
 
 
 def _dyn(run: str, epoch: str, fraction: str) -> float:
@@ -188,15 +219,16 @@ def _demo(path: str) -> float | str:
 
 def _mcmin(file: str, method: str) -> float:
     tests = [t for t in bench(file)["paired_tests"] if t["method"] == method and t["against"] == "ih"
-             and t["test"] is not None and t["diff"] < 0]
-    return min(two_sided(t) for t in tests)
+             and t["test"] is not None]
+    adjusted(tests, f"benchmarks/results/{file}.json")  # written by today's code: each test has its adjusted p
+    return min(t["p_value"] for t in tests if t["diff"] < 0)
 
 
 KINDS: dict[str, tuple[Callable, str]] = {  # kind -> (function of the args, default format)
     "base": (_base, ".2f"), "score": (_score, ".2f"), "rel": (_rel, ".0f"), "abl": (_abl, ".2f"),
     "abo": (_abo, ".2f"), "cd": (_cd, ".2f"), "dyn": (_dyn, ".0f"), "speed": (_speed, ".3f"),
     "train": (_train, ".2f"), "mc": (_mc, ".2f"), "demo": (_demo, ".2f"), "json": (_json, ".2f"),
-    "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"),
+    "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"), "nsl": (_nsl, ".0f"),
 }
 UNITS = {"MB": (1e6, 0, "MB"), "GB": (1e9, 1, "GB"), "min": (60, 1, "min")}  # ~FORMAT -> (divisor, digits, unit)
 INTEGER_STATS = ("n", "sig", "better", "n_train", "n_eval")
@@ -231,21 +263,23 @@ def quote(name: str) -> str:
 
 
 def _p(x: float) -> str:
+    """A p-value as printed: 3 decimals; below 0.001 as '< 0.001' (every resampling p has the +1 floor)."""
     return "< 0.001" if x < 0.001 else f"{x:.3f}"
 
 
 def block_all_but_one(run: str) -> str:
-    """Per site of an all-but-one run: kept head, delta, 95% CI (runs with CI columns), two-sided p, Holm p."""
-    res = study(run)
-    metric, rows, adj = res["metric"], res["rows"], holm_rows(res["rows"])
-    alpha = res["signature"]["settings"]["alpha"]
-    has_ci = all("ci_low" in r for r in rows)
-    head = "| site | kept head | delta | " + ("95% CI | " if has_ci else "") + "p (two-sided) | Holm-adjusted p | significant |"
+    """Per site of an all-but-one run, as the run wrote it: kept head, delta, the 95% interval and the
+    two-sided p of the reported test, the adjusted p and the run's own verdict."""
+    res = tested(run)
+    metric, rows = res["metric"], res["rows"]
+    correction = {"holm": "Holm", "bh": "BH"}[res["signature"]["settings"].get("correction", "holm")]
+    test = rows[0].get("test", "test") if rows else "test"
+    head = f"| site | kept head | delta | 95% interval | p (two-sided, {test}) | {correction}-adjusted p | significant |"
     out = [head, "|---" * (head.count("|") - 1) + "|"]
-    for r, q in zip(rows, adj, strict=True):
-        ci = f"[{scaled(metric, r['ci_low']):+.2f}, {scaled(metric, r['ci_high']):+.2f}] | " if has_ci else ""
-        out.append(f"| {r['site']} | {r['kept_head']} | {scaled(metric, r['delta']):+.2f} | {ci}{_p(two_sided(r))} | "
-                   f"{_p(q)} | {'**yes**' if q < alpha else 'no'} |")
+    for r in rows:
+        out.append(f"| {r['site']} | {r['kept_head']} | {scaled(metric, r['delta']):+.2f} | "
+                   f"[{scaled(metric, r['ci_low']):+.2f}, {scaled(metric, r['ci_high']):+.2f}] | {_p(r['p_value'])} | "
+                   f"{_p(r['p_adjusted'])} | {'**yes**' if r['significant'] else 'no'} |")
     return "\n".join(out)
 
 
@@ -259,7 +293,7 @@ def block_method_comparison(alpha: float = 0.05) -> str:
         for method in methods[1:]:
             tests = [t for t in bench(file)["paired_tests"] if t["method"] == method and t["against"] == "ih"
                      and t["test"] is not None]
-            for t, q in zip(tests, holm_rows(tests), strict=True):
+            for t, q in zip(tests, adjusted(tests, f"benchmarks/results/{file}.json"), strict=True):
                 bold[(file, method, round(t["fraction"], 6))] = q < alpha and t["diff"] > 0
     fractions = sorted({round(r["fraction"], 6) for r in bench(files[0])["summary"] if r["fraction"] < 1})
     out = ["| pruned | SST-2 MiniLM, accuracy: I_h | Fisher | Fisher+rearrange+tune | en->fr Marian, BLEU: I_h | "

@@ -50,7 +50,8 @@ fi
 
 if has deen; then  # IWSLT stand-in, paper 6 / Fig. 5: the I_h curve at every epoch
   $HP dynamics runs/deen-6x8/epoch-* --task translation --data $D/multi30k/test_2016_flickr.de.gz \
-    --data2 $D/multi30k/test_2016_flickr.en.gz --limit 150 -o $R/deen_dynamics
+    --data2 $D/multi30k/test_2016_flickr.en.gz --limit 150 \
+    --calib-data $D/multi30k/train.de.gz --calib-data2 $D/multi30k/train.en.gz -o $R/deen_dynamics
 fi
 
 if has speed; then  # Table 4: examples/s of BERT-base shape, 50% of heads removed

@@ -2,13 +2,19 @@
 number README.md and REPRODUCTION.md quote is what the committed results files say.
 
     python studies/summarize.py [--results studies/results] > studies/results/SUMMARY.md
-    python studies/summarize.py --check    # exit 1 naming each quoted number that differs (CI runs this)
+    python studies/summarize.py --check    # exit 1 naming each problem (CI runs this)
     python studies/summarize.py --fix      # rewrite the quoted numbers from the results files
+
+``--check`` gives three separate verdicts: (1) quoted numbers and tables that differ from the results
+files; (2) stale runs: study runs (and benchmark files) whose significance was computed by older
+statistics code, each with the command that regenerates it; (3) figures not drawn from the table
+beside them: every figure a run directory's ``figures.json`` lists must name a file of the run whose
+sha256 is unchanged, and a figure's starred heads / sites must be the table's ``significant`` rows.
 
 Quoted numbers are marked ``<!--q:NAME-->value<!--/q-->`` and generated tables
 ``<!--block:NAME-->...<!--/block-->``; studies/quotes.py says which file and field each NAME reads.
-Reads each run directory's results.json / CSV files as the study commands wrote them. Significance
-of runs committed before the two-sided tests: see quotes.two_sided and quotes.holm_rows.
+Reads each run directory's results.json / CSV files as the study commands wrote them; significance is
+read from the runs, never recomputed.
 """
 
 from __future__ import annotations
@@ -40,24 +46,33 @@ def _pct(metric: str, x: float) -> str:
 
 def ablation(name: str, res: dict) -> list[str]:
     rows, metric = res["rows"], res["metric"]
+    settings = res["signature"]["settings"]
+    stale = quotes.stale_reason(res)
+    label = (f"significant ({settings.get('correction', 'holm')}-adjusted two-sided p < {settings['alpha']})"
+             if stale is None else f"significant: stale run ({stale})")
     out = [f"### {name}: one head masked (Table 1 / Fig. 1)", "",
            f"full model {metric}: {_pct(metric, res['base'])}; n = {res['signature']['n']}", "",
-           "| kind | heads | significant (Holm-adjusted two-sided p < 0.01) | masking helps | min delta | max delta |",
+           f"| kind | heads | {label} | masking helps | min delta | max delta |",
            "|---|---|---|---|---|---|"]
-    sig = quotes.significant(rows, res["signature"]["settings"]["alpha"])
+    sig = [bool(r.get("significant")) if stale is None else None for r in rows]
     for kind in ("encoder", "decoder", "cross"):
         sub = [(r, s) for r, s in zip(rows, sig, strict=True) if r["kind"] == kind]
         if sub:
             deltas = [r["delta"] for r, _ in sub]
-            out.append(f"| {kind} | {len(sub)} | {sum(s for _, s in sub)} | "
+            count = "stale" if stale is not None else sum(s for _, s in sub)
+            out.append(f"| {kind} | {len(sub)} | {count} | "
                        f"{sum(r['damage'] < 0 for r, _ in sub)} | {_pct(metric, min(deltas))} | {_pct(metric, max(deltas))} |")
     return out + [""]
 
 
 def all_but_one(name: str, res: dict) -> list[str]:
     metric = res["metric"]
+    try:
+        table = quotes.block_all_but_one(name)
+    except quotes.Stale as e:
+        table = f"(stale: {e}; regenerate: {regenerate_command(name)})"
     return [f"### {name}: keep one head per site", "", f"full model {metric}: {_pct(metric, res['base'])}", "",
-            quotes.block_all_but_one(name), ""]
+            table, ""]
 
 
 def cross_domain(name: str, res: dict) -> list[str]:
@@ -96,10 +111,14 @@ def dynamics(name: str, res: dict, run: Path) -> list[str]:
     return out + ["", f"unpruned {res['metric']} per epoch: " + ", ".join(f"{b:.2f}" for b in base), ""]
 
 
-def _regenerate(doc: str, match: re.Match, make, kind: str, problems: list[str]) -> str:
+def _regenerate(doc: str, match: re.Match, make, kind: str, problems: list[str], stale: list[str]) -> str:
     name, held = match.group(1), match.group(2)
     try:
         want = make(name)
+    except quotes.Stale as e:
+        line = match.string.count("\n", 0, match.start()) + 1
+        stale.append(f"{doc}:{line}: {kind} {name!r} reads {e}")
+        return match.group(0)
     except (KeyError, StopIteration, ValueError, TypeError, FileNotFoundError) as e:
         problems.append(f"{doc}: {kind} {name!r} cannot be computed: {type(e).__name__}: {e}")
         return match.group(0)
@@ -128,17 +147,90 @@ def _families(doc: str, text: str, problems: list[str]) -> str:
     return f"{head}{start}\n{want}\n{end}{tail}"
 
 
-def check(fix: bool = False, root: Path = ROOT) -> list[str]:
-    """Every marker in README.md and REPRODUCTION.md against quotes.py; returns the mismatches (fix: rewrites)."""
+def check(fix: bool = False, root: Path = ROOT, stale: list[str] | None = None) -> list[str]:
+    """Every marker in README.md and REPRODUCTION.md against quotes.py; returns the mismatches (fix: rewrites).
+
+    Markers that read the significance of a stale results file are not mismatches: they go to ``stale``
+    (a list the caller passes; they are left as they are)."""
     problems: list[str] = []
+    stale = [] if stale is None else stale
     for doc in DOCS:
         path = root / doc
         text = path.read_text()
-        new = QUOTE.sub(lambda m, d=doc: _regenerate(d, m, quotes.quote, "q", problems), text)
-        new = BLOCK.sub(lambda m, d=doc: _regenerate(d, m, quotes.block, "block", problems), new)
+        new = QUOTE.sub(lambda m, d=doc: _regenerate(d, m, quotes.quote, "q", problems, stale), text)
+        new = BLOCK.sub(lambda m, d=doc: _regenerate(d, m, quotes.block, "block", problems, stale), new)
         new = _families(doc, new, problems)
         if fix and new != text:
             path.write_text(new)
+    return problems
+
+
+# ---------------------------------------------------------------- stale runs and figure provenance
+
+
+def regenerate_command(run: str) -> str:
+    """The command that regenerates studies/results/RUN: its group of studies/run_experiments.sh, into a
+    fresh directory (a stale run's signature differs from today's, so a resume is refused)."""
+    script = (ROOT / "studies" / "run_experiments.sh").read_text()
+    group = None
+    for block in re.finditer(r"if has (\w+); then(.*?)\nfi", script, re.S):
+        names = re.findall(r"-o \$R/([\w$]+)", block.group(2))
+        if any(n == run or ("$" in n and run.startswith(n.split("$")[0])) for n in names):
+            group = block.group(1)
+            break
+    if group is None:
+        return f"(no line of studies/run_experiments.sh writes {run}; regenerate it by the command in its run.json)"
+    return f"rm -r studies/results/{run} && bash studies/run_experiments.sh {group}"
+
+
+def stale_runs(results: Path) -> list[tuple[str, str, str]]:
+    """(run, why, command) of every study run whose significance is not today's."""
+    out = []
+    for run in sorted(p for p in results.iterdir() if p.is_dir()):
+        res = _load(run)
+        if res is None or res.get("experiment") not in ("ablation", "all-but-one", "cross-domain", "curves", "dynamics"):
+            continue
+        why = quotes.stale_reason(res)
+        if why is not None:
+            out.append((run.name, why, regenerate_command(run.name)))
+    return out
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _marked(table: Path) -> list[str]:
+    """site:head (or site) of the rows a CSV calls significant, sorted -- what a figure must star."""
+    with open(table, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return sorted(f"{r['site']}:{r['head']}" if r.get("head") not in (None, "") else r["site"]
+                  for r in rows if r.get("significant") == "True")
+
+
+def figure_problems(results: Path, skip: set[str] = frozenset()) -> list[str]:
+    """Figures of each (non-skipped) run that its figures.json does not tie to an unchanged table of the run."""
+    problems = []
+    for run in sorted(p for p in results.iterdir() if p.is_dir() and p.name not in skip):
+        figures = sorted(run.glob("*.png"))
+        if not figures or _load(run) is None:
+            continue
+        index = run / "figures.json"
+        known = json.loads(index.read_text()) if index.is_file() else {}
+        for png in figures:
+            entry = known.get(png.name)
+            if entry is None:
+                problems.append(f"{run.name}/{png.name}: not in figures.json (which table was it drawn from?)")
+                continue
+            source = run / entry["source"]
+            if not source.is_file() or _sha(source) != entry["sha256"]:
+                problems.append(f"{run.name}/{png.name}: drawn from {entry['source']} with sha256 "
+                                f"{entry['sha256'][:12]}, which the run no longer holds")
+            elif "starred" in entry and entry["starred"] != _marked(source):
+                problems.append(f"{run.name}/{png.name}: stars {entry['starred']} but {entry['source']} calls "
+                                f"{_marked(source)} significant")
     return problems
 
 
@@ -149,15 +241,29 @@ def main() -> None:
     ap.add_argument("--fix", action="store_true", help="rewrite the quoted numbers from the results files")
     args = ap.parse_args()
     if args.check or args.fix:
-        problems = check(fix=args.fix)
+        stale_quotes: list[str] = []
+        problems = check(fix=args.fix, stale=stale_quotes)
         for p in problems:
             print(p, file=sys.stderr)
         n = sum(len(QUOTE.findall((ROOT / d).read_text())) + len(BLOCK.findall((ROOT / d).read_text())) for d in DOCS)
         if args.fix:
-            print(f"rewrote the quoted numbers ({n} markers); {len(problems)} differed")
+            print(f"rewrote the quoted numbers ({n} markers); {len(problems)} differed; "
+                  f"{len(stale_quotes)} read stale results and were left as they are")
             sys.exit(0 if all("cannot be computed" not in p for p in problems) else 1)
-        print(f"{n} quoted numbers and tables checked: " + ("all match" if not problems else f"{len(problems)} differ"))
-        sys.exit(1 if problems else 0)
+        stale = stale_runs(args.results)
+        figures = figure_problems(args.results, skip={name for name, _, _ in stale})
+        print(f"{n} quoted numbers and tables checked: " + ("all match" if not problems else f"{len(problems)} differ")
+              + (f" ({len(stale_quotes)} read stale results, not compared)" if stale_quotes else ""))
+        if stale or stale_quotes:
+            print(f"STALE: {len(stale)} study runs were tested by older statistics code; regenerate each:")
+            for name, why, command in stale:
+                print(f"  {name}: {why}\n    {command}")
+            for line in stale_quotes:
+                print(f"  quote: {line}")
+        print("figures: " + ("each drawn from its run's current table" if not figures else f"{len(figures)} problems"))
+        for line in figures:
+            print(f"  {line}")
+        sys.exit(1 if problems or stale or stale_quotes or figures else 0)
     lines = ["# Summary of studies/results (generated by studies/summarize.py)", ""]
     for run in sorted(p for p in args.results.iterdir() if p.is_dir()):
         res = _load(run)

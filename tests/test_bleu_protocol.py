@@ -72,7 +72,7 @@ def test_study_results_state_sacrebleus_signature_and_the_protocol(trained, tmp_
 
     _, model, tok, ev = trained
     task = Translation(tok, (ev, ev), batch_size=8)
-    run_ablation(model, task, tmp_path / "abl", sites=["decoder.1.cross"], settings=SweepSettings(n_resamples=50),
+    run_ablation(model, task, tmp_path / "abl", sites=["decoder.1.cross"], settings=SweepSettings(),
                  progress=False)
     results = json.loads((tmp_path / "abl" / "results.json").read_text())
     bleu = sacrebleu.metrics.BLEU()
@@ -81,4 +81,4 @@ def test_study_results_state_sacrebleus_signature_and_the_protocol(trained, tmp_
     assert results["bleu"]["generation"] == task.signature["generation"] and "1.5*src" in results["bleu"]["generation"]
     with open(tmp_path / "abl" / "ablation.csv", newline="") as f:
         header = next(csv.reader(f))
-    assert header[-6:] == ["p_value", "p_bootstrap", "p_adjusted", "ci_low", "ci_high", "significant"]
+    assert header[-7:] == ["p_value", "p_bootstrap", "p_sacrebleu", "p_adjusted", "ci_low", "ci_high", "significant"]

@@ -138,7 +138,7 @@ def test_every_command_that_reads_data_reads_its_split(root, tmp_path, command, 
 def test_study_runs_record_the_split_they_read(root, tmp_path):
     base = ["--task", "classification", "--data", str(root / "dsdir"), "--split", "validation",
             "--label-map", "neg=0,pos=1"]
-    result = runner.invoke(app, ["ablate", str(root / "cls"), *base, "--resamples", "20", "-o", str(tmp_path / "a")])
+    result = runner.invoke(app, ["ablate", str(root / "cls"), *base, "-o", str(tmp_path / "a")])
     assert result.exit_code == 0, result.output
     signature = json.loads((tmp_path / "a" / "results.json").read_text())["signature"]
     assert signature["data_split"] == "validation" and signature["n"] == len(VALID)

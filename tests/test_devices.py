@@ -127,7 +127,7 @@ def test_evaluation_sweeps_and_tuning_on_the_model_device(device):
                               labels=[0, 1, 2, 1, 0], source="mem", text_pairs=None)
     ev = Classification(tok, data, config=model.config, batch_size=2)
     want_eval = ev.evaluate(model)
-    settings = SweepSettings(n_resamples=20)
+    settings = SweepSettings()
     want_sweep = one_head_ablation(model, ev, settings=settings, progress=False)
     drop = {"encoder.0.self": [1], "encoder.1.self": [0, 3]}
     want_tune = tune_scales(model, list(ev.batches()), drop)

@@ -64,7 +64,7 @@ def test_importance_under_torchrun_equals_one_process(setup):
 def test_ablate_and_curve_under_torchrun_equal_one_process_and_resume(setup):
     root, model, data = setup
     base = ["--task", "classification", "--data", str(data), "--batch-size", "4"]
-    ablate = ["ablate", str(model), *base, "--resamples", "50"]
+    ablate = ["ablate", str(model), *base]
     _single([*ablate, "-o", str(root / "abl-one")])
     _torchrun([*ablate, "-o", str(root / "abl-two")], root)
     for name in ("ablation.csv", "ablation_by_damage.csv"):

@@ -173,7 +173,7 @@ def test_all_but_one_chooses_on_calib_limit_examples(tiny_dirs, tmp_path, monkey
     monkeypatch.setattr(study, "run_all_but_one", spy)
     result = runner.invoke(app, ["all-but-one", str(tiny_dirs / "bert"), "--task", "classification", "--data",
                                  str(SST2), "--limit", "6", "--choose-data", str(SST2_TRAIN), "--calib-limit", "10",
-                                 "--resamples", "20", "-o", str(tmp_path / "abo")])
+                                 "-o", str(tmp_path / "abo")])
     assert result.exit_code == 0, result.output
     assert seen == {"eval": 6, "choose": 10}
 
@@ -195,7 +195,7 @@ def test_calib_limit_has_one_default_and_one_meaning():
 def test_study_commands_print_their_headline_then_the_report(tiny_dirs, tmp_path):
     out = tmp_path / "ablate"
     result = runner.invoke(app, ["ablate", str(tiny_dirs / "bert"), "--task", "classification", "--data", str(SST2),
-                                 "--limit", "8", "--resamples", "20", "-o", str(out)])
+                                 "--limit", "8", "-o", str(out)])
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
     headline = json.loads((out / "results.json").read_text())["headline"]
@@ -235,8 +235,7 @@ def test_evaluate_bars_forced_by_hidden_progress_and_silenced_by_quiet(tiny_dirs
 
 @needs_data
 def test_study_commands_take_quiet_and_progress(tiny_dirs, tmp_path):
-    base = ["ablate", str(tiny_dirs / "bert"), "--task", "classification", "--data", str(SST2), "--limit", "8",
-            "--resamples", "20"]
+    base = ["ablate", str(tiny_dirs / "bert"), "--task", "classification", "--data", str(SST2), "--limit", "8"]
     shown = runner.invoke(app, [*base, "--progress", "-o", str(tmp_path / "a")])
     assert shown.exit_code == 0, shown.output
     assert "100%" in shown.stderr  # the sweep's bar

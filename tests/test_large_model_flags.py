@@ -52,7 +52,7 @@ def test_streamed_prefix_cache_gives_the_same_table(setup, command, table):
     tables = {}
     for mode in ("full", "stream"):
         out = root / f"{command}-{mode}"
-        result = runner.invoke(app, [command, str(root / "model"), *data, "--resamples", "30", "--prefix-cache", mode,
+        result = runner.invoke(app, [command, str(root / "model"), *data, "--prefix-cache", mode,
                                      "-o", str(out)])
         assert result.exit_code == 0, result.output
         tables[mode] = _rows(out / table)

@@ -73,19 +73,25 @@ def _result(metric: str, per_example: dict, score: float) -> EvalResult:
     return EvalResult(metric=metric, score=score, n=n, per_example=per_example, higher_is_better=True)
 
 
-def test_compare_reports_all_tests_for_accuracy_and_the_bootstrap_for_corpus_metrics():
+def test_compare_reports_mcnemar_midp_for_accuracy_and_randomization_for_corpus_metrics():
     a, b = _outcomes(3, 200, 0.6), _outcomes(4, 200, 0.7)
     out = compare(_result("accuracy", {"correct": a}, a.mean()), _result("accuracy", {"correct": b}, b.mean()),
                   n_resamples=200)
-    assert out["p_value"] == out["p_ttest"] == pytest.approx(stats.ttest_rel(b, a).pvalue)
-    assert out["p_value"] == paired_ttest(a, b).p_value
-    assert out["p_mcnemar"] == mcnemar_exact(a, b).p_value and 0 < out["p_bootstrap"] <= 1
+    only_a, only_b = int(((a == 1) & (b == 0)).sum()), int(((a == 0) & (b == 1)).sum())
+    d = only_a + only_b  # mid-p by hand from scipy's binomial: twice the smaller tail, half the point mass
+    lower = stats.binom.cdf(only_b - 1, d, 0.5) + stats.binom.pmf(only_b, d, 0.5) / 2
+    assert out["p_value"] == pytest.approx(min(1.0, 2 * min(lower, 1 - lower)), abs=1e-12)
+    assert out["test"].startswith("McNemar mid-p") and out["p_value"] < out["p_mcnemar"]  # mid-p < exact
+    assert out["p_ttest"] == pytest.approx(stats.ttest_rel(b, a).pvalue) and out["p_ttest"] == paired_ttest(a, b).p_value
+    assert out["p_mcnemar"] == mcnemar_exact(a, b).p_value and "p_bootstrap" not in out
     assert out["ci_low"] < b.mean() - a.mean() < out["ci_high"]
+    assert (out["p_value"] < 0.05) == (out["ci_low"] > 0 or out["ci_high"] < 0)
     labels = _outcomes(5, 200, 0.5)
     pa, pb = np.where(a == 1, labels, 1 - labels), np.where(b == 1, labels, 1 - labels)
     f1 = compare(_result("f1", {"pred": pa, "label": labels}, 0.0), _result("f1", {"pred": pb, "label": labels}, 0.0),
                  n_resamples=200)
-    assert f1["p_value"] == f1["p_bootstrap"] and "p_ttest" not in f1 and f1["ci_low"] <= f1["ci_high"]
+    assert f1["test"].startswith("paired approximate randomization") and "p_ttest" not in f1 and 0 < f1["p_bootstrap"] <= 1 and f1["ci_low"] <= f1["ci_high"]
+    assert f1["n_resamples"] == 200 and (f1["p_value"] < 0.05) == (f1["ci_low"] > 0 or f1["ci_high"] < 0)
 
 
 def test_cli_refuses_an_unknown_correction_naming_the_flag(tmp_path):
@@ -126,4 +132,4 @@ def test_a_sweep_adjusts_over_all_its_heads_with_the_chosen_correction():
     for sweep in sweeps.values():
         for r in sweep.rows:
             assert r["significant"] == (r["p_adjusted"] < 0.2) and r["p_value"] <= r["p_adjusted"]
-            assert r["p_value"] == r["p_bootstrap"] and "p_ttest" not in r and r["ci_low"] <= r["ci_high"]
+            assert r["test"].startswith("sign-flip") and "p_ttest" not in r and r["ci_low"] <= r["ci_high"]

@@ -49,12 +49,12 @@ def test_streamed_sweep_equals_the_full_cache_and_no_cache(family):
     ev = LanguageModelling(word_tokenizer(TEXTS), TEXTS, block_size=12, batch_size=2)
     rows = {}
     for mode in (True, False, "stream"):
-        sweep = one_head_ablation(model, ev, settings=SweepSettings(n_resamples=50, prefix_cache=mode), progress=False)
+        sweep = one_head_ablation(model, ev, settings=SweepSettings(prefix_cache=mode), progress=False)
         rows[mode] = sweep.rows
         assert sweep.base.score == ev.evaluate(model).score
     assert len({r["score"] for r in rows[True]}) > 1  # masking heads changes the score
     assert rows["stream"] == rows[True] == rows[False]
-    keep = [all_but_one(model, ev, settings=SweepSettings(n_resamples=50, prefix_cache=m), progress=False).rows
+    keep = [all_but_one(model, ev, settings=SweepSettings(prefix_cache=m), progress=False).rows
             for m in (True, "stream")]
     assert keep[0] == keep[1]
 

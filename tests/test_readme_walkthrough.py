@@ -35,7 +35,7 @@ def test_all_but_one_headline_names_the_worst_site_and_its_score(tiny, tmp_path)
     model, data = tiny
     out = tmp_path / "abo"
     result = runner.invoke(app, ["all-but-one", str(model), "--task", "classification", "--data", str(data),
-                                 "--resamples", "20", "-o", str(out)])
+                                 "-o", str(out)])
     assert result.exit_code == 0, result.output
     with open(out / "all_but_one.csv", newline="") as f:
         rows = list(csv.DictReader(f))

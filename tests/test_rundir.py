@@ -54,7 +54,7 @@ def _gpt2(seed: int = 0):
 
 def _ablate(root: Path, out, *extra: str) -> list[str]:
     return ["ablate", str(root / "gpt2"), "--task", "lm", "--data", str(root / "text.txt"),
-            "--limit", "6", "--resamples", "50", "-o", str(out), *extra]
+            "--limit", "6", "--resamples", "1000", "-o", str(out), *extra]
 
 
 def _refused(result) -> str:
@@ -145,7 +145,7 @@ def _copy(folder: Path, to: Path) -> Path:
 
 
 @pytest.mark.parametrize(("extra", "named"), [
-    (["--resamples", "60"], "--resamples was 50, now 60"),
+    (["--resamples", "1200"], "--resamples was 1000, now 1200"),
     (["--batch-size", "4"], "--batch-size was 8, now 4"),
     (["--limit", "5"], "--limit was 6, now 5"),
     (["--alpha", "0.05"], "--alpha was 0.01, now 0.05"),
@@ -166,7 +166,7 @@ def test_edited_data_replaced_model_or_changed_code_is_refused(root, whole, tmp_
     shutil.copy(root / "text.txt", data)
     shutil.copytree(root / "gpt2", model)
     args = ["ablate", str(model), "--task", "lm", "--data", str(data), "--limit", "6",
-            "--resamples", "50", "-o", str(tmp_path / "run")]
+            "--resamples", "1000", "-o", str(tmp_path / "run")]
     assert runner.invoke(app, args).exit_code == 0
     before = _files(tmp_path / "run")
     data.write_text(data.read_text().replace("film", "movie"))  # same path, other contents
@@ -190,7 +190,7 @@ def test_edited_data_replaced_model_or_changed_code_is_refused(root, whole, tmp_
 
 def test_metric_is_part_of_the_signature(root, tmp_path):
     args = ["ablate", str(root / "roberta"), "--task", "classification", "--data", str(root / "dev.tsv"),
-            "--resamples", "20", "--sites", "encoder.0.self", "-o", str(tmp_path / "run")]
+            "--resamples", "1000", "--sites", "encoder.0.self", "-o", str(tmp_path / "run")]
     assert runner.invoke(app, args).exit_code == 0
     line = _refused(runner.invoke(app, [*args, "--metric", "f1"]))
     assert "--metric was 'accuracy', now 'f1'" in line
@@ -331,7 +331,7 @@ def test_library_runs_carry_the_evaluators_settings(root, tmp_path):
     model, tok = hp.load_pruned(root / "gpt2"), load_tokenizer(root / "gpt2")
     texts = (root / "text.txt").read_text().splitlines()
     site = hp.find_sites(model)[0].name
-    settings = SweepSettings(n_resamples=20)
+    settings = SweepSettings(n_resamples=1000)
     ev = LanguageModelling(tok, texts, block_size=32, batch_size=4, max_blocks=4)
     run_ablation(model, ev, tmp_path / "run", sites=[site], settings=settings, progress=False)
     other = LanguageModelling(tok, texts, block_size=32, batch_size=2, max_blocks=4)

@@ -141,10 +141,16 @@ def test_bootstrap_p_value_definition():
     idx = bootstrap_indices(80, 500, 11)
     diffs = b[idx].mean(axis=1) - a[idx].mean(axis=1)
     assert res.delta == pytest.approx(b.mean() - a.mean())
-    # sacreBLEU's centred definition, written out: (1 + #{|d_i| - mean|d| > |delta|}) / (N + 1)
-    expected = (1 + np.sum(np.abs(diffs) - np.abs(diffs).mean() > abs(res.delta))) / 501
+    # two-sided centred p, written out: (1 + #{|d_i - mean d| >= |delta|}) / (N + 1)
+    dev = np.abs(diffs - diffs.mean())
+    expected = (1 + np.sum(dev >= abs(res.delta))) / 501
     assert res.p_value == pytest.approx(expected, abs=1e-12) and 0.01 < res.p_value < 1.0
-    assert (res.ci_low, res.ci_high) == pytest.approx(tuple(np.quantile(diffs, [0.025, 0.975])), abs=1e-12)
+    # sacreBLEU's statistic beside it: (1 + #{|d_i| - mean|d| > |delta|}) / (N + 1)
+    sacre = (1 + np.sum(np.abs(diffs) - np.abs(diffs).mean() > abs(res.delta))) / 501
+    assert res.p_sacrebleu == pytest.approx(sacre, abs=1e-12)
+    # the interval is delta -+ the 25th largest |d_i - mean d| (K = 24 resamples beyond still give p < 0.05)
+    half = np.sort(dev)[::-1][24]
+    assert (res.ci_low, res.ci_high) == pytest.approx((res.delta - half, res.delta + half), abs=1e-12)
     assert res.mean_a == pytest.approx(a[idx].mean(), abs=1e-12)
     assert res.n == 80 and res.n_resamples == 500 and res.seed == 11
 
@@ -152,7 +158,7 @@ def test_bootstrap_p_value_definition():
 def test_bootstrap_identical_systems():
     a = _outcomes(7, 100, 0.5)
     res = paired_bootstrap_accuracy(a, a.copy())
-    assert res.delta == 0.0 and res.p_value == 1.0 and res.ci_low == res.ci_high == 0.0
+    assert res.delta == 0.0 and res.p_value == 1.0 and res.ci_low == res.ci_high == 0.0 and res.p_sacrebleu < 0.01
 
 
 def test_bootstrap_clearly_better_system():
@@ -242,10 +248,12 @@ def test_bleu_bootstrap_matches_sacrebleu_paired_bs(mt_systems, monkeypatch):
     ours = paired_bootstrap_bleu(hyps_a, hyps_b, refs)
     assert (ours.score_a, ours.score_b) == (base.score, system.score)
     assert ours.mean_a == pytest.approx(base.mean, abs=1e-6) and ours.mean_b == pytest.approx(system.mean, abs=1e-6)
-    assert ours.p_value == system.p_value  # our reported p-value is sacreBLEU's, exactly
-    assert 0.001 < ours.p_value < 0.5  # a non-trivial case, not a saturated one
+    assert ours.p_sacrebleu == system.p_value  # sacreBLEU's one-tailed statistic, beside ours, exactly
+    assert 0.001 < ours.p_sacrebleu < 0.5  # a non-trivial case, not a saturated one
+    # the reported two-sided p counts both tails of the same resamples: about twice sacreBLEU's here
+    assert ours.p_sacrebleu < ours.p_value < 3 * ours.p_sacrebleu
     swapped = paired_bootstrap_bleu(hyps_b, hyps_a, refs)  # two-sided: the order of the systems does not matter
-    assert swapped.p_value == ours.p_value and swapped.delta == -ours.delta
+    assert swapped.delta == -ours.delta and swapped.p_value == pytest.approx(ours.p_value, abs=2 / 1001)
     assert ours.signature == signatures["BLEU"].format()
     stats_a, bleu = bleu_statistics(hyps_a, refs)
     stats_b, _ = bleu_statistics(hyps_b, refs)
@@ -268,7 +276,8 @@ def test_bleu_statistics_sum_to_corpus_score(mt_systems):
 def test_bleu_bootstrap_identical_and_multi_reference(mt_systems):
     hyps_a, hyps_b, refs = mt_systems
     same = paired_bootstrap_bleu(hyps_a, hyps_a, refs, n_resamples=200)
-    assert same.delta == 0.0 and same.p_value == 1.0  # sacreBLEU would say 1/201: a no-op is not significant
+    assert same.delta == 0.0 and same.p_value == 1.0  # sacreBLEU says 1/201: a no-op is not significant
+    assert same.p_sacrebleu == pytest.approx(1 / 201)
     two_refs = paired_bootstrap_bleu(hyps_a, hyps_b, [refs, hyps_b], n_resamples=200)
     assert two_refs.signature.startswith("nrefs:2|bs:200|seed:12345|")
     assert two_refs.score_b == pytest.approx(sacrebleu.corpus_bleu(hyps_b, [refs, hyps_b]).score)

@@ -20,6 +20,7 @@ from tiny import build, word_tokenizer
 
 DATA = shared_root() or Path("HEADPRUNE_SHARED_DATA-unset")
 SST2 = DATA / "sst2" / "dev.tsv"
+SST2_TRAIN = DATA / "sst2" / "train.tsv"
 COLA_IN = DATA / "cola" / "cola_public_v1.1" / "dev_in_domain.tsv"
 COLA_OUT = DATA / "cola" / "cola_public_v1.1" / "dev_out_of_domain.tsv"
 needs_data = pytest.mark.shared_data("sst2/dev.tsv")  # skipped without the variable, failed if missing
@@ -66,12 +67,12 @@ def _sst2(model, tokenizer, limit=24):
 def test_ablate_on_real_model_and_data_writes_schema(minilm_dir, tmp_path):
     out = tmp_path / "ablate"
     result = runner.invoke(app, ["ablate", str(minilm_dir), "--task", "classification", "--data", str(SST2),
-                                 "--limit", "16", "--sites", "encoder.5.self", "--resamples", "200", "-o", str(out)])
+                                 "--limit", "16", "--sites", "encoder.5.self", "-o", str(out)])
     assert result.exit_code == 0, result.output
     rows = _rows(out / "ablation.csv")
     assert len(rows) == 12 and {r["site"] for r in rows} == {"encoder.5.self"}
     assert list(rows[0]) == ["site", "kind", "layer", "head", "score", "delta", "damage", "p_value", "p_ttest",
-                             "p_mcnemar", "p_bootstrap", "p_adjusted", "ci_low", "ci_high", "significant"]
+                             "p_mcnemar", "p_adjusted", "ci_low", "ci_high", "significant"]
     results = json.loads((out / "results.json").read_text())
     assert set(results["signature"]) >= {"model", "data", "split", "n", "method", "seed", "versions"}
     assert results["signature"]["n"] == 16
@@ -80,6 +81,8 @@ def test_ablate_on_real_model_and_data_writes_schema(minilm_dir, tmp_path):
         assert 0.0 <= float(r["p_value"]) <= float(r["p_adjusted"]) <= 1.0  # Holm over the 12 heads
         assert r["significant"] == str(float(r["p_adjusted"]) < 0.01)
         assert float(r["ci_low"]) <= float(r["delta"]) + 1e-9 and float(r["delta"]) <= float(r["ci_high"]) + 1e-9
+        assert (float(r["p_value"]) < 0.05) == (float(r["ci_low"]) > 0 or float(r["ci_high"]) < 0)  # one test
+    assert results["signature"]["settings"]["n_resamples"] == 6000  # sized for 12 heads at 0.01: 5 * 12 / 0.01
     html = (out / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 2 and "One head masked" in html
 
@@ -90,9 +93,9 @@ def test_prefix_cache_gives_the_same_sweep(minilm_dir):
 
     model, tok = load_model(minilm_dir), load_tokenizer(minilm_dir)
     ev = _sst2(model, tok, limit=16)
-    fast = one_head_ablation(model, ev, sites=["encoder.3.self"], settings=SweepSettings(n_resamples=50), progress=False)
+    fast = one_head_ablation(model, ev, sites=["encoder.3.self"], settings=SweepSettings(), progress=False)
     slow = one_head_ablation(model, ev, sites=["encoder.3.self"],
-                             settings=SweepSettings(n_resamples=50, prefix_cache=False), progress=False)
+                             settings=SweepSettings(prefix_cache=False), progress=False)
     assert [r["score"] for r in fast.rows] == [r["score"] for r in slow.rows]
     assert fast.base.score == slow.base.score
 
@@ -127,10 +130,10 @@ def test_all_but_one_of_a_one_head_site_equals_unmasked_and_held_out(tiny_dir):
     labels = [1, 0, 1, 0, 1] * 3
     ev = Classification(tok, (texts, labels), config=model.config, batch_size=4)
     other = Classification(tok, (texts[::-1], labels[::-1]), config=model.config, batch_size=4)
-    sweep = all_but_one(model, ev, settings=SweepSettings(n_resamples=20), progress=False)
+    sweep = all_but_one(model, ev, settings=SweepSettings(), progress=False)
     one = next(r for r in sweep.rows if r["site"] == "encoder.0.self")
     assert one["score"] == sweep.base.score and one["kept_head"] == 0
-    held = all_but_one(model, ev, choose_on=other, settings=SweepSettings(n_resamples=20), progress=False)
+    held = all_but_one(model, ev, choose_on=other, settings=SweepSettings(), progress=False)
     assert all(r["chosen_on"] == "held-out" for r in held.rows)
     assert len(held.rows[1]["choice_scores"]) == 4
 
@@ -202,7 +205,7 @@ def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
     out = tmp_path / "cd"
     result = runner.invoke(app, ["cross-domain", str(tmp_path / "lm"), "--task", "lm", "--data", "builtin:pydoc",
                                  "--data-b", str(tmp_path / "cola.txt"), "--names", "docs,cola", "--limit", "4",
-                                 "--resamples", "50", "-o", str(out)])
+                                 "-o", str(out)])
     assert result.exit_code == 0, result.output
     results = json.loads((out / "results.json").read_text())
     assert -1.0 <= results["pearson_r"] <= 1.0 and (out / "cross_domain.png").is_file()
@@ -216,6 +219,20 @@ def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
     assert {r["order"] for r in summary} == {"importance", "oracle", "random"}
     zero = {r["order"]: float(r["score"]) for r in summary if r["pruned"] == "0"}
     assert len(set(zero.values())) == 1  # the 0% point of every curve is the unmasked score
+    results = json.loads((out / "results.json").read_text())
+    tested = results["no_significant_loss"]
+    assert set(tested) == {"importance", "oracle"}  # random is averaged over 2 seeds: no per-step test
+    for order, t in tested.items():  # the largest share before the first step with p < 0.05 and a lower score
+        steps = sorted((r for r in summary if r["order"] == order), key=lambda r: float(r["fraction"]))
+        first = next((r for r in steps if r["p_value"] and float(r["p_value"]) < 0.05
+                      and float(r["relative"]) < 1), None)
+        before = [float(r["pruned"]) / float(r["of"]) for r in steps if first is None or
+                  float(r["fraction"]) < float(first["fraction"])]
+        assert t["share"] == pytest.approx(max(before)) and t["alpha"] == 0.05
+    figure = json.loads((out / "figures.json").read_text())["curves.png"]
+    assert figure["source"] == "curves_summary.csv" and figure["labels"]["random"].endswith("(mean ± std over 2 seeds)")
+    assert figure["bands"] == {"random": "std over seeds", "importance": "95% interval of the paired test vs unpruned",
+                               "oracle": "95% interval of the paired test vs unpruned"}
 
     from headprune.core.io import load_tokenizer
 
@@ -237,6 +254,19 @@ def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
     assert all(float(r["relative"]) == 1.0 for r in rows if r["fraction"] == "0.0")
     result = runner.invoke(app, ["report", str(out)])
     assert result.exit_code == 0 and "data:image/png;base64," in (out / "report.html").read_text()
+    same = json.loads((out / "results.json").read_text())
+    assert same["importance_data"] == f"{SST2} (the evaluated examples themselves)"  # said, not hidden
+
+    calibrated = tmp_path / "dyn-calib"  # I_h from other examples (the paper: training data)
+    result = runner.invoke(app, ["dynamics", *map(str, ckpts), "--task", "classification", "--data", str(SST2),
+                                 "--limit", "12", "--step", "0.5", "--calib-data", str(SST2_TRAIN),
+                                 "--calib-limit", "16", "-o", str(calibrated)])
+    assert result.exit_code == 0, result.output
+    signature = json.loads((calibrated / "run.json").read_text())["signature"]
+    assert signature["importance_data"] == str(SST2_TRAIN) and signature["importance_n"] == 16
+    assert "--calib-data" in signature["data_sha256"]
+    other = _rows(calibrated / "dynamics.csv")
+    assert [r["score"] for r in other if r["fraction"] == "0.0"] == [r["score"] for r in rows if r["fraction"] == "0.0"]
 
 
 def test_bad_input_exits_2_and_writes_nothing(tiny_dir, tmp_path):

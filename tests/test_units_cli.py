@@ -46,6 +46,8 @@ def test_cli_units_both_end_to_end(saved, tmp_path):
     model = hp.load_pruned(out)
     assert sum(f.width for f in find_ffns(model)) == record["sizes"]["after"]["neurons"] < 74
     assert record["sizes"]["after"]["flops"] < record["sizes"]["before"]["flops"]
+    assert (out / "kept_units.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the report has its figure
+    assert "data:image/png;base64," in (out / "report.html").read_text()
     ev = runner.invoke(app, ["evaluate", str(out), "--task", "classification", "--data", str(saved / "dev.tsv"),
                              "--json"])
     assert json.loads(ev.stdout)["score"] == pytest.approx(record["evaluation"]["after"]["score"])

@@ -112,7 +112,9 @@ class SweepFlags(Flags):
     sites: str = dataclasses.field(default=typer.Option(None, "--sites", help="Comma-separated site names or kinds "
                                    "(encoder, decoder, cross); default: every site."))
     alpha: float = dataclasses.field(default=typer.Option(0.01, "--alpha", help="Significance level for the flag."))
-    resamples: int = dataclasses.field(default=typer.Option(1000, "--resamples", help="Bootstrap resamples."))
+    resamples: int | None = dataclasses.field(default=typer.Option(
+        None, "--resamples", help="Resamples / permutations per test; default: sized for the sweep "
+        "(max(1000, 5 m / alpha) for m tests). Fewer than m / alpha is refused: nothing could be significant."))
     seed: int = dataclasses.field(default=SEED)
     correction: str = dataclasses.field(default=typer.Option(
         "holm", "--correction", help="Multiplicity control over the sweep: holm (family-wise error) or bh "

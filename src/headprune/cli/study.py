@@ -194,19 +194,36 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
 @friendly
 @with_flags(flags=TaskFlags)
 def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch checkpoint directories (epoch-1 ...)."),
-             task: str = TASK, data: str = DATA, data2: Path = DATA2, step: float = STEP, kind: str = KINDS,
+             task: str = TASK, data: str = DATA, data2: Path = DATA2,
+             calib_data: str = typer.Option(None, "--calib-data", help="Data I_h is scored on at every epoch (the "
+                                            "paper: training data; default: none, the evaluated --data examples "
+                                            "themselves, which the run then records)."),
+             calib_data2: Path = typer.Option(None, "--calib-data2", help="Translation: target of --calib-data (default: none)."),
+             calib_split: str = split_option("--calib-data", "; without --calib-data: this split of --data"),
+             calib_limit: int = calib_limit_option("--calib-data", "for I_h"),
+             step: float = STEP, kind: str = KINDS,
              output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS, *, flags: TaskFlags):
     """The I_h pruning curve at every epoch, relative to that epoch's unpruned model (paper 6, Fig. 5)."""
     from ..experiments.study import run_dynamics
 
     settings = _curve_settings("importance", step, 1, kind, 0)
+    check_calib_limit(calib_limit)
+    if calib_data2 is not None and calib_data is None:
+        raise ConfigError("--calib-data2 needs --calib-data")
+    separate = bool(calib_data or calib_split)
     for path in checkpoints:
         if not (path / "config.json").is_file():
             raise ConfigError(f"checkpoint {str(path)!r} is not a model directory (no config.json)")
     epochs = [_epoch(p, i) for i, p in enumerate(checkpoints, start=1)]
     order = sorted(zip(epochs, checkpoints, strict=True))
+    def calibration(t: TaskSetup):
+        if not separate:
+            return None
+        return t.on(calib_data or data, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
+                    split=calib_split)
+
     first = TaskSetup(order[0][1], task, flags)  # checked, and its data read, before anything is written
-    ready = {order[0][1]: (first.model, first.on(data, data2))}
+    ready = {order[0][1]: (first.model, first.on(data, data2), calibration(first))}
     del first
     for _, path in order[1:]:
         check_checkpoint(path, task)  # from config.json alone: the weights load when their epoch comes
@@ -216,14 +233,19 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
             if path in ready:
                 return ready.pop(path)
             t = TaskSetup(path, task, flags)
-            return t.model, t.on(data, data2)
+            return t.model, t.on(data, data2), calibration(t)
         return load
 
     sig = {"model": [str(p) for p in checkpoints], "task": task, "data": data, "split": Path(data).name,
            **({"data_split": flags.split} if flags.split else {}),
            "n": flags.limit, "seed": 0,
            **identity(flags, ready[order[0][1]][1], list(checkpoints), {"--data": data, "--data2": data2}),
+           "importance_data": (calib_data or data) if separate else f"{data} (the evaluated examples themselves)",
+           **({"importance_split": calib_split} if calib_split else {}),
+           **({"importance_n": len(ready[order[0][1]][2]), "calib_limit": calib_limit} if separate else {}),
            "command": " ".join(sys.argv[1:])}
+    sig["data_sha256"].update({k: content_sha256(v) for k, v in (("--calib-data", calib_data),
+                                                               ("--calib-data2", calib_data2)) if v})
     report = run_dynamics([(e, loader(p)) for e, p in order], output, settings=settings, signature=sig, fresh=fresh,
                           progress=show_progress(quiet, progress))
     echo_headline(output, report)

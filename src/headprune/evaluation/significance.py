@@ -1,16 +1,29 @@
-"""Is a difference significant? Paired bootstrap (BLEU, accuracy, F1, Matthews, perplexity), paired
-t-test, McNemar's exact test, Pearson r, and :func:`compare`, which picks the tests for two
-evaluations of the same examples. Every p-value here is two-sided.
+"""Is a difference significant? Tests that keep their level, each with the interval of the same test.
 
 Convention: system `a` is the baseline (e.g. the full model), `b` the variant (e.g. one head ablated);
-every `delta` is `score_b - score_a`. Needs scipy (the ``study`` extra).
+every `delta` is `score_b - score_a`. Needs scipy (the ``study`` extra). Every reported p is two-sided.
 
-:func:`compare` dispatches on the metric: accuracy -> the paper's paired t-test on per-example
-correctness (the reported ``p_value``), McNemar's exact test on the discordant pairs beside it, and a
-paired bootstrap for the 95% interval; F1 / Matthews -> paired bootstrap of the corpus metric; BLEU ->
-paired bootstrap of corpus BLEU from sentence statistics; perplexity -> paired bootstrap of corpus
-perplexity from per-block NLL sums. The bootstrap p-value is sacreBLEU's paired-bootstrap p-value
-(:func:`centred_p_value`), for every corpus metric.
+:func:`compare` picks the reported test by what the metric is:
+
+- accuracy (0/1 outcome per example): McNemar's mid-p test on the discordant pairs (Fagerland, Lydersen
+  & Laake 2013), with the mid-p Clopper-Pearson interval of the discordant share mapped to delta. The
+  exact McNemar p (conservative: size 0.027-0.040 at alpha 0.05 for 60-400 discordant pairs) and the
+  paper's paired t-test stay beside it as ``p_mcnemar`` / ``p_ttest``.
+- perplexity / NLL (a sum of per-block NLLs over the same tokens): sign-flip permutation test of the
+  per-block NLL differences, with the interval delta +- the test's critical value.
+- BLEU, F1, Matthews (corpus metrics): paired approximate randomization (each example's two outputs
+  swapped at random; sacreBLEU's ``--paired-ar``), with the interval delta +- the test's critical value.
+  Beside it ``p_bootstrap``: the paired bootstrap made two-sided, centred p
+  ``(1 + #{|delta_i - mean delta| >= |delta|}) / (1 + B)``: its level depends on the data (simulated at
+  alpha 0.05: 0.029-0.038 on synthetic BLEU statistics, 0.057 on sacreBLEU-tokenised sentences), while
+  the randomization test is exact under exchangeable systems, so the bootstrap is not the reported test;
+  and for BLEU ``p_sacrebleu``, sacreBLEU's paired-bootstrap statistic (one-tailed in effect: 0.12).
+
+In every reported test ``p < alpha`` exactly when the ``1 - alpha`` interval excludes 0 (a test checks it).
+
+Each test's level is simulated under a true null in ``tests/test_significance_level.py`` and
+``benchmarks/significance_level.py``. A sweep of m tests needs enough resamples for its smallest
+adjusted p to fall below alpha: :func:`min_resamples` / :func:`resamples_for`.
 """
 
 from __future__ import annotations
@@ -26,20 +39,41 @@ import numpy as np
 from ..errors import ConfigError, DataError
 from ..extras import require
 from .base import EvalResult
-from .metrics import CLASSIFICATION_METRICS, bleu_from_stats, bleu_scorer, bleu_statistics, labels_array
+from .metrics import CLASSIFICATION_METRICS, bleu_scorer, bleu_statistics, labels_array
+from .resampling import (  # noqa: F401  (re-exported: the tests' and benchmarks' names)
+    _check_alpha,
+    _check_resamples,
+    bleu_batch,
+    bootstrap_indices,
+    centred_p_value,
+    confusion_batch,
+    critical_value,
+    min_resamples,
+    resamples_for,
+    resampling_p_value,
+    sacrebleu_p_value,
+    sign_flip_signs,
+    swap_masks,
+)
 
 scipy_stats = require("scipy.stats", "significance tests")
 
+STATISTICS = "issue-25: McNemar mid-p | sign-flip | approximate randomization; two-sided, +1 floor"  # in run
+# signatures: a run whose signature lacks this string was tested by older statistics (stale)
 SACREBLEU_SEED = 12345  # sacrebleu's default SACREBLEU_SEED: same seed -> same resamples as `sacrebleu --paired-bs`
+CI_ALPHA = 0.05  # the printed interval is the 95% interval of the reported test
 
 
 @dataclass(frozen=True)
 class BootstrapResult:
     """Paired bootstrap of a corpus metric over n examples.
 
-    p_value: two-sided, sacreBLEU's paired-bootstrap p-value (:func:`centred_p_value`) of the resampled
-    deltas delta_i = score_b_i - score_a_i; 1.0 when delta == 0.
-    ci_low/ci_high: 95% percentile interval of delta (2.5% and 97.5% quantiles, numpy 'linear', of delta_i).
+    p_value: two-sided centred bootstrap p, (1 + #{|delta_i - mean delta| >= |delta|}) / (1 + n_resamples),
+    of the resampled deltas delta_i = score_b_i - score_a_i (:func:`centred_p_value`).
+    ci_low/ci_high: delta -+ the test's critical value at ``ci_alpha`` (:func:`critical_value`): the
+    interval excludes 0 exactly when p_value < ci_alpha.
+    p_sacrebleu: sacreBLEU's paired-bootstrap statistic for the same resamples (one-tailed in effect;
+    beside the reported p, never instead of it).
     """
 
     score_a: float  # metric on all n examples
@@ -53,6 +87,8 @@ class BootstrapResult:
     n: int
     n_resamples: int
     seed: int | None
+    p_sacrebleu: float
+    ci_alpha: float = CI_ALPHA
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,9 +96,9 @@ class BootstrapResult:
 
 @dataclass(frozen=True)
 class BleuBootstrapResult(BootstrapResult):
-    """BootstrapResult for BLEU, plus sacreBLEU's signature (p_value equals sacreBLEU's ``PairedTest``)."""
+    """BootstrapResult for BLEU, plus sacreBLEU's signature (``p_sacrebleu`` equals sacreBLEU's ``PairedTest``)."""
 
-    signature: str  # e.g. nrefs:1|bs:1000|seed:12345|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0
+    signature: str = ""  # e.g. nrefs:1|bs:1000|seed:12345|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0
 
 
 @dataclass(frozen=True)
@@ -94,6 +130,51 @@ class McNemarResult:
 
 
 @dataclass(frozen=True)
+class McNemarMidPResult:
+    """McNemar's mid-p test and its interval of delta = (only_b - only_a) / n.
+
+    p_value: 2 * min(P(X < x) + P(X = x) / 2, P(X > x) + P(X = x) / 2), X ~ Bin(only_a + only_b, 1/2),
+    x = only_b (capped at 1). ci_low/ci_high: the mid-p Clopper-Pearson interval of the discordant share
+    pi at ``ci_alpha``, mapped to delta = (only_a + only_b) (2 pi - 1) / n: it excludes 0 exactly when
+    p_value < ci_alpha (both are the mid-p tail at pi = 1/2).
+    """
+
+    only_a: int
+    only_b: int
+    delta: float
+    p_value: float
+    ci_low: float
+    ci_high: float
+    n: int
+    ci_alpha: float = CI_ALPHA
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class PermutationResult:
+    """Paired permutation test: each example's two outcomes swapped (or its difference's sign flipped)
+    at random, the null of exchangeable systems.
+
+    p_value: (1 + #{|T_j| >= |T|}) / (1 + n_resamples), T_j the statistic of the j-th random swap.
+    ci_low/ci_high: delta -+ the test's critical value at ``ci_alpha`` (excludes 0 iff p < ci_alpha).
+    """
+
+    delta: float  # the observed statistic
+    p_value: float
+    ci_low: float
+    ci_high: float
+    n: int
+    n_resamples: int
+    seed: int | None
+    ci_alpha: float = CI_ALPHA
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class PearsonResult:
     """Pearson r with its two-sided p-value; unpacks as `r, p = pearson(x, y)`."""
 
@@ -111,13 +192,6 @@ class PearsonResult:
 # ---------------------------------------------------------------- validation helpers
 
 
-def _check_resamples(n_resamples: int, seed: int | None) -> None:
-    if isinstance(n_resamples, bool) or not isinstance(n_resamples, int | np.integer) or n_resamples < 1:
-        raise ConfigError(f"n_resamples={n_resamples!r} must be a positive int (1000 in the paper)")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0):
-        raise ConfigError(f"seed={seed!r} must be a non-negative int, or None for an unseeded run")
-
-
 def _paired_arrays(a: Any, b: Any, names: tuple[str, str], dtype: Any = float) -> tuple[np.ndarray, np.ndarray]:
     a, b = np.asarray(a, dtype=dtype), np.asarray(b, dtype=dtype)
     if a.ndim == 0 or a.shape != b.shape or len(a) == 0:
@@ -128,36 +202,24 @@ def _paired_arrays(a: Any, b: Any, names: tuple[str, str], dtype: Any = float) -
     return a, b
 
 
+def _binary_outcomes(correct_a: Any, correct_b: Any) -> tuple[np.ndarray, np.ndarray]:
+    a, b = _paired_arrays(correct_a, correct_b, ("correct_a", "correct_b"))
+    if a.ndim != 1 or not np.isin(a, (0, 1)).all() or not np.isin(b, (0, 1)).all():
+        raise DataError("correct_a and correct_b must be 1-D arrays of 0/1 (or bool) outcomes per example")
+    return a, b
+
+
 # ---------------------------------------------------------------- paired bootstrap
-
-
-def centred_p_value(diffs: np.ndarray, delta: float) -> float:
-    """sacreBLEU's paired-bootstrap p-value (after Moses and multeval), two-sided.
-
-    diffs [n_resamples]: resampled deltas; delta: the observed one. The test statistic |delta_i| is
-    centred on its resampling mean (the bootstrap distribution under the null of no difference):
-    p = (1 + #{|delta_i| - mean_j |delta_j| > |delta|}) / (n_resamples + 1).
-    Equal to ``sacrebleu.compat``'s ``PairedTest(test_type='bs')`` for the same resamples. One
-    deliberate difference: p = 1.0 when delta == 0 (sacreBLEU gives 1 / (n_resamples + 1) for two
-    identical systems, which would call a no-op significant).
-    """
-    if delta == 0:
-        return 1.0
-    sample = np.abs(np.asarray(diffs, dtype=np.float64))
-    extreme = int(np.sum(sample - sample.mean() > abs(delta)))
-    return float((extreme + 1) / (len(sample) + 1))
-
-
-def bootstrap_indices(n: int, n_resamples: int, seed: int | None) -> np.ndarray:
-    """Resample indices [n_resamples, n]; the same draw as sacrebleu's paired bootstrap for equal seeds."""
-    return np.random.default_rng(seed).choice(n, size=(n_resamples, n), replace=True)
 
 
 def resample_scores(
     stats: np.ndarray, metric: Callable[[np.ndarray], float], indices: np.ndarray,
-    reduce: Literal["sum", "rows"] = "sum",
+    reduce: Literal["sum", "rows"] = "sum", batch_metric: Callable[[np.ndarray], np.ndarray] | None = None,
 ) -> np.ndarray:
-    """metric of each resample -> [n_resamples]. reduce='sum': metric(stats[idx].sum(0)); 'rows': metric(stats[idx])."""
+    """metric of each resample -> [n_resamples]. reduce='sum': metric(stats[idx].sum(0)); 'rows': metric(stats[idx]).
+
+    ``batch_metric`` (reduce='sum' only): the same metric on a stack of sums [chunk, ...] -> [chunk].
+    """
     if reduce == "rows":
         return np.array([metric(stats[idx]) for idx in indices], dtype=np.float64)
     flat = stats.reshape(len(stats), -1)  # [n, k]
@@ -165,13 +227,16 @@ def resample_scores(
     out = []
     for start in range(0, len(indices), chunk):
         sums = flat[indices[start:start + chunk]].sum(axis=1)  # [chunk, k]
-        out.extend(metric(s.reshape(stats.shape[1:])) for s in sums)
+        if batch_metric is not None:
+            out.extend(batch_metric(sums.reshape(len(sums), *stats.shape[1:])))
+        else:
+            out.extend(metric(s.reshape(stats.shape[1:])) for s in sums)
     return np.asarray(out, dtype=np.float64)
 
 
 def paired_bootstrap(
     stats_a: Any, stats_b: Any, metric: Callable[[np.ndarray], float], *, n_resamples: int = 1000,
-    seed: int | None = 0, reduce: Literal["sum", "rows"] = "sum",
+    seed: int | None = 0, reduce: Literal["sum", "rows"] = "sum", ci_alpha: float = CI_ALPHA,
 ) -> BootstrapResult:
     """Paired bootstrap of a corpus metric from per-example statistics arrays [n, ...].
 
@@ -180,26 +245,30 @@ def paired_bootstrap(
     correct); with reduce='rows' it sees the drawn rows [n, ...] (e.g. (pred, label) pairs).
     """
     _check_resamples(n_resamples, seed)
+    _check_alpha(ci_alpha, "ci_alpha")
     if reduce not in ("sum", "rows"):
         raise ConfigError(f"reduce={reduce!r} must be 'sum' or 'rows'")
     stats_a, stats_b = _paired_arrays(stats_a, stats_b, ("stats_a", "stats_b"))
-    return _bootstrap(stats_a, stats_b, metric, n_resamples, seed, reduce)[0]
+    return _bootstrap(stats_a, stats_b, metric, n_resamples, seed, reduce, ci_alpha)[0]
 
 
 def _bootstrap(stats_a: np.ndarray, stats_b: np.ndarray, metric: Callable[[np.ndarray], float],
-               n_resamples: int, seed: int | None, reduce: str) -> tuple[BootstrapResult, np.ndarray, np.ndarray]:
+               n_resamples: int, seed: int | None, reduce: str, ci_alpha: float = CI_ALPHA,
+               batch_metric: Callable[[np.ndarray], np.ndarray] | None = None,
+               ) -> tuple[BootstrapResult, np.ndarray, np.ndarray]:
     whole = (lambda s: metric(s.sum(axis=0))) if reduce == "sum" else metric
     score_a, score_b = float(whole(stats_a)), float(whole(stats_b))
     indices = bootstrap_indices(len(stats_a), n_resamples, seed)
-    scores_a = resample_scores(stats_a, metric, indices, reduce)  # type: ignore[arg-type]
-    scores_b = resample_scores(stats_b, metric, indices, reduce)  # type: ignore[arg-type]
+    scores_a = resample_scores(stats_a, metric, indices, reduce, batch_metric)  # type: ignore[arg-type]
+    scores_b = resample_scores(stats_b, metric, indices, reduce, batch_metric)  # type: ignore[arg-type]
     diffs = scores_b - scores_a
     delta = score_b - score_a
-    p_value = centred_p_value(diffs, delta)
-    low, high = np.quantile(diffs, [0.025, 0.975])
+    null = np.abs(diffs - diffs.mean())
+    half = critical_value(null, ci_alpha)
     result = BootstrapResult(
-        score_a, score_b, delta, p_value, float(low), float(high), float(scores_a.mean()),
-        float(scores_b.mean()), len(stats_a), n_resamples, None if seed is None else int(seed),
+        score_a, score_b, delta, resampling_p_value(null, delta), delta - half, delta + half,
+        float(scores_a.mean()), float(scores_b.mean()), len(stats_a), n_resamples,
+        None if seed is None else int(seed), sacrebleu_p_value(diffs, delta), ci_alpha,
     )
     return result, scores_a, scores_b
 
@@ -207,10 +276,11 @@ def _bootstrap(stats_a: np.ndarray, stats_b: np.ndarray, metric: Callable[[np.nd
 def paired_bootstrap_accuracy(
     correct_a: Any, correct_b: Any, *, n_resamples: int = 1000, seed: int | None = 0
 ) -> BootstrapResult:
-    """Paired bootstrap of accuracy (a fraction in [0, 1]) from 0/1 outcomes per example [n]."""
-    a, b = _paired_arrays(correct_a, correct_b, ("correct_a", "correct_b"))
-    if a.ndim != 1 or not np.isin(a, (0, 1)).all() or not np.isin(b, (0, 1)).all():
-        raise DataError("correct_a and correct_b must be 1-D arrays of 0/1 (or bool) outcomes per example")
+    """Paired bootstrap of accuracy (a fraction in [0, 1]) from 0/1 outcomes per example [n].
+
+    Not the reported test for accuracy (that is :func:`mcnemar_midp`); kept as a corpus-metric check.
+    """
+    a, b = _binary_outcomes(correct_a, correct_b)
     n = len(a)
     return paired_bootstrap(a, b, lambda total: float(total) / n, n_resamples=n_resamples, seed=seed)
 
@@ -255,18 +325,133 @@ def paired_bootstrap_bleu(
     """Paired bootstrap of corpus BLEU (sacrebleu), resampling sentence-level sufficient statistics.
 
     With the same seed (default: sacrebleu's 12345) the resamples are those of sacrebleu's
-    `PairedTest(test_type='bs')`, so scores, resample means and `p_value` match it.
+    `PairedTest(test_type='bs')`, so scores, resample means and ``p_sacrebleu`` match it; the reported
+    ``p_value`` is the two-sided centred p of the same resamples.
     """
     _check_resamples(n_resamples, seed)
     if len(hyps_a) != len(hyps_b):
         raise DataError(f"hyps_a has {len(hyps_a)} sentences but hyps_b has {len(hyps_b)}")
     stats_a, bleu = bleu_statistics(hyps_a, refs, tokenize=tokenize, lowercase=lowercase, force=force)
     stats_b, _ = bleu_statistics(hyps_b, refs, tokenize=tokenize, lowercase=lowercase, force=force)
-    result, scores_a, scores_b = _bootstrap(stats_a, stats_b, bleu_scorer(bleu), n_resamples, seed, "sum")
+    result, _, _ = _bootstrap(stats_a, stats_b, bleu_scorer(bleu), n_resamples, seed, "sum")
     signature = bleu.get_signature()
     signature.update("bs", n_resamples)
     signature.update("seed", str(seed).lower())
     return BleuBootstrapResult(**asdict(result), signature=signature.format())
+
+
+# ---------------------------------------------------------------- permutation and exact tests
+
+
+def paired_permutation(
+    stats_a: Any, stats_b: Any, metric: Callable[[np.ndarray], float], *, n_resamples: int = 1000,
+    seed: int | None = 0, batch_metric: Callable[[np.ndarray], np.ndarray] | None = None,
+    ci_alpha: float = CI_ALPHA,
+) -> PermutationResult:
+    """Paired approximate randomization of a corpus metric (Noreen 1989; Riezler & Maxwell 2005).
+
+    stats_a, stats_b [n, ...]: per-example statistics whose sum the metric scores (BLEU counts, one-hot
+    confusion cells). Under the null the two systems' outputs are exchangeable example by example, so
+    each resample swaps a random half of the pairs and scores both corpora again; T = metric(b) -
+    metric(a). ``batch_metric`` scores a stack of sums [chunk, ...] -> [chunk] at once.
+    """
+    _check_resamples(n_resamples, seed)
+    _check_alpha(ci_alpha, "ci_alpha")
+    stats_a, stats_b = _paired_arrays(stats_a, stats_b, ("stats_a", "stats_b"))
+    shape = stats_a.shape[1:]
+    flat_a, flat_b = stats_a.reshape(len(stats_a), -1), stats_b.reshape(len(stats_b), -1)  # [n, k]
+    sum_a, sum_b = flat_a.sum(axis=0), flat_b.sum(axis=0)  # [k]
+    score = batch_metric or (lambda sums: np.array([metric(s) for s in sums], dtype=np.float64))
+    observed = score(np.stack([sum_a, sum_b]).reshape(2, *shape))
+    masks = swap_masks(len(flat_a), n_resamples, seed)  # [B, n]
+    chunk = max(1, 2**21 // max(1, flat_a.shape[1] * 8))
+    null = []
+    for start in range(0, n_resamples, chunk):
+        swapped_a = sum_a + masks[start:start + chunk] @ (flat_b - flat_a)  # [chunk, k]
+        swapped_b = sum_a + sum_b - swapped_a
+        null.append(np.abs(score(swapped_b.reshape(-1, *shape)) - score(swapped_a.reshape(-1, *shape))))
+    null = np.concatenate(null)
+    delta = float(observed[1] - observed[0])
+    half = critical_value(null, ci_alpha)
+    return PermutationResult(delta, resampling_p_value(null, delta), delta - half, delta + half, len(flat_a),
+                             n_resamples, None if seed is None else int(seed), ci_alpha)
+
+
+def sign_flip_test(a: Any, b: Any, *, weights: Any = None, n_resamples: int = 1000, seed: int | None = 0,
+                   ci_alpha: float = CI_ALPHA) -> PermutationResult:
+    """Paired sign-flip permutation test of real per-example scores [n]: T = sum_i w_i (b_i - a_i).
+
+    Under the null (b_i - a_i symmetric about 0) each difference's sign is a coin flip; the p counts the
+    random sign patterns whose |T| reaches the observed one (+1 floor). weights [n] default 1 / n (T is
+    the mean difference); for a corpus NLL pass the NLL sums with weights 1 / total tokens.
+    """
+    _check_resamples(n_resamples, seed)
+    _check_alpha(ci_alpha, "ci_alpha")
+    a, b = _paired_arrays(a, b, ("a", "b"))
+    if a.ndim != 1:
+        raise DataError(f"a and b must be 1-D per-example scores; got shape {a.shape}")
+    w = np.full(len(a), 1.0 / len(a)) if weights is None else np.asarray(weights, dtype=np.float64)
+    if w.shape != a.shape:
+        raise DataError(f"weights must have shape {a.shape}; got {w.shape}")
+    d = w * (b - a)  # [n]
+    signs = np.vstack([np.ones((1, len(d))), sign_flip_signs(len(d), n_resamples, seed)])  # row 0: observed
+    stats = (signs * d).sum(axis=1)  # [1 + B], one summation order for every row
+    delta, null = float(stats[0]), np.abs(stats[1:])
+    half = critical_value(null, ci_alpha)
+    return PermutationResult(delta, resampling_p_value(null, delta), delta - half, delta + half, len(d),
+                          n_resamples, None if seed is None else int(seed), ci_alpha)
+
+
+def mcnemar_exact(correct_a: Any, correct_b: Any) -> McNemarResult:
+    """McNemar's exact test of paired 0/1 outcomes [n]: scipy's two-sided binomtest(only_b, discordant, 0.5)."""
+    a, b = _binary_outcomes(correct_a, correct_b)
+    only_a, only_b = int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
+    if only_a + only_b == 0:
+        return McNemarResult(0, 0, 1.0, len(a))
+    p = scipy_stats.binomtest(only_b, only_a + only_b, 0.5, alternative="two-sided").pvalue
+    return McNemarResult(only_a, only_b, float(min(1.0, p)), len(a))
+
+
+def _midp_tails(x: int, d: int, pi: float) -> tuple[float, float]:
+    """(P(X < x) + P(X = x)/2, P(X > x) + P(X = x)/2) for X ~ Bin(d, pi)."""
+    half = 0.5 * scipy_stats.binom.pmf(x, d, pi)
+    return float(scipy_stats.binom.cdf(x - 1, d, pi) + half), float(scipy_stats.binom.sf(x, d, pi) + half)
+
+
+def mcnemar_midp_p(only_a: Any, only_b: Any) -> Any:
+    """McNemar mid-p of discordant counts (scalars or arrays, vectorised for simulation); 1 where none."""
+    only_a, only_b = np.asarray(only_a), np.asarray(only_b)
+    d = only_a + only_b
+    half = 0.5 * scipy_stats.binom.pmf(only_b, d, 0.5)
+    lower = scipy_stats.binom.cdf(only_b - 1, d, 0.5) + half
+    upper = scipy_stats.binom.sf(only_b, d, 0.5) + half
+    p = np.where(d == 0, 1.0, np.minimum(1.0, 2 * np.minimum(lower, upper)))
+    return float(p) if p.ndim == 0 else p
+
+
+def mcnemar_midp(correct_a: Any, correct_b: Any, *, ci_alpha: float = CI_ALPHA) -> McNemarMidPResult:
+    """McNemar's mid-p test of paired 0/1 outcomes [n] and its interval of the accuracy difference.
+
+    Conditional on the d = only_a + only_b discordant pairs, only_b ~ Bin(d, pi) with pi = 1/2 under the
+    null. The interval inverts the same mid-p tails in pi (root of tail(pi) = ci_alpha / 2 on each side)
+    and maps pi to delta = d (2 pi - 1) / n.
+    """
+    from scipy.optimize import brentq
+
+    _check_alpha(ci_alpha, "ci_alpha")
+    a, b = _binary_outcomes(correct_a, correct_b)
+    n = len(a)
+    only_a, only_b = int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
+    d = only_a + only_b
+    delta = (only_b - only_a) / n
+    if d == 0:
+        return McNemarMidPResult(0, 0, 0.0, 1.0, 0.0, 0.0, n, ci_alpha)
+    target = ci_alpha / 2
+    # upper tail P(X > x) + P(X = x)/2 rises with pi; lower tail falls
+    lo = 0.0 if only_b == 0 else brentq(lambda pi: _midp_tails(only_b, d, pi)[1] - target, 0.0, 1.0, xtol=1e-14)
+    hi = 1.0 if only_b == d else brentq(lambda pi: _midp_tails(only_b, d, pi)[0] - target, 0.0, 1.0, xtol=1e-14)
+    return McNemarMidPResult(only_a, only_b, delta, mcnemar_midp_p(only_a, only_b),
+                             d * (2 * lo - 1) / n, d * (2 * hi - 1) / n, n, ci_alpha)
 
 
 # ---------------------------------------------------------------- t-test and correlation
@@ -289,18 +474,6 @@ def paired_ttest(a: Any, b: Any) -> TTestResult:
     return TTestResult(float(res.statistic), float(res.pvalue), mean_a, mean_b, mean_b - mean_a, len(a))
 
 
-def mcnemar_exact(correct_a: Any, correct_b: Any) -> McNemarResult:
-    """McNemar's exact test of paired 0/1 outcomes [n]: scipy's two-sided binomtest(only_b, discordant, 0.5)."""
-    a, b = _paired_arrays(correct_a, correct_b, ("correct_a", "correct_b"))
-    if a.ndim != 1 or not np.isin(a, (0, 1)).all() or not np.isin(b, (0, 1)).all():
-        raise DataError("correct_a and correct_b must be 1-D arrays of 0/1 (or bool) outcomes per example")
-    only_a, only_b = int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
-    if only_a + only_b == 0:
-        return McNemarResult(0, 0, 1.0, len(a))
-    p = scipy_stats.binomtest(only_b, only_a + only_b, 0.5, alternative="two-sided").pvalue
-    return McNemarResult(only_a, only_b, float(min(1.0, p)), len(a))
-
-
 def pearson(x: Any, y: Any) -> PearsonResult:
     """Pearson r and two-sided p (scipy_stats.pearsonr) of paired values [n]; nan, nan if one is constant."""
     x, y = _paired_arrays(x, y, ("x", "y"))
@@ -318,39 +491,82 @@ def pearson(x: Any, y: Any) -> PearsonResult:
 
 
 def compare(base: EvalResult, other: EvalResult, *, n_resamples: int = 1000, seed: int = 0) -> dict:
-    """Tests of ``other`` against ``base`` (same examples), all two-sided.
+    """The reported test of ``other`` against ``base`` (same examples), two-sided, and its 95% interval.
 
-    Returns {"test": name of the reported test, "p_value": its p, "ci_low", "ci_high": 95% bootstrap
-    interval of delta, "p_bootstrap", and for accuracy "p_ttest" (= p_value, the paper's test) and
-    "p_mcnemar"}.
+    Returns {"test": name, "p_value": its p, "ci_low", "ci_high": the 95% interval of the same test on
+    the metric's scale (p_value < 0.05 iff it excludes 0), "n_resamples"}, and beside them: accuracy
+    "p_mcnemar" (exact, conservative) and "p_ttest" (the paper's); corpus metrics "p_bootstrap"
+    (two-sided centred bootstrap) and for BLEU "p_sacrebleu" (sacreBLEU's one-tailed statistic).
     """
     if base.n != other.n or base.metric != other.metric:
         raise ConfigError(f"cannot compare {base.metric} on {base.n} examples with {other.metric} on {other.n}")
     a, b = base.per_example, other.per_example
     if base.metric == "accuracy" and "correct" in a:
-        t = paired_ttest(a["correct"], b["correct"])
-        boot = paired_bootstrap_accuracy(a["correct"], b["correct"], n_resamples=n_resamples, seed=seed)
-        return {"test": "paired t-test (per-example correctness)", "p_value": t.p_value, "p_ttest": t.p_value,
-                "p_mcnemar": mcnemar_exact(a["correct"], b["correct"]).p_value, "p_bootstrap": boot.p_value,
-                "ci_low": boot.ci_low, "ci_high": boot.ci_high}
+        mid = mcnemar_midp(a["correct"], b["correct"])
+        return {"test": "McNemar mid-p (paired correctness)", "p_value": mid.p_value,
+                "p_mcnemar": mcnemar_exact(a["correct"], b["correct"]).p_value,
+                "p_ttest": paired_ttest(a["correct"], b["correct"]).p_value,
+                "ci_low": mid.ci_low, "ci_high": mid.ci_high}
     if base.metric in ("f1", "matthews") and "pred" in a:
-        boot = paired_bootstrap_classification(a["pred"], b["pred"], a["label"], metric=base.metric,
-                                                     n_resamples=n_resamples, seed=seed)
-        return _boot("paired bootstrap", boot)
+        labels, pa, pb = (labels_array(x, name) for x, name in [(a["label"], "labels"), (a["pred"], "preds_a"),
+                                                                 (b["pred"], "preds_b")])
+        k = int(max(pa.max(), pb.max(), labels.max()) + 1)
+        eye = np.eye(k * k, dtype=np.float64)  # one-hot of the (label, pred) cell; summing gives the confusion
+        batch = confusion_batch(base.metric, k)
+        sa, sb = eye[labels * k + pa], eye[labels * k + pb]
+        perm = paired_permutation(sa, sb, lambda c: float(batch(c[None])[0]), n_resamples=n_resamples, seed=seed,
+                                  batch_metric=batch)
+        boot, _, _ = _bootstrap(sa, sb, lambda c: float(batch(c[None])[0]), n_resamples, seed, "sum", batch_metric=batch)
+        return _perm(f"paired approximate randomization of corpus {base.metric}", perm, boot)
     if base.metric == "bleu" and "bleu_stats" in a:
-        boot = paired_bootstrap(a["bleu_stats"], b["bleu_stats"], bleu_from_stats, n_resamples=n_resamples,
-                                      seed=seed, reduce="sum")
-        return _boot("paired bootstrap (corpus BLEU)", boot)
+        sa, sb = _paired_arrays(a["bleu_stats"], b["bleu_stats"], ("a bleu_stats", "b bleu_stats"))
+        perm = paired_permutation(sa, sb, lambda s: float(bleu_batch(s[None])[0]), n_resamples=n_resamples,
+                                  seed=seed, batch_metric=bleu_batch)
+        boot, _, _ = _bootstrap(sa, sb, lambda s: float(bleu_batch(s[None])[0]), n_resamples, seed, "sum",
+                                batch_metric=bleu_batch)
+        return {**_perm("paired approximate randomization of corpus BLEU", perm, boot),
+                "p_sacrebleu": boot.p_sacrebleu}
     if base.metric in ("perplexity", "nll") and "nll_sum" in a:
-        sa = np.stack([a["nll_sum"], a["tokens"]], axis=1)
-        sb = np.stack([b["nll_sum"], b["tokens"]], axis=1)
-        corpus = (lambda s: math.exp(s[0] / s[1])) if base.metric == "perplexity" else (lambda s: s[0] / s[1])
-        boot = paired_bootstrap(sa, sb, corpus, n_resamples=n_resamples, seed=seed, reduce="sum")
-        return _boot(f"paired bootstrap (corpus {base.metric})", boot)
+        tokens = float(np.sum(a["tokens"]))
+        flip = sign_flip_test(a["nll_sum"], b["nll_sum"], weights=np.full(len(a["nll_sum"]), 1.0 / tokens),
+                              n_resamples=n_resamples, seed=seed)
+        low, high = flip.ci_low, flip.ci_high  # on the NLL-per-token scale
+        if base.metric == "perplexity":  # perplexity is monotone in NLL: map the interval, same test
+            nll_a = float(np.sum(a["nll_sum"])) / tokens
+            low, high = (math.exp(nll_a) * math.expm1(x) if math.isfinite(x) else x for x in (low, high))
+        return {"test": "sign-flip permutation of per-block NLL", "p_value": flip.p_value, "ci_low": low,
+                "ci_high": high, "n_resamples": n_resamples}
     raise ConfigError(f"no significance test for metric {base.metric!r}; "
                       "allowed: accuracy, f1, matthews, bleu, perplexity, nll")
 
 
-def _boot(name: str, boot) -> dict:
-    return {"test": name, "p_value": boot.p_value, "p_bootstrap": boot.p_value, "ci_low": boot.ci_low,
-            "ci_high": boot.ci_high}
+def _perm(name: str, perm: PermutationResult, boot: BootstrapResult) -> dict:
+    return {"test": name, "p_value": perm.p_value, "ci_low": perm.ci_low, "ci_high": perm.ci_high,
+            "n_resamples": perm.n_resamples, "p_bootstrap": boot.p_value}
+
+
+# ---------------------------------------------------------------- verdicts
+
+
+def goal_met(estimate: float, ci_low: float, ci_high: float, goal: float, *, higher_is_better: bool = True) -> dict:
+    """Is a goal met by an estimate with its interval? Only when the interval's worse end meets it.
+
+    Returns {"verdict": "met" | "point estimate only" | "not met", "line": a sentence naming the numbers,
+    "worse_end": the interval's end that must meet the goal}. "point estimate only": the estimate meets
+    the goal but the interval reaches below it, so the data do not show the goal is met.
+    """
+    if not ci_low <= estimate <= ci_high:
+        raise DataError(f"estimate={estimate} lies outside its interval [{ci_low}, {ci_high}]")
+    worse = ci_low if higher_is_better else ci_high
+    meets = (lambda x: x >= goal) if higher_is_better else (lambda x: x <= goal)
+    if meets(worse):
+        verdict = "met"
+        line = f"goal {goal:g} met: the interval's worse end {worse:g} meets it (estimate {estimate:g})"
+    elif meets(estimate):
+        verdict = "point estimate only"
+        line = (f"goal {goal:g}: point estimate only ({estimate:g} meets it, the interval reaches {worse:g}, "
+                "which does not)")
+    else:
+        verdict = "not met"
+        line = f"goal {goal:g} not met (estimate {estimate:g}, interval [{ci_low:g}, {ci_high:g}])"
+    return {"verdict": verdict, "line": line, "worse_end": worse}

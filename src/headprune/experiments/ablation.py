@@ -9,17 +9,18 @@ much worse the model gets (``base - score`` when higher is better, ``score - bas
 so a small damage means an unimportant head whatever the metric.
 
 Significance (:func:`headprune.evaluation.significance.compare`): ``p_value`` is the raw two-sided
-p of the reported test (accuracy: the paper's paired t-test, with ``p_mcnemar`` beside it; other
-metrics: sacreBLEU's paired bootstrap), ``ci_low``/``ci_high`` the 95% bootstrap interval of
-``delta``, ``p_adjusted`` the p adjusted over the whole sweep (Holm by default, Benjamini-Hochberg
-with ``correction='bh'``), and ``significant`` means ``p_adjusted < alpha``.
+p of the reported test (accuracy: McNemar mid-p; perplexity: sign-flip permutation; BLEU, F1,
+Matthews: paired approximate randomization), ``ci_low``/``ci_high`` the 95% interval of ``delta`` from
+the same test, ``p_adjusted`` the p adjusted over the whole sweep (Holm by default, Benjamini-Hochberg
+with ``correction='bh'``), and ``significant`` means ``p_adjusted < alpha``. The number of resamples
+is sized for the sweep (:meth:`SweepSettings.for_units`): m units at alpha need m / (B + 1) < alpha.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
@@ -30,7 +31,7 @@ from ..distributed import local, map_units
 from ..errors import ConfigError
 from ..evaluation.base import EvalResult
 from ..evaluation.multiplicity import adjust_rows, check_correction
-from ..evaluation.significance import compare, pearson
+from ..evaluation.significance import compare, pearson, resamples_for
 from .prefix_cache import PrefixCache
 from .prefix_stream import recorder, replay
 from .rundir import RunDir
@@ -39,7 +40,7 @@ from .rundir import RunDir
 @dataclass
 class SweepSettings:
     alpha: float = 0.01  # significance level for the flag (the paper: p < 0.01)
-    n_resamples: int = 1000
+    n_resamples: int | None = None  # None: sized for the sweep (resamples_for); too few for it is refused
     seed: int = 0
     prefix_cache: bool | str = True  # "stream": hold one layer's input, not every block's outputs (.prefix_stream)
     correction: str = "holm"  # multiplicity control over the sweep: 'holm' (family-wise) or 'bh' (FDR)
@@ -50,8 +51,14 @@ class SweepSettings:
             raise ConfigError(f"prefix_cache={self.prefix_cache!r}; allowed: True, False, 'stream'")
         if not 0.0 < self.alpha < 1.0:
             raise ConfigError(f"alpha={self.alpha}; allowed: 0 < alpha < 1")
-        if self.n_resamples < 1:
-            raise ConfigError(f"n_resamples={self.n_resamples}; allowed: >= 1")
+        if self.n_resamples is not None and (isinstance(self.n_resamples, bool) or
+                                             not isinstance(self.n_resamples, int) or self.n_resamples < 1):
+            raise ConfigError(f"n_resamples={self.n_resamples!r}; allowed: an int >= 1, or None (sized for the sweep)")
+
+    def for_units(self, m: int) -> SweepSettings:
+        """These settings for a sweep of m tests: n_resamples chosen (None) or checked against the minimum
+        with which one unit can be significant after adjustment (m / (B + 1) < alpha)."""
+        return replace(self, n_resamples=resamples_for(m, self.alpha, self.n_resamples))
 
 
 @dataclass
@@ -105,7 +112,7 @@ class _Evaluations:
         return result, compare(self.base, result, n_resamples=self.settings.n_resamples, seed=self.settings.seed)
 
 
-TEST_KEYS = ("p_value", "p_ttest", "p_mcnemar", "p_bootstrap", "ci_low", "ci_high", "test")
+TEST_KEYS = ("p_value", "p_ttest", "p_mcnemar", "p_bootstrap", "p_sacrebleu", "ci_low", "ci_high", "test")
 
 
 def _row(site: Site, base: EvalResult, result: EvalResult, test: dict, **extra) -> dict:
@@ -123,8 +130,8 @@ def one_head_ablation(model: nn.Module, evaluator, *, sites: Iterable[str] | Non
                       settings: SweepSettings | None = None, run: RunDir | None = None,
                       unit_prefix: str = "", progress: bool = True) -> Sweep:
     """Score with each head masked alone (paper 3.2, Table 1): one row per head."""
-    settings = settings or SweepSettings()
     chosen = select_sites(model, sites)
+    settings = (settings or SweepSettings()).for_units(sum(s.num_heads for s in chosen))
     evals = _Evaluations(model, evaluator, chosen, settings, progress=False)
     sweep = Sweep(evals.base)
     units = {f"{unit_prefix}{s.name}:{h}": (s, h) for s in chosen for h in range(s.num_heads)}
@@ -152,8 +159,8 @@ def all_but_one(model: nn.Module, evaluator, *, choose_on=None, sites: Iterable[
     With ``choose_on`` (another evaluator, e.g. a dev split), the kept head is chosen there and the
     score reported on ``evaluator`` (App. A, Tables 5-6). One row per site.
     """
-    settings = settings or SweepSettings()
     chosen = select_sites(model, sites)
+    settings = (settings or SweepSettings()).for_units(len(chosen))
     report = _Evaluations(model, evaluator, chosen, settings, progress=False)
     choose = report if choose_on is None else _Evaluations(model, choose_on, chosen, settings, progress=False)
     sweep = Sweep(report.base)
@@ -187,6 +194,12 @@ def cross_domain(model: nn.Module, evaluator_a, evaluator_b, *, sites: Iterable[
                           progress=progress)
     r = pearson([row["delta"] for row in a.rows], [row["delta"] for row in b.rows])
     return {"a": a, "b": b, "pearson_r": r.r, "p_value": r.p_value, "n": r.n}
+
+
+def sweep_units(model: nn.Module, sites: Iterable[str] | None, per: str) -> int:
+    """How many tests a sweep makes: heads (``per='head'``) or sites (``per='site'``) of the chosen sites."""
+    chosen = select_sites(model, sites)
+    return sum(s.num_heads for s in chosen) if per == "head" else len(chosen)
 
 
 def _one_hot(num_heads: int, head: int, *, off: bool) -> torch.Tensor:

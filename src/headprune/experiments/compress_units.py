@@ -19,6 +19,7 @@ from ..compression.units import UnitSettings, compress_pool
 from ..core.cost import flops_per_example
 from ..provenance import code_identity, versions
 from ..report import build_report
+from ..report.figures import kept_units_per_layer
 from .compress import bench_and_save, eval_record, kept_rows, output_dir, speed_record
 from .rundir import RunDir
 
@@ -47,7 +48,9 @@ def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: It
     if latency_table is not None:
         record["latency_table"] = latency_table
     run.write_json("compress.json", record)
-    run.write_csv("units.csv", _rows(result))
+    rows = _rows(result)
+    run.write_csv("units.csv", rows)
+    kept_units_per_layer(rows, out / "kept_units.png")
     size = result.sizes
     metric = before.metric
     headline = [
@@ -63,7 +66,9 @@ def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: It
     run.write_json("results.json", {
         "title": f"Compressed {settings.units} to {settings.share:.0%} of their {settings.price}",
         "experiment": "compress", "metric": metric, "headline": headline, "signature": sig, "notes": notes,
-        "figures": [], "tables": [{"title": "Per layer", "file": "units.csv", "max_rows": 120}]})
+        "figures": [{"file": "kept_units.png", "caption": "Heads and FFN neurons kept (colour) and removed (grey) "
+                                                          "per layer."}],
+        "tables": [{"title": "Per layer", "file": "units.csv", "max_rows": 120}]})
     return build_report(out), result.summary()
 
 

@@ -75,9 +75,10 @@ def pruning_curves(
 ) -> list[dict]:
     """One row per (order, seed, step): fraction, heads pruned, score, score relative to unpruned.
 
-    ``intervals``: each step also gets ``ci_low``/``ci_high`` (95% paired-bootstrap interval of the
-    change from the unpruned model, 1000 resamples, seed 0) and the two-sided ``p_value`` of that
-    change (:func:`headprune.evaluation.significance.compare`; needs the ``study`` extra).
+    ``intervals``: each step also gets the two-sided ``p_value`` of its change from the unpruned model
+    and ``ci_low``/``ci_high``, the 95% interval of that change from the same paired test
+    (:func:`headprune.evaluation.significance.compare`, 1000 resamples where it resamples, seed 0;
+    needs the ``study`` extra). :func:`no_significant_loss` reads them.
 
     ``importance(mask) -> {site: I_h}`` scores heads (under ``mask`` for the iterative order);
     ``oracle``: {site: damage [H]} from a one-head ablation; ``calibration() -> batches`` for the
@@ -176,6 +177,57 @@ def _interval(model, evaluator, result, base_result: list) -> dict:
         base_result.append(evaluator.evaluate(model))
     test = compare(base_result[0], result, n_resamples=1000, seed=0)
     return {"ci_low": test["ci_low"], "ci_high": test["ci_high"], "p_value": test["p_value"]}
+
+
+CURVE_ALPHA = 0.05  # the level of each curve point's test; its interval is the 95% one
+
+
+def no_significant_loss(summary: list[dict], alpha: float = CURVE_ALPHA) -> dict[str, dict]:
+    """Per order with a test at each step: the largest pruned share up to which no step is significantly
+    worse than the unpruned model (two-sided p < alpha, score lower). Each step is tested on its own,
+    unadjusted: that finds a loss more readily, so the claim "no loss up to X" is the harder one to make.
+
+    Per order: {"share": X (None when the first pruned step already loses), "first_loss": the share
+    where a loss is first significant (None: none), "ci_at_share": the interval of the change at X,
+    "relative_low_at_share": the worst relative quality that interval allows (a non-significance is not
+    an equivalence: losses up to there are not excluded), "alpha", "steps"}. Orders averaged over
+    seeds carry no per-step test and are left out.
+    """
+    out = {}
+    for order in dict.fromkeys(r["order"] for r in summary):
+        rows = sorted((r for r in summary if r["order"] == order), key=lambda r: r["fraction"])
+        if any(r.get("p_value") is None for r in rows if r["pruned"] > 0):
+            continue
+        base = next((r for r in rows if r["pruned"] == 0), None)
+        if base is None:
+            continue
+        share, first_loss, at = None, None, base
+        for r in rows:
+            if r["pruned"] == 0:
+                share, at = 0.0, r
+                continue
+            if r["p_value"] < alpha and r["relative"] < 1:
+                first_loss = r["pruned"] / r["of"]
+                break
+            share, at = r["pruned"] / r["of"], r
+        out[order] = {"share": share, "first_loss": first_loss, "alpha": alpha,
+                      "ci_at_share": [at.get("ci_low"), at.get("ci_high")] if at is not base else [0.0, 0.0],
+                      "relative_low_at_share": _relative_low(base["score"], at),
+                      "steps": sum(r["pruned"] > 0 for r in rows),
+                      "test": "each step's paired test against the unpruned model, unadjusted"}
+    return out
+
+
+def _relative_low(base: float, row: dict) -> float | None:
+    """The worst relative quality (score / unpruned, or unpruned / score when lower is better) the step's
+    interval allows; None without an interval."""
+    low, high = row.get("ci_low"), row.get("ci_high")
+    if low is None or high is None or not base:
+        return None
+    down, up = base + low, base + high
+    if row["relative"] and row["score"] and abs(row["relative"] - row["score"] / base) < 1e-9:  # higher is better
+        return down / base
+    return base / up if up > 0 else 0.0
 
 
 def summarize(rows: list[dict]) -> list[dict]:

@@ -117,7 +117,7 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
     say(f"[3/7] one-head ablation of the {len(chosen) * table[0]['heads']} heads of layers {top[0]}-{top[-1]} "
         "(layers below replayed from a cache)")
     ablation_report = run_ablation(model, held_out, output / "ablation", signature=signature, sites=chosen,
-                                   settings=SweepSettings(n_resamples=300), fresh=fresh)
+                                   settings=SweepSettings(), fresh=fresh)
 
     say("[4/7] pruning curve on the calibration text: I_h order vs random order")
     fractions = (0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)  # fine below 10%: GQA-even steps

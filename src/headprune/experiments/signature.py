@@ -17,11 +17,13 @@ TOP = {"model": "the model directory", "task": "--task", "data": "--data", "spli
        "split_b": "--split-b", "importance_data": "--calib-data", "importance_split": "--calib-split",
        "importance_n": "the number of --calib-data examples", "oracle_from": "--oracle-from",
        "oracle_sha256": "the contents of --oracle-from's ablation.csv", "calib_data": "--calib-data", "calib_limit": "--calib-limit",
-       "model_sha256": "the model's files (weights, config, tokenizer; sha256)"}
+       "model_sha256": "the model's files (weights, config, tokenizer; sha256)",
+       "statistics": "the significance tests (headprune.evaluation.significance.STATISTICS)"}
 SETTINGS = {"alpha": "--alpha", "n_resamples": "--resamples", "seed": "--seed", "sites": "--sites",
             "fractions": "--step", "orders": "--orders", "seeds": "--seeds", "kinds": "--kind",
             "min_per_site": "--min-per-site", "datasets": "--names", "epochs": "the checkpoints' epochs",
-            "prefix_cache": "--prefix-cache", "correction": "--correction", "oracle_sweep": "the oracle's sweep"}
+            "prefix_cache": "--prefix-cache", "correction": "--correction", "oracle_sweep": "the oracle's sweep",
+            "interval_test": "the curve points' test"}
 OPTIONS = {"beams": "--beams", "num_beams": "--beams"}
 HASH = re.compile(r"^[0-9a-f]{40,64}$")
 

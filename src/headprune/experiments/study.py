@@ -15,12 +15,13 @@ from torch import nn
 
 from ..errors import ConfigError
 from ..evaluation.metrics import format_score
+from ..evaluation.significance import STATISTICS
 from ..provenance import code_identity, versions
 from ..report import build_report
 from ..report import figures as fig
 from ..scoring.importance import head_importance
 from . import ablation
-from .curves import CurveSettings, pruning_curves, summarize
+from .curves import CURVE_ALPHA, CurveSettings, no_significant_loss, pruning_curves, summarize
 from .rundir import RunDir
 
 
@@ -30,7 +31,7 @@ def _signature(signature: dict | None, method: str, settings: dict, *evaluators)
     sig = {"model": None, "data": None, "split": None, "n": None, **(signature or {})}
     sig["evaluation"] = [getattr(e, "signature", None) for e in evaluators if e is not None]
     sig.update(method=method, settings=settings, seed=settings.get("seed", 0), code=code_identity(),
-               versions=versions())
+               versions=versions(), statistics=STATISTICS)
     return sig
 
 
@@ -46,11 +47,13 @@ def _finish(run: RunDir, results: dict, evaluated=None) -> Path:
     return report
 
 
-P_KEYS = ("p_value", "p_ttest", "p_mcnemar", "p_bootstrap", "p_adjusted", "ci_low", "ci_high", "significant")
+P_KEYS = ("p_value", "p_ttest", "p_mcnemar", "p_bootstrap", "p_sacrebleu", "p_adjusted", "ci_low", "ci_high",
+          "significant")
 
 
 def _csv_rows(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
-    """``keys`` then the significance columns the rows hold (p_ttest/p_mcnemar for accuracy only)."""
+    """``keys`` then the significance columns the rows hold (p_ttest/p_mcnemar for accuracy only,
+    p_bootstrap for corpus metrics, p_sacrebleu for BLEU: beside the reported p_value, never instead)."""
     wanted = [*keys, *(k for k in P_KEYS if rows and k in rows[0])]
     return [{k: r.get(k) for k in wanted} for r in rows]
 
@@ -68,14 +71,15 @@ def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dic
                  sites: Iterable[str] | None = None, settings: ablation.SweepSettings | None = None,
                  fresh: bool = False, progress: bool = True) -> Path:
     """Paper 3.2 (Table 1, Fig. 1): one head masked at a time, with significance."""
-    settings = settings or ablation.SweepSettings()
+    settings = (settings or ablation.SweepSettings()).for_units(ablation.sweep_units(model, sites, "head"))
     run = RunDir(out, _signature(signature, "one-head ablation", {**vars(settings), "sites": sites}, evaluator), fresh=fresh)
     sweep = ablation.one_head_ablation(model, evaluator, sites=sites, settings=settings, run=run, progress=progress)
     metric, base = sweep.base.metric, sweep.base.score
-    run.write_csv("ablation.csv", _ablation_csv_rows(sweep.rows))
+    table = run.write_csv("ablation.csv", _ablation_csv_rows(sweep.rows))
     run.write_csv("ablation_by_damage.csv", sorted(_ablation_csv_rows(sweep.rows), key=lambda r: -r["damage"]))
-    fig.ablation_heatmap(sweep.rows, base, metric, run.path / "ablation_heatmap.png", settings.alpha)
+    fig.ablation_heatmap(sweep.rows, base, metric, run.path / "ablation_heatmap.png", settings.alpha, source=table)
     fig.ablation_histogram(sweep.rows, base, metric, run.path / "ablation_histogram.png")
+    fig.record(run.path / "ablation_histogram.png", table, heads=len(sweep.rows))
     n_sig = sum(r["significant"] for r in sweep.rows)
     better = sum(r["damage"] < 0 for r in sweep.rows)
     worst = max(sweep.rows, key=lambda r: r["damage"])
@@ -98,16 +102,16 @@ def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=N
                     sites: Iterable[str] | None = None, settings: ablation.SweepSettings | None = None,
                     fresh: bool = False, progress: bool = True) -> Path:
     """Paper 3.3 / App. A (Tables 2, 3, 5, 6): keep one head per site."""
-    settings = settings or ablation.SweepSettings()
+    settings = (settings or ablation.SweepSettings()).for_units(ablation.sweep_units(model, sites, "site"))
     method = "all-but-one" + (" (head chosen on a held-out split)" if choose_on is not None else "")
     run = RunDir(out, _signature(signature, method, {**vars(settings), "sites": sites}, evaluator, choose_on), fresh=fresh)
     sweep = ablation.all_but_one(model, evaluator, choose_on=choose_on, sites=sites, settings=settings, run=run,
                                  progress=progress)
     metric, base = sweep.base.metric, sweep.base.score
     worst = max(sweep.rows, key=lambda r: r["damage"])  # damage: the loss of quality, whichever way the metric points
-    run.write_csv("all_but_one.csv", _csv_rows(sweep.rows, ("site", "kind", "layer", "kept_head", "chosen_on", "score",
-                                                             "delta")))
-    fig.all_but_one_bars(sweep.rows, base, metric, run.path / "all_but_one.png", settings.alpha)
+    table = run.write_csv("all_but_one.csv", _csv_rows(sweep.rows, ("site", "kind", "layer", "kept_head", "chosen_on",
+                                                                     "score", "delta")))
+    fig.all_but_one_bars(sweep.rows, base, metric, run.path / "all_but_one.png", settings.alpha, source=table)
     return _finish(run, {
         "title": "All heads but one per layer (Michel et al. 2019, 3.3" + (", App. A)" if choose_on else ")"),
         "experiment": "all-but-one", "metric": metric, "base": base, "rows": sweep.rows,
@@ -123,14 +127,14 @@ def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, out: str | Path
                      signature: dict | None = None, sites: Iterable[str] | None = None,
                      settings: ablation.SweepSettings | None = None, fresh: bool = False, progress: bool = True) -> Path:
     """Paper 3.4 (Fig. 2): one-head ablation on two datasets, Pearson r."""
-    settings = settings or ablation.SweepSettings()
+    settings = (settings or ablation.SweepSettings()).for_units(ablation.sweep_units(model, sites, "head"))
     run = RunDir(out, _signature(signature, "cross-domain one-head ablation",
                                  {**vars(settings), "sites": sites, "datasets": list(names)}, evaluator_a,
                                  evaluator_b), fresh=fresh)
     result = ablation.cross_domain(model, evaluator_a, evaluator_b, sites=sites, settings=settings, run=run,
                                    progress=progress)
     a, b = result["a"], result["b"]
-    run.write_csv("cross_domain.csv", [
+    table = run.write_csv("cross_domain.csv", [
         {"site": x["site"], "head": x["head"], f"delta_{names[0]}": x["delta"], f"delta_{names[1]}": y["delta"],
          f"p_{names[0]}": x["p_value"], f"p_{names[1]}": y["p_value"],
          f"p_adjusted_{names[0]}": x["p_adjusted"], f"p_adjusted_{names[1]}": y["p_adjusted"],
@@ -139,7 +143,7 @@ def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, out: str | Path
         for x, y in zip(a.rows, b.rows, strict=True)])
     metric = a.base.metric
     fig.cross_domain_scatter(a.rows, b.rows, result["pearson_r"], result["p_value"], names, metric,
-                             run.path / "cross_domain.png")
+                             run.path / "cross_domain.png", source=table)
     return _finish(run, {
         "title": "Are important heads the same across domains? (Michel et al. 2019, 3.4)",
         "experiment": "cross-domain", "metric": metric, "pearson_r": result["pearson_r"],
@@ -166,10 +170,14 @@ def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveS
     ``oracle``: {site: damage [H]} from an earlier one-head ablation (see :func:`oracle_from_run`);
     computed here (and resumable) when not given.
     """
+    if "oracle" in settings.orders and oracle is None:  # the oracle sweep's resamples, sized before the signature
+        sweep_settings = (sweep_settings or ablation.SweepSettings()).for_units(
+            ablation.sweep_units(model, settings.kinds, "head"))
     run = RunDir(out, _signature(signature, "pruning curves", {
         "fractions": list(settings.fractions), "orders": list(settings.orders), "seeds": list(settings.seeds),
         "kinds": settings.kinds, "min_per_site": settings.min_per_site,
-        "oracle_sweep": vars(sweep_settings) if sweep_settings is not None else None}, evaluator), fresh=fresh)
+        "oracle_sweep": vars(sweep_settings) if sweep_settings is not None else None,
+        "interval_test": {"alpha": CURVE_ALPHA, "n_resamples": 1000, "seed": 0}}, evaluator), fresh=fresh)
     if "oracle" in settings.orders and oracle is None:
         sweep = ablation.one_head_ablation(model, evaluator, sites=settings.kinds, settings=sweep_settings, run=run,
                                            unit_prefix="oracle:", progress=progress)
@@ -185,16 +193,20 @@ def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveS
     keys = ("order", "seed", "fraction", "pruned", "of", "score", "relative", "ci_low", "ci_high", "p_value")
     keys = tuple(k for k in keys if any(k in r for r in rows))
     run.write_csv("curves.csv", [{k: r.get(k) for k in keys} for r in rows])
-    run.write_csv("curves_summary.csv", summary)
+    table = run.write_csv("curves_summary.csv", summary)
     kinds = f" ({', '.join(settings.kinds)} attention only)" if settings.kinds else ""
-    fig.pruning_curves(summary, metric, run.path / "curves.png", title=title or f"Pruning curve{kinds}")
+    fig.pruning_curves(summary, metric, run.path / "curves.png", title=title or f"Pruning curve{kinds}", source=table,
+                       unpruned_label="unpruned, on the curve's own data")
     unpruned = next(r["score"] for r in summary if r["pruned"] == 0)
+    tested = no_significant_loss(summary)
     return _finish(run, {
         "title": f"Pruning curves (Michel et al. 2019, 4.2){kinds}", "experiment": "curves", "metric": metric,
-        "base": unpruned, "rows": summary,
+        "base": unpruned, "rows": summary, "no_significant_loss": tested,
         "headline": [["unpruned " + metric, format_score(metric, unpruned)]] + [
-            [f"{o}: most pruned within 1% of unpruned", f"{_within(summary, o, 0.99):.0%}"]
-            for o in dict.fromkeys(r["order"] for r in summary)],
+            [f"{o}: most pruned within 1% of unpruned (point estimate)", f"{_within(summary, o, 0.99):.0%}"]
+            for o in dict.fromkeys(r["order"] for r in summary)] + [
+            [f"{o}: no significant loss up to (paired test, alpha {CURVE_ALPHA}, every step)", f"{t['share']:.0%}"]
+            for o, t in tested.items() if t["share"] is not None],
         "figures": [{"file": "curves.png", "caption": "Score as more heads are masked, per order; dashed: unpruned."}],
         "tables": [{"title": "Curve points (mean over seeds for random)", "file": "curves_summary.csv", "max_rows": 60}],
     })
@@ -225,12 +237,14 @@ def _within(summary: list[dict], order: str, level: float) -> float:
     return best
 
 
-def run_dynamics(checkpoints: list[tuple[int, Callable[[], tuple[nn.Module, object]]]], out: str | Path, *,
+def run_dynamics(checkpoints: list[tuple[int, Callable[[], tuple]]], out: str | Path, *,
                  settings: CurveSettings, signature: dict | None = None, fresh: bool = False,
                  progress: bool = True) -> Path:
     """Paper 6 (Fig. 5): the I_h pruning curve at every epoch, relative to that epoch's unpruned model.
 
-    ``checkpoints``: (epoch, load) pairs; ``load()`` returns (model, evaluator) for that epoch.
+    ``checkpoints``: (epoch, load) pairs; ``load()`` returns (model, evaluator) or (model, evaluator,
+    calibration): I_h is scored on ``calibration`` (the paper: training data), else on the evaluated
+    examples themselves -- which the signature's ``importance_data`` must then say.
     """
     settings = CurveSettings(fractions=settings.fractions, orders=("importance",), seeds=(0,), kinds=settings.kinds,
                              min_per_site=settings.min_per_site)
@@ -239,17 +253,21 @@ def run_dynamics(checkpoints: list[tuple[int, Callable[[], tuple[nn.Module, obje
         fresh=fresh)
     rows, metric = [], "score"
     for epoch, load in checkpoints:  # a finished epoch costs only its loading on resume
-        model, evaluator = load()
+        model, evaluator, *calibration = load()
         metric = getattr(evaluator, "metric", metric)
+        scored_on = calibration[0] if calibration and calibration[0] is not None else evaluator
         curve = pruning_curves(model, evaluator, settings=settings, run=run, unit_prefix=f"epoch{epoch}:",
-                               importance=importance_scorer(model, evaluator.batches), progress=progress)
+                               importance=importance_scorer(model, scored_on.batches), progress=progress)
         rows += [{"epoch": epoch, "fraction": r["fraction"], "pruned": r["pruned"], "score": r["score"],
                   "relative": r["relative"]} for r in curve]
-    run.write_csv("dynamics.csv", rows)
-    fig.dynamics(rows, metric, run.path / "dynamics.png")
+    table = run.write_csv("dynamics.csv", rows)
+    fig.dynamics(rows, metric, run.path / "dynamics.png", source=table)
+    scored = (signature or {}).get("importance_data")
     return _finish(run, {
         "title": "Pruning curves across training epochs (Michel et al. 2019, 6)", "experiment": "dynamics",
-        "metric": metric, "rows": rows,
+        "metric": metric, "rows": rows, "importance_data": scored,
+        "notes": [f"I_h scored on {scored or 'the evaluated examples themselves'}; the paper scores it on training "
+                  "data (dynamics --calib-data)."],
         "headline": [["epochs", len(checkpoints)]] + [
             [f"epoch {r['epoch']}: relative score at {r['fraction']:.0%} pruned", f"{r['relative']:.1%}"]
             for r in _near_40_percent(rows, [e for e, _ in checkpoints])],

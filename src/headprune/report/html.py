@@ -67,8 +67,9 @@ def _render(run_dir: Path, results: dict) -> str:
         png = run_dir / fig["file"]
         if png.is_file():
             data = base64.b64encode(read_bytes(png)).decode()
+            caption = fig.get("caption", "") + _drawn_from(png)
             parts.append(f"<figure><img alt='{_e(fig.get('caption', ''))}' src='data:image/png;base64,{data}'>"
-                         f"<figcaption>{_e(fig.get('caption', ''))}</figcaption></figure>")
+                         f"<figcaption>{_e(caption)}</figcaption></figure>")
     for table in results.get("tables", []):
         parts.append(_table(run_dir, table))
     parts.append("<h2>Signature (to reproduce this run)</h2><table class='sig'>")
@@ -77,6 +78,15 @@ def _render(run_dir: Path, results: dict) -> str:
         parts.append(f"<tr><th>{_e(key)}</th><td>{_e(shown)}</td></tr>")
     parts.append("</table></body></html>")
     return "\n".join(parts)
+
+
+def _drawn_from(png: Path) -> str:
+    """' (drawn from TABLE, sha256 abc...)' when the figure's directory records its source (figures.json)."""
+    index = png.parent / "figures.json"
+    if not index.is_file():
+        return ""
+    entry = json.loads(read_bytes(index)).get(png.name)
+    return f" (drawn from {entry['source']}, sha256 {entry['sha256'][:12]})" if entry else ""
 
 
 def _check_inside(run_dir: Path, results: dict) -> None:
