@@ -19,14 +19,14 @@ from ..errors import ConfigError
 from .metrics import CLASSIFICATION_METRICS
 
 
-def _check_resamples(n_resamples: int, seed: int | None) -> None:
+def check_resamples(n_resamples: int, seed: int | None) -> None:
     if isinstance(n_resamples, bool) or not isinstance(n_resamples, int | np.integer) or n_resamples < 1:
         raise ConfigError(f"n_resamples={n_resamples!r} must be a positive int")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0):
         raise ConfigError(f"seed={seed!r} must be a non-negative int, or None for an unseeded run")
 
 
-def _check_alpha(alpha: float, name: str = "alpha") -> float:
+def check_alpha(alpha: float, name: str = "alpha") -> float:
     if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not 0.0 < alpha < 1.0:
         raise ConfigError(f"{name}={alpha!r}; allowed: 0 < {name} < 1")
     return float(alpha)
@@ -43,7 +43,7 @@ def min_resamples(m: int, alpha: float) -> int:
     """
     if isinstance(m, bool) or not isinstance(m, int | np.integer) or m < 1:
         raise ConfigError(f"m={m!r} (tests in the sweep) must be a positive int")
-    alpha = _check_alpha(alpha)
+    alpha = check_alpha(alpha)
     b = max(1, int(math.floor(m / alpha)) - 1)
     while m / (b + 1) >= alpha:  # the same float comparison as `adjusted p < alpha`
         b += 1
@@ -56,7 +56,7 @@ def resamples_for(m: int, alpha: float, n_resamples: int | None = None) -> int:
     need = min_resamples(m, alpha)
     if n_resamples is None:
         return max(1000, int(math.ceil(5 * m / alpha)), need)
-    _check_resamples(n_resamples, None)
+    check_resamples(n_resamples, None)
     if n_resamples < need:
         raise ConfigError(
             f"n_resamples={n_resamples} is too few for {m} tests at alpha={alpha}: the smallest adjusted p "

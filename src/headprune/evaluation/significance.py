@@ -29,8 +29,7 @@ adjusted p to fall below alpha: :func:`min_resamples` / :func:`resamples_for`.
 from __future__ import annotations
 
 import math
-import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -39,13 +38,28 @@ import numpy as np
 from ..errors import ConfigError, DataError
 from ..extras import require
 from .base import EvalResult
+from .exact_tests import (  # noqa: F401  (re-exported)
+    CI_ALPHA,
+    McNemarMidPResult,
+    McNemarResult,
+    PearsonResult,
+    TTestResult,
+    binary_outcomes,
+    mcnemar_exact,
+    mcnemar_midp,
+    mcnemar_midp_p,
+    paired_arrays,
+    paired_ttest,
+    pearson,
+)
+from .goals import goal_met  # noqa: F401  (re-exported)
 from .metrics import CLASSIFICATION_METRICS, bleu_scorer, bleu_statistics, labels_array
 from .resampling import (  # noqa: F401  (re-exported: the tests' and benchmarks' names)
-    _check_alpha,
-    _check_resamples,
     bleu_batch,
     bootstrap_indices,
     centred_p_value,
+    check_alpha,
+    check_resamples,
     confusion_batch,
     critical_value,
     min_resamples,
@@ -61,7 +75,6 @@ scipy_stats = require("scipy.stats", "significance tests")
 STATISTICS = "issue-25: McNemar mid-p | sign-flip | approximate randomization; two-sided, +1 floor"  # in run
 # signatures: a run whose signature lacks this string was tested by older statistics (stale)
 SACREBLEU_SEED = 12345  # sacrebleu's default SACREBLEU_SEED: same seed -> same resamples as `sacrebleu --paired-bs`
-CI_ALPHA = 0.05  # the printed interval is the 95% interval of the reported test
 
 
 @dataclass(frozen=True)
@@ -102,57 +115,6 @@ class BleuBootstrapResult(BootstrapResult):
 
 
 @dataclass(frozen=True)
-class TTestResult:
-    """Two-sided paired t-test of b against a (statistic > 0: b higher)."""
-
-    statistic: float
-    p_value: float
-    mean_a: float
-    mean_b: float
-    delta: float  # mean_b - mean_a
-    n: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class McNemarResult:
-    """McNemar's exact test: two-sided binomial test of the discordant pairs against 1/2."""
-
-    only_a: int  # examples a gets right and b wrong
-    only_b: int  # examples b gets right and a wrong
-    p_value: float  # 1.0 when there is no discordant pair
-    n: int
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class McNemarMidPResult:
-    """McNemar's mid-p test and its interval of delta = (only_b - only_a) / n.
-
-    p_value: 2 * min(P(X < x) + P(X = x) / 2, P(X > x) + P(X = x) / 2), X ~ Bin(only_a + only_b, 1/2),
-    x = only_b (capped at 1). ci_low/ci_high: the mid-p Clopper-Pearson interval of the discordant share
-    pi at ``ci_alpha``, mapped to delta = (only_a + only_b) (2 pi - 1) / n: it excludes 0 exactly when
-    p_value < ci_alpha (both are the mid-p tail at pi = 1/2).
-    """
-
-    only_a: int
-    only_b: int
-    delta: float
-    p_value: float
-    ci_low: float
-    ci_high: float
-    n: int
-    ci_alpha: float = CI_ALPHA
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
 class PermutationResult:
     """Paired permutation test: each example's two outcomes swapped (or its difference's sign flipped)
     at random, the null of exchangeable systems.
@@ -172,41 +134,6 @@ class PermutationResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-@dataclass(frozen=True)
-class PearsonResult:
-    """Pearson r with its two-sided p-value; unpacks as `r, p = pearson(x, y)`."""
-
-    r: float
-    p_value: float
-    n: int
-
-    def __iter__(self) -> Iterator[float]:
-        return iter((self.r, self.p_value))
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-# ---------------------------------------------------------------- validation helpers
-
-
-def _paired_arrays(a: Any, b: Any, names: tuple[str, str], dtype: Any = float) -> tuple[np.ndarray, np.ndarray]:
-    a, b = np.asarray(a, dtype=dtype), np.asarray(b, dtype=dtype)
-    if a.ndim == 0 or a.shape != b.shape or len(a) == 0:
-        raise DataError(
-            f"{names[0]} and {names[1]} must be non-empty arrays of the same shape [n, ...]; "
-            f"got shapes {a.shape} and {b.shape}"
-        )
-    return a, b
-
-
-def _binary_outcomes(correct_a: Any, correct_b: Any) -> tuple[np.ndarray, np.ndarray]:
-    a, b = _paired_arrays(correct_a, correct_b, ("correct_a", "correct_b"))
-    if a.ndim != 1 or not np.isin(a, (0, 1)).all() or not np.isin(b, (0, 1)).all():
-        raise DataError("correct_a and correct_b must be 1-D arrays of 0/1 (or bool) outcomes per example")
-    return a, b
 
 
 # ---------------------------------------------------------------- paired bootstrap
@@ -244,11 +171,11 @@ def paired_bootstrap(
     metric sees the statistics summed over the drawn examples (shape [...], e.g. BLEU counts, number
     correct); with reduce='rows' it sees the drawn rows [n, ...] (e.g. (pred, label) pairs).
     """
-    _check_resamples(n_resamples, seed)
-    _check_alpha(ci_alpha, "ci_alpha")
+    check_resamples(n_resamples, seed)
+    check_alpha(ci_alpha, "ci_alpha")
     if reduce not in ("sum", "rows"):
         raise ConfigError(f"reduce={reduce!r} must be 'sum' or 'rows'")
-    stats_a, stats_b = _paired_arrays(stats_a, stats_b, ("stats_a", "stats_b"))
+    stats_a, stats_b = paired_arrays(stats_a, stats_b, ("stats_a", "stats_b"))
     return _bootstrap(stats_a, stats_b, metric, n_resamples, seed, reduce, ci_alpha)[0]
 
 
@@ -280,7 +207,7 @@ def paired_bootstrap_accuracy(
 
     Not the reported test for accuracy (that is :func:`mcnemar_midp`); kept as a corpus-metric check.
     """
-    a, b = _binary_outcomes(correct_a, correct_b)
+    a, b = binary_outcomes(correct_a, correct_b)
     n = len(a)
     return paired_bootstrap(a, b, lambda total: float(total) / n, n_resamples=n_resamples, seed=seed)
 
@@ -328,7 +255,7 @@ def paired_bootstrap_bleu(
     `PairedTest(test_type='bs')`, so scores, resample means and ``p_sacrebleu`` match it; the reported
     ``p_value`` is the two-sided centred p of the same resamples.
     """
-    _check_resamples(n_resamples, seed)
+    check_resamples(n_resamples, seed)
     if len(hyps_a) != len(hyps_b):
         raise DataError(f"hyps_a has {len(hyps_a)} sentences but hyps_b has {len(hyps_b)}")
     stats_a, bleu = bleu_statistics(hyps_a, refs, tokenize=tokenize, lowercase=lowercase, force=force)
@@ -355,9 +282,9 @@ def paired_permutation(
     each resample swaps a random half of the pairs and scores both corpora again; T = metric(b) -
     metric(a). ``batch_metric`` scores a stack of sums [chunk, ...] -> [chunk] at once.
     """
-    _check_resamples(n_resamples, seed)
-    _check_alpha(ci_alpha, "ci_alpha")
-    stats_a, stats_b = _paired_arrays(stats_a, stats_b, ("stats_a", "stats_b"))
+    check_resamples(n_resamples, seed)
+    check_alpha(ci_alpha, "ci_alpha")
+    stats_a, stats_b = paired_arrays(stats_a, stats_b, ("stats_a", "stats_b"))
     shape = stats_a.shape[1:]
     flat_a, flat_b = stats_a.reshape(len(stats_a), -1), stats_b.reshape(len(stats_b), -1)  # [n, k]
     sum_a, sum_b = flat_a.sum(axis=0), flat_b.sum(axis=0)  # [k]
@@ -385,9 +312,9 @@ def sign_flip_test(a: Any, b: Any, *, weights: Any = None, n_resamples: int = 10
     random sign patterns whose |T| reaches the observed one (+1 floor). weights [n] default 1 / n (T is
     the mean difference); for a corpus NLL pass the NLL sums with weights 1 / total tokens.
     """
-    _check_resamples(n_resamples, seed)
-    _check_alpha(ci_alpha, "ci_alpha")
-    a, b = _paired_arrays(a, b, ("a", "b"))
+    check_resamples(n_resamples, seed)
+    check_alpha(ci_alpha, "ci_alpha")
+    a, b = paired_arrays(a, b, ("a", "b"))
     if a.ndim != 1:
         raise DataError(f"a and b must be 1-D per-example scores; got shape {a.shape}")
     w = np.full(len(a), 1.0 / len(a)) if weights is None else np.asarray(weights, dtype=np.float64)
@@ -400,91 +327,6 @@ def sign_flip_test(a: Any, b: Any, *, weights: Any = None, n_resamples: int = 10
     half = critical_value(null, ci_alpha)
     return PermutationResult(delta, resampling_p_value(null, delta), delta - half, delta + half, len(d),
                           n_resamples, None if seed is None else int(seed), ci_alpha)
-
-
-def mcnemar_exact(correct_a: Any, correct_b: Any) -> McNemarResult:
-    """McNemar's exact test of paired 0/1 outcomes [n]: scipy's two-sided binomtest(only_b, discordant, 0.5)."""
-    a, b = _binary_outcomes(correct_a, correct_b)
-    only_a, only_b = int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
-    if only_a + only_b == 0:
-        return McNemarResult(0, 0, 1.0, len(a))
-    p = scipy_stats.binomtest(only_b, only_a + only_b, 0.5, alternative="two-sided").pvalue
-    return McNemarResult(only_a, only_b, float(min(1.0, p)), len(a))
-
-
-def _midp_tails(x: int, d: int, pi: float) -> tuple[float, float]:
-    """(P(X < x) + P(X = x)/2, P(X > x) + P(X = x)/2) for X ~ Bin(d, pi)."""
-    half = 0.5 * scipy_stats.binom.pmf(x, d, pi)
-    return float(scipy_stats.binom.cdf(x - 1, d, pi) + half), float(scipy_stats.binom.sf(x, d, pi) + half)
-
-
-def mcnemar_midp_p(only_a: Any, only_b: Any) -> Any:
-    """McNemar mid-p of discordant counts (scalars or arrays, vectorised for simulation); 1 where none."""
-    only_a, only_b = np.asarray(only_a), np.asarray(only_b)
-    d = only_a + only_b
-    half = 0.5 * scipy_stats.binom.pmf(only_b, d, 0.5)
-    lower = scipy_stats.binom.cdf(only_b - 1, d, 0.5) + half
-    upper = scipy_stats.binom.sf(only_b, d, 0.5) + half
-    p = np.where(d == 0, 1.0, np.minimum(1.0, 2 * np.minimum(lower, upper)))
-    return float(p) if p.ndim == 0 else p
-
-
-def mcnemar_midp(correct_a: Any, correct_b: Any, *, ci_alpha: float = CI_ALPHA) -> McNemarMidPResult:
-    """McNemar's mid-p test of paired 0/1 outcomes [n] and its interval of the accuracy difference.
-
-    Conditional on the d = only_a + only_b discordant pairs, only_b ~ Bin(d, pi) with pi = 1/2 under the
-    null. The interval inverts the same mid-p tails in pi (root of tail(pi) = ci_alpha / 2 on each side)
-    and maps pi to delta = d (2 pi - 1) / n.
-    """
-    from scipy.optimize import brentq
-
-    _check_alpha(ci_alpha, "ci_alpha")
-    a, b = _binary_outcomes(correct_a, correct_b)
-    n = len(a)
-    only_a, only_b = int(np.sum((a == 1) & (b == 0))), int(np.sum((a == 0) & (b == 1)))
-    d = only_a + only_b
-    delta = (only_b - only_a) / n
-    if d == 0:
-        return McNemarMidPResult(0, 0, 0.0, 1.0, 0.0, 0.0, n, ci_alpha)
-    target = ci_alpha / 2
-    # upper tail P(X > x) + P(X = x)/2 rises with pi; lower tail falls
-    lo = 0.0 if only_b == 0 else brentq(lambda pi: _midp_tails(only_b, d, pi)[1] - target, 0.0, 1.0, xtol=1e-14)
-    hi = 1.0 if only_b == d else brentq(lambda pi: _midp_tails(only_b, d, pi)[0] - target, 0.0, 1.0, xtol=1e-14)
-    return McNemarMidPResult(only_a, only_b, delta, mcnemar_midp_p(only_a, only_b),
-                             d * (2 * lo - 1) / n, d * (2 * hi - 1) / n, n, ci_alpha)
-
-
-# ---------------------------------------------------------------- t-test and correlation
-
-
-def paired_ttest(a: Any, b: Any) -> TTestResult:
-    """Paired two-sided t-test (scipy_stats.ttest_rel) of per-example scores b against a [n].
-
-    All differences zero: statistic 0.0 and p 1.0 (scipy gives nan).
-    """
-    a, b = _paired_arrays(a, b, ("a", "b"))
-    if a.ndim != 1 or len(a) < 2:
-        raise DataError(f"a and b must be 1-D with at least 2 examples; got shape {a.shape}")
-    mean_a, mean_b = float(a.mean()), float(b.mean())
-    if np.all(a == b):
-        return TTestResult(0.0, 1.0, mean_a, mean_b, 0.0, len(a))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # constant differences: scipy warns, returns +-inf and p = 0
-        res = scipy_stats.ttest_rel(b, a)
-    return TTestResult(float(res.statistic), float(res.pvalue), mean_a, mean_b, mean_b - mean_a, len(a))
-
-
-def pearson(x: Any, y: Any) -> PearsonResult:
-    """Pearson r and two-sided p (scipy_stats.pearsonr) of paired values [n]; nan, nan if one is constant."""
-    x, y = _paired_arrays(x, y, ("x", "y"))
-    if x.ndim != 1 or len(x) < 2:
-        raise DataError(f"x and y must be 1-D with at least 2 values; got shape {x.shape}")
-    if np.all(x == x[0]) or np.all(y == y[0]):
-        return PearsonResult(float("nan"), float("nan"), len(x))
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # nearly-constant input warnings; the numbers are still returned
-        res = scipy_stats.pearsonr(x, y)
-    return PearsonResult(float(res.statistic), float(res.pvalue), len(x))
 
 
 # ---------------------------------------------------------------- two evaluations
@@ -519,7 +361,7 @@ def compare(base: EvalResult, other: EvalResult, *, n_resamples: int = 1000, see
         boot, _, _ = _bootstrap(sa, sb, lambda c: float(batch(c[None])[0]), n_resamples, seed, "sum", batch_metric=batch)
         return _perm(f"paired approximate randomization of corpus {base.metric}", perm, boot)
     if base.metric == "bleu" and "bleu_stats" in a:
-        sa, sb = _paired_arrays(a["bleu_stats"], b["bleu_stats"], ("a bleu_stats", "b bleu_stats"))
+        sa, sb = paired_arrays(a["bleu_stats"], b["bleu_stats"], ("a bleu_stats", "b bleu_stats"))
         perm = paired_permutation(sa, sb, lambda s: float(bleu_batch(s[None])[0]), n_resamples=n_resamples,
                                   seed=seed, batch_metric=bleu_batch)
         boot, _, _ = _bootstrap(sa, sb, lambda s: float(bleu_batch(s[None])[0]), n_resamples, seed, "sum",
@@ -543,30 +385,3 @@ def compare(base: EvalResult, other: EvalResult, *, n_resamples: int = 1000, see
 def _perm(name: str, perm: PermutationResult, boot: BootstrapResult) -> dict:
     return {"test": name, "p_value": perm.p_value, "ci_low": perm.ci_low, "ci_high": perm.ci_high,
             "n_resamples": perm.n_resamples, "p_bootstrap": boot.p_value}
-
-
-# ---------------------------------------------------------------- verdicts
-
-
-def goal_met(estimate: float, ci_low: float, ci_high: float, goal: float, *, higher_is_better: bool = True) -> dict:
-    """Is a goal met by an estimate with its interval? Only when the interval's worse end meets it.
-
-    Returns {"verdict": "met" | "point estimate only" | "not met", "line": a sentence naming the numbers,
-    "worse_end": the interval's end that must meet the goal}. "point estimate only": the estimate meets
-    the goal but the interval reaches below it, so the data do not show the goal is met.
-    """
-    if not ci_low <= estimate <= ci_high:
-        raise DataError(f"estimate={estimate} lies outside its interval [{ci_low}, {ci_high}]")
-    worse = ci_low if higher_is_better else ci_high
-    meets = (lambda x: x >= goal) if higher_is_better else (lambda x: x <= goal)
-    if meets(worse):
-        verdict = "met"
-        line = f"goal {goal:g} met: the interval's worse end {worse:g} meets it (estimate {estimate:g})"
-    elif meets(estimate):
-        verdict = "point estimate only"
-        line = (f"goal {goal:g}: point estimate only ({estimate:g} meets it, the interval reaches {worse:g}, "
-                "which does not)")
-    else:
-        verdict = "not met"
-        line = f"goal {goal:g} not met (estimate {estimate:g}, interval [{ci_low:g}, {ci_high:g}])"
-    return {"verdict": verdict, "line": line, "worse_end": worse}
