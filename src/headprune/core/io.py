@@ -32,6 +32,7 @@ from .checkpoint import (
     weight_files,
 )
 from .gguf import is_gguf, load_gguf, load_gguf_tokenizer
+from .quiet import transformers_bars_off
 from .stock import write_stock
 from .surgery import KEPT_KEY, config_record
 from .verify import check_model
@@ -42,6 +43,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 __all__ = ["save_pruned", "load_pruned", "load_model", "load_tokenizer", "check_output_dir"]
 
 
+@transformers_bars_off()
 def save_pruned(model: nn.Module, path: str | Path, tokenizer=None, *, stock: bool = True) -> Path:
     """Write ``model`` (pruned or not) and optionally its tokenizer to the new directory ``path``.
 
@@ -66,6 +68,7 @@ def save_pruned(model: nn.Module, path: str | Path, tokenizer=None, *, stock: bo
     return path
 
 
+@transformers_bars_off()
 def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | str | None = None,
                 device: torch.device | str | None = None, attn_implementation: str | None = None,
                 verify: bool = True, device_map: str | dict | None = None) -> nn.Module:
@@ -146,9 +149,6 @@ def load_model(model_dir: str | Path, *, model_class: type | None = None, device
                           "directory (config.json + weights)")
     if not (path / "config.json").is_file():
         raise ConfigError(f"model directory {str(path)!r} has no config.json")
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()  # one model directory: a bar per weight file is noise
     return load_pruned(path, model_class=model_class, device=device, dtype=dtype, device_map=device_map).eval()
 
 
