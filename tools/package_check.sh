@@ -11,6 +11,7 @@ set -euo pipefail
 PYTHON=${1:-.venv/bin/python}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+rm -rf build/lib build/bdist.* src/*.egg-info  # setuptools reuses these: a module deleted since would ship
 "$PYTHON" -m build --no-isolation --outdir "$work/dist" . >"$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 "$PYTHON" -m twine check --strict "$work"/dist/*.whl "$work"/dist/*.tar.gz
 "$PYTHON" -m venv --without-pip "$work/venv"
