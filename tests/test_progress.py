@@ -52,3 +52,20 @@ def test_bars_off_is_restored_when_the_block_raises():
         assert not hf_logging.is_progress_bar_enabled()
         raise RuntimeError("boom")
     assert hf_logging.is_progress_bar_enabled()
+
+
+def test_the_gguf_conversion_bar_is_off_inside_headprune(tmp_path, capsys):
+    """'Converting and de-quantizing GGUF tensors...' (plain tqdm inside transformers) printed on every load."""
+    pytest.importorskip("gguf")
+    from gguf_writer import write_llama_gguf
+
+    file = write_llama_gguf(build("llama"), tmp_path / "tiny.gguf")
+    hf_logging.enable_progress_bar()
+    model = hp.load_model(file)
+    err = capsys.readouterr().err
+    assert "Converting and de-quantizing" not in err and "Loading weights" not in err, err
+    assert hf_logging.is_progress_bar_enabled() and len(hp.find_sites(model)) == 2
+    import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    from tqdm.auto import tqdm
+
+    assert gguf_utils.tqdm is tqdm  # transformers' own module is as it was

@@ -25,11 +25,11 @@ def transformers_bars_off() -> Iterator[None]:
     bar = getattr(gguf, "tqdm", None)
     hf_logging.disable_progress_bar()
     if bar is not None:
-        gguf.tqdm = functools.partial(bar, disable=True)
+        setattr(gguf, "tqdm", functools.partial(bar, disable=True))  # noqa: B010  (gguf: a module or None)
     try:
         yield
     finally:
         if bar is not None:
-            gguf.tqdm = bar
+            setattr(gguf, "tqdm", bar)  # noqa: B010
         if was_on:
             hf_logging.enable_progress_bar()
