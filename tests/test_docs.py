@@ -21,10 +21,8 @@ def test_the_readme_is_a_front_door_and_its_links_resolve():
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) < 250
     links = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
-    assert {"docs/families.md", "docs/cli-reference.md", "docs/api.md", "REPRODUCTION.md"} <= set(links)
-    generated = {"docs/cli-reference.md"}  # made when the manual is built
-    missing = [link for link in links if not link.startswith("http") and link not in generated
-               and not (ROOT / link).exists()]
+    assert {"docs/families.md", "docs/cli.md", "docs/api.md", "REPRODUCTION.md"} <= set(links)
+    missing = [link for link in links if not link.startswith("http") and not (ROOT / link).exists()]
     assert missing == []
 
 
