@@ -1,12 +1,13 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   -- install, then run the built-in default (a real pretrained model, scored, pruned, saved)
-#   make test   -- install with test tools, then lint and run the tests
+#   make test   -- install with test tools, then lint, run the tests, build the manual, type-check and package
+#   make docs   -- build the manual (MkDocs) into site/
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -q --disable-pip-version-check -c constraints.txt
 
-.PHONY: install install-test install-demo demo test test-oldest gpu-check clean
+.PHONY: install install-test install-demo demo test test-oldest gpu-check lint clean docs docs-check typecheck package-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +34,24 @@ demo: install-demo
 test: install-test
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
+	$(MAKE) --no-print-directory docs-check typecheck package-check
+
+# The manual: pages in docs/, the CLI reference generated from the app and the API reference from the
+# docstrings at build time (docs_hooks.py, mkdocstrings). --strict: a broken link or reference fails.
+docs: install
+	$(PIP) -e ".[docs]"
+	PYTHONPATH=src NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-check:
+	PYTHONPATH=src NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet --site-dir build/site-check
+
+# mypy at the strictness [tool.mypy] in pyproject.toml states (the public API, third-party types as Any)
+typecheck:
+	$(BIN)/mypy
+
+# python -m build: wheel + sdist, twine check, the wheel installed in a fresh venv runs headprune --version
+package-check:
+	tools/package_check.sh $(BIN)/python
 
 # The oldest transformers headprune supports (pyproject's lower bound) in a second environment: the families'
 # quick survey, mask == prune on every tiny family, save/load. CI runs this after `make test` (the newest).
@@ -57,4 +76,4 @@ gpu-check:
 	$(GPU_PYTHON) benchmarks/gpu_check.py
 
 clean:
-	rm -rf $(VENV) $(OLDEST_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(OLDEST_VENV) runs .pytest_cache site build .mypy_cache

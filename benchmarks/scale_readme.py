@@ -1,6 +1,6 @@
 """The README's 1 vs 2 process figures, generated from the committed results file.
 
-    python benchmarks/scale_readme.py README.md      # rewrite the block between the scale markers
+    python benchmarks/scale_readme.py docs/gpus.md    # rewrite the block between the scale markers
 
 Reads benchmarks/results/multiprocess_speed.json (written by benchmarks/multiprocess_speed.py);
 ``tests/test_scale_readme.py`` checks the README holds exactly this text.
@@ -62,4 +62,4 @@ def write_readme(readme: Path) -> None:
 
 
 if __name__ == "__main__":
-    write_readme(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "README.md")
+    write_readme(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "gpus.md")

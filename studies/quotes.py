@@ -1,4 +1,4 @@
-"""Where every number quoted in README.md and REPRODUCTION.md comes from (used by studies/summarize.py --check).
+"""Where every number quoted in README.md, REPRODUCTION.md and docs/*.md comes from (used by studies/summarize.py --check).
 
 In the Markdown a quoted number is ``<!--q:NAME-->value<!--/q-->`` and a generated table
 ``<!--block:NAME-->...<!--/block-->``. NAME is ``kind:arg:arg...`` and an optional ``~FORMAT``
@@ -27,6 +27,8 @@ In the Markdown a quoted number is ``<!--q:NAME-->value<!--/q-->`` and a generat
 - ``sig:RUN:FIELD``                 a study run's signature field (e.g. ``n``, ``n_b``: examples)
 - ``json:FILE:FIELD``               any benchmarks/results/FILE.json (dotted path into it)
 - ``mcmin:FILE:METHOD``             smallest two-sided p of METHOD's steps below I_h (method comparison)
+- ``fam:VERDICT``                   how many model types benchmarks/results/families.json gives VERDICT
+                                    (``exact``, ``refused``, ``not_built``, ...)
 
 Significance is read, never recomputed: a quote of a p-value, an adjusted p or a "significant" count
 reads the run's own ``p_value`` / ``p_adjusted`` / ``significant``. A run whose signature does not carry
@@ -217,6 +219,11 @@ def _demo(path: str) -> float | str:
     return _json("demo", path)
 
 
+def _fam(verdict: str) -> int:
+    """How many model types benchmarks/results/families.json gives this verdict (``exact``, ``refused``, ...)."""
+    return sum(f["verdict"] == verdict.replace("_", " ") for f in bench("families")["families"])
+
+
 def _mcmin(file: str, method: str) -> float:
     tests = [t for t in bench(file)["paired_tests"] if t["method"] == method and t["against"] == "ih"
              and t["test"] is not None]
@@ -228,7 +235,7 @@ KINDS: dict[str, tuple[Callable, str]] = {  # kind -> (function of the args, def
     "base": (_base, ".2f"), "score": (_score, ".2f"), "rel": (_rel, ".0f"), "abl": (_abl, ".2f"),
     "abo": (_abo, ".2f"), "cd": (_cd, ".2f"), "dyn": (_dyn, ".0f"), "speed": (_speed, ".3f"),
     "train": (_train, ".2f"), "mc": (_mc, ".2f"), "demo": (_demo, ".2f"), "json": (_json, ".2f"),
-    "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"), "nsl": (_nsl, ".0f"),
+    "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"), "nsl": (_nsl, ".0f"), "fam": (_fam, "d"),
 }
 UNITS = {"MB": (1e6, 0, "MB"), "GB": (1e9, 1, "GB"), "min": (60, 1, "min")}  # ~FORMAT -> (divisor, digits, unit)
 INTEGER_STATS = ("n", "sig", "better", "n_train", "n_eval")

@@ -1,5 +1,5 @@
 """Headline numbers of every run in studies/results/ as Markdown tables, and the check that every
-number README.md and REPRODUCTION.md quote is what the committed results files say.
+number README.md, REPRODUCTION.md and the manual (docs/*.md) quote is what the committed results files say.
 
     python studies/summarize.py [--results studies/results] > studies/results/SUMMARY.md
     python studies/summarize.py --check    # exit 1 naming each problem (CI runs this)
@@ -30,7 +30,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import quotes  # noqa: E402  (studies/ is not a package)
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = ("README.md", "REPRODUCTION.md")
+
+
+def documents(root: Path = ROOT) -> tuple[str, ...]:
+    """The Markdown files whose quotes are checked: README.md, REPRODUCTION.md and every page of the manual."""
+    return ("README.md", "REPRODUCTION.md", *sorted(f"docs/{p.name}" for p in (root / "docs").glob("*.md")))
+
+
+DOCS = documents()
 QUOTE = re.compile(r"<!--q:([^>]*?)-->(.*?)<!--/q-->", re.S)
 BLOCK = re.compile(r"<!--block:([^>]*?)-->\n(.*?)\n?<!--/block-->", re.S)
 
@@ -148,13 +155,13 @@ def _families(doc: str, text: str, problems: list[str]) -> str:
 
 
 def check(fix: bool = False, root: Path = ROOT, stale: list[str] | None = None) -> list[str]:
-    """Every marker in README.md and REPRODUCTION.md against quotes.py; returns the mismatches (fix: rewrites).
+    """Every marker in README.md, REPRODUCTION.md and docs/*.md against quotes.py; returns the mismatches (fix: rewrites).
 
     Markers that read the significance of a stale results file are not mismatches: they go to ``stale``
     (a list the caller passes; they are left as they are)."""
     problems: list[str] = []
     stale = [] if stale is None else stale
-    for doc in DOCS:
+    for doc in documents(root):
         path = root / doc
         text = path.read_text()
         new = QUOTE.sub(lambda m, d=doc: _regenerate(d, m, quotes.quote, "q", problems, stale), text)

@@ -1,6 +1,6 @@
 """The families survey (``benchmarks/families.py``): on its quick subset the verdicts hold when checked
 independently (an exact family prunes to its masked output; a refused one raises and is left as it was),
-the committed results agree with a fresh run, and the README's table is what the committed results say."""
+the committed results agree with a fresh run, and the manual's table (docs/families.md) is what the committed results say."""
 
 from __future__ import annotations
 
@@ -123,4 +123,4 @@ def test_committed_results_cover_every_model_type():
 
 
 def test_readme_table_is_what_the_results_say():
-    assert families.readme_block(ROOT / "README.md") == families.readme_section(COMMITTED)
+    assert families.readme_block(ROOT / "docs" / "families.md") == families.readme_section(COMMITTED)

@@ -1,4 +1,4 @@
-"""benchmarks/llm_compression.py: the quick run's rows, and the README table from the committed results."""
+"""benchmarks/llm_compression.py: the quick run's rows, and the manual's table (docs/llms.md) from the committed results."""
 
 from __future__ import annotations
 
@@ -39,6 +39,6 @@ def test_quick_run_writes_every_point_and_never_grows_the_cache(tmp_path):
 def test_readme_table_is_the_committed_results():
     bench = _script()
     committed = json.loads((ROOT / "benchmarks" / "results" / "llm_compression.json").read_text())
-    assert bench.readme_block(ROOT / "README.md") == bench.readme_section(committed, bench.free_results())
+    assert bench.readme_block(ROOT / "docs" / "llms.md") == bench.readme_section(committed, bench.free_results())
     for r in committed["rows"]:  # uniform GQA: the KV cache never grows
         assert r["kv_cache_bytes_per_token"]["after"] <= r["kv_cache_bytes_per_token"]["before"]

@@ -1,10 +1,15 @@
-"""What a new user meets running the README's commands as written: the headline a command prints names
-what it claims to (found by running each README command on the study models)."""
+"""What a new user meets running the README's commands as written: the README's code blocks run exactly as
+they stand (the Python example, then the CLI example on a tiny model in a folder named MODEL_DIR), and the
+headline a command prints names what it claims to (found by running each README command on the study models)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import json
+import re
+import shlex
 from pathlib import Path
 
 import pytest
@@ -16,6 +21,68 @@ from tiny import build, word_tokenizer
 
 runner = CliRunner()
 WORDS = "good bad film plot dull fun long short great awful".split()
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_blocks(language: str) -> list[str]:
+    """The README's fenced code blocks in ``language``, as written."""
+    return re.findall(rf"^```{language}\n(.*?)^```", (ROOT / "README.md").read_text(), re.S | re.M)
+
+
+@pytest.fixture(scope="module")
+def readme_run(tmp_path_factory) -> dict:
+    """The README's Python block, then its CLI block, run as written in one fresh folder. The CLI block's
+    MODEL_DIR, train.tsv and dev.tsv are made there (a tiny BERT classifier, 3 labels, and its data)."""
+    import os
+
+    where = tmp_path_factory.mktemp("readme")
+    texts = [" ".join(WORDS[(i + j) % len(WORDS)] for j in range(4 + i % 3)) for i in range(24)]
+    for name, rows in (("train.tsv", texts[:12]), ("dev.tsv", texts[12:])):
+        (where / name).write_text("sentence\tlabel\n" + "".join(f"{t}\t{i % 3}\n" for i, t in enumerate(rows)))
+    hp.save_pruned(build("bert"), where / "MODEL_DIR", tokenizer=word_tokenizer(texts))
+    python, = readme_blocks("python")
+    bash = readme_blocks("bash")
+    before = Path.cwd()
+    os.chdir(where)
+    try:
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            exec(compile(python, "README.md", "exec"), {"__name__": "__readme__"})
+        commands = {}
+        for line in bash[1].splitlines():
+            args = shlex.split(line, comments=True)
+            if args:
+                assert args[0] == "headprune", line
+                commands[args[1]] = runner.invoke(app, args[1:])
+    finally:
+        os.chdir(before)
+    return {"where": where, "printed": printed.getvalue(), "commands": commands, "setup": bash[0]}
+
+
+def test_readme_python_block_runs_and_prunes_what_it_masked(readme_run):
+    """The old snippet held `torch.tensor([1., 0., 1., 1., ...])` and a model path that did not exist: pasted,
+    it failed. The new one runs; its printed difference is the pruned model's logits against the masked ones."""
+    lines = readme_run["printed"].strip().splitlines()
+    assert lines[0].startswith("[Site('encoder.0.self'") and float(lines[-1]) <= 1e-5
+    reloaded = hp.load_pruned(readme_run["where"] / "pruned")
+    kept = hp.kept_heads(reloaded)
+    assert sum(len(h) for h in kept.values()) == 4  # the lowest half of 2 x 4 heads removed, as printed
+
+
+def test_readme_shell_blocks_run_as_written(readme_run):
+    """The set-up block names the two targets CI runs; every CLI line exits 0 and writes what it says."""
+    assert readme_run["setup"].split("\n")[0].startswith("make demo") and "make test" in readme_run["setup"]
+    makefile = (ROOT / "Makefile").read_text()
+    assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
+    assert (ROOT / ".ci" / "run").read_text().strip().endswith("make test")
+    commands = readme_run["commands"]
+    assert list(commands) == ["sites", "demo", "importance", "prune", "compress"]
+    for name, result in commands.items():
+        assert result.exit_code == 0, (name, result.output)
+    assert "encoder.0.self" in commands["sites"].stdout  # `sites pruned/`: the Python block's saved model
+    where = readme_run["where"]
+    assert hp.kept_heads(hp.load_pruned(where / "runs" / "pruned"))["encoder.0.self"] == [1, 2]
+    assert (where / "runs" / "imp" / "results.json").is_file() and (where / "runs" / "c" / "config.json").is_file()
 
 
 @pytest.fixture(scope="module")
@@ -134,21 +201,27 @@ def test_head_list_errors_name_the_flag(tiny, tmp_path, command, flag, value, me
     assert not out.exists()
 
 
-def test_demo_ends_with_its_headline(tmp_path):
+def test_demo_ends_with_its_headline(readme_run):
     """The demo printed its seven steps and 'done: report.html' but never the perplexities it is about; its
-    parameter row gives counts."""
-    out = tmp_path / "demo"
-    result = runner.invoke(app, ["demo", "--quick", "-o", str(out)])
-    assert result.exit_code == 0, result.output
+    parameter row gives counts; and each number's label says what it is ('most harmful to mask: ... 37.06'
+    did not say 37.06 is a perplexity). The README's `headprune demo --quick -o runs/quick`."""
+    out = readme_run["where"] / "runs" / "quick"
+    result = readme_run["commands"]["demo"]
     results = json.loads((out / "results.json").read_text())
     tail = result.stdout.strip().splitlines()[-len(results["headline"]) - 1:]
-    assert tail[-1] == f"report: {out / 'report.html'}"
+    assert tail[-1] == f"report: {Path('runs/quick') / 'report.html'}"
     for line, (label, value) in zip(tail, results["headline"], strict=False):
         assert line.startswith(label) and line.endswith(value)
     assert f"{results['perplexity']['unpruned']:.2f}" in tail[0]
     p = results["parameters"]  # the quick demo's row read '0.1M -> 0.0M' (a tiny model rounded away)
     assert dict(results["headline"])["parameters"] == f"{p['before']:,} -> {p['after']:,}" and p["after"] < p["before"]
-
+    numbers = [label for label, value in results["headline"] if re.fullmatch(r"[\d.]+", value)]
+    assert len(numbers) == 4 and all("perplexity" in label for label in numbers), results["headline"]
+    ablation = json.loads((out / "ablation" / "results.json").read_text())
+    worst = max(ablation["rows"], key=lambda r: r["damage"])
+    assert results["headline"][-1] == [f"perplexity with the most harmful head masked ({worst['site']} head "
+                                       f"{worst['head']})", f"{worst['score']:.2f}"]
+    assert "held-out perplexity of the masked model, then of the pruned one" in result.stdout
 
 
 def test_bench_tables_stay_aligned_with_long_model_names(tiny, tmp_path):

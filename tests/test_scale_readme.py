@@ -1,4 +1,4 @@
-"""The README's 1 vs 2 process figures are what the committed results file says."""
+"""The manual's (docs/gpus.md) 1 vs 2 process figures are what the committed results file says."""
 
 from __future__ import annotations
 
@@ -13,4 +13,4 @@ import scale_readme  # noqa: E402
 
 def test_readme_scale_block_is_generated_from_the_results():
     assert scale_readme.load("multiprocess_speed.json") is not None
-    assert scale_readme.readme_block(ROOT / "README.md") == scale_readme.current()
+    assert scale_readme.readme_block(ROOT / "docs" / "gpus.md") == scale_readme.current()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 import numpy as np
 import torch
@@ -60,7 +60,7 @@ def sharded(enabled: bool = True) -> Iterator[None]:
         _STATE["sharded"] = before
 
 
-def local() -> contextmanager:
+def local() -> AbstractContextManager[None]:
     """Inside a sweep unit: everything runs on this rank alone, over all the data."""
     return sharded(False)
 

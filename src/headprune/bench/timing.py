@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from tqdm.auto import tqdm
 
 from ..checks import check_choice
 from ..core.cost import flop_breakdown
@@ -183,7 +184,7 @@ def _bench_batch(models, batch: int, s: BenchSettings, times: dict, progress: bo
                  else [[n] * rounds for n in names])
         for n in names:
             times[(n, batch)] = {"wall": [], "cpu": []}
-        for step in order:
+        for step in tqdm(order, desc=f"batch {batch}", unit="round", disable=not progress, leave=False):
             for n in step:
                 wall, cpu = time_forward(models[n], inputs[n], calls)
                 times[(n, batch)]["wall"].append(wall)

@@ -70,6 +70,19 @@ def json_arg(value: str, name: str) -> dict:
     return data
 
 
+def no_repeated_heads(heads: dict, name: str) -> dict:
+    """``heads`` ({site: [head indices]}) with no head listed twice for a site: a repeat is refused (the
+    library would remove it once, silently, and the plan would not say what the user meant)."""
+    for site, idx in heads.items():
+        if isinstance(idx, list):
+            repeated = next((h for i, h in enumerate(idx) if any(h == g and type(h) is type(g) for g in idx[:i])),
+                            None)
+            if repeated is not None:
+                raise HeadpruneError(f"{name}[{site!r}]: head {repeated!r} given twice; allowed: each head once "
+                                     f"(e.g. {{{json.dumps(site)}: {sorted(set(h for h in idx if isinstance(h, int)))}}})")
+    return heads
+
+
 def _unique_keys(name: str, pairs: list[tuple[str, object]]) -> dict:
     seen: dict = {}
     for key, value in pairs:

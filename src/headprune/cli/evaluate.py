@@ -8,13 +8,13 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
-from .app import app, friendly, json_arg
+from .app import app, friendly, json_arg, no_repeated_heads
 from .dataflags import argument_as_flag
 from .options import DATA2, PROGRESS, QUIET, TaskFlags, TaskSetup, show_progress, with_flags
 
 
 def _heads_off(heads_off: str | None) -> dict[str, list[int]]:
-    dropped = json_arg(heads_off, "--heads-off") if heads_off else {}
+    dropped = no_repeated_heads(json_arg(heads_off, "--heads-off"), "--heads-off") if heads_off else {}
     for site, heads in dropped.items():
         if not isinstance(heads, list):
             raise ConfigError(f"--heads-off[{site!r}] = {heads!r}; allowed: a list of head indices")

@@ -9,7 +9,7 @@ import typer
 
 from ..deprecation import deprecation_line
 from ..errors import HeadpruneError
-from .app import app, echo_headline, friendly, json_arg
+from .app import app, echo_headline, friendly, json_arg, no_repeated_heads
 from .dataflags import argument_as_flag
 from .options import DEVICE, DTYPE, device_dtype
 
@@ -86,7 +86,8 @@ def prune(
     if (drop is None) == (heads is None):
         raise HeadpruneError("give the heads to remove with --drop (exactly once); e.g. "
                              '--drop \'{"encoder.0.self": [0, 3]}\'')
-    dropped = json_arg(drop, "--drop") if drop is not None else json_arg(heads, "--heads")
+    flag = "--drop" if drop is not None else "--heads"
+    dropped = no_repeated_heads(json_arg(drop if drop is not None else heads, flag), flag)
     check_output_dir(output)  # refused before any work; save_pruned checks again and writes atomically
     model = load_model(model_dir, **device_dtype(device, dtype))
     before = sum(p.numel() for p in model.parameters())

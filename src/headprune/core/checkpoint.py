@@ -25,6 +25,7 @@ weights in ``model.safetensors``) still load.
 from __future__ import annotations
 
 import copy
+import errno
 import json
 import os
 import shutil
@@ -159,7 +160,27 @@ def check_output_dir(path: str | Path) -> Path:
                           "choose a new path")
     if path.is_dir() and any(path.iterdir()):
         raise ConfigError(f"output {str(path)!r} already exists and is not empty; choose a new directory")
+    check_writable(path)
     return path
+
+
+def check_writable(path: str | Path) -> None:
+    """Refuse, naming ``path``, an output that cannot be written: the directory itself when it exists, else
+    the nearest folder above it that exists (where it and its temporary sibling would be made) must take
+    new files. Checked before any work, not found out from a temporary file's ``[Errno 30]``."""
+    path = Path(path)
+    for where in (path, *path.absolute().parents):
+        if where.exists():
+            break
+    if os.access(where, os.W_OK):
+        return
+    try:
+        read_only = bool(os.statvfs(where).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):  # no statvfs (Windows)
+        read_only = False
+    why = "is on a read-only file system" if read_only else "is not writable (no write permission)"
+    which = "" if where == path else f" (its folder {str(where)!r})"
+    raise ConfigError(f"output {str(path)!r}{which} {why}; choose a directory you can write to")
 
 
 @contextmanager
@@ -167,16 +188,22 @@ def atomic_directory(path: Path) -> Iterator[Path]:
     """Yield a temporary sibling directory of ``path``; on success it is renamed to ``path``, on any
     failure it is removed, so ``path`` is either complete or absent (or still the empty directory it was)."""
     check_output_dir(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.parent / f".{path.name}.headprune-{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp"
-    tmp.mkdir()  # not mkdtemp: the output keeps the usual permissions
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()  # not mkdtemp: the output keeps the usual permissions
+    except OSError as e:  # e.g. a file system that became read-only: name the output, not the temporary folder
+        raise ConfigError(f"output {str(path)!r} cannot be written ({e.strerror}); choose a directory you can "
+                          "write to") from None
     try:
         yield tmp
         if path.is_dir():
             try:
                 path.rmdir()  # empty (checked above): replaced by the finished directory
-            except OSError:
-                raise ConfigError(f"output {str(path)!r} is no longer empty; choose a new directory") from None
+            except OSError as e:
+                why = "is no longer empty" if e.errno in (errno.ENOTEMPTY, errno.EEXIST) else \
+                    f"cannot be replaced ({e.strerror})"
+                raise ConfigError(f"output {str(path)!r} {why}; choose a new directory") from None
         os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

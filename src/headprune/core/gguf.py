@@ -17,6 +17,7 @@ from torch import nn
 
 from ..errors import ConfigError, UnsupportedModelError
 from ..extras import require
+from .quiet import transformers_bars_off
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -31,8 +32,11 @@ def load_gguf(file: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Mod
     path = _check(file)
     require("gguf", "loading a GGUF file")
     require("accelerate", "loading a GGUF file")
+    import transformers.modeling_gguf_pytorch_utils  # noqa: F401  (loaded now, so its bar can be turned off)
+
     try:
-        loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+        with transformers_bars_off():
+            loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
     except (ValueError, KeyError, OSError, RuntimeError) as e:
         raise UnsupportedModelError(f"GGUF file {str(path)!r} cannot be loaded by transformers: "
                                     f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None

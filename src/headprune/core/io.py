@@ -19,6 +19,7 @@ from torch import nn
 from ..errors import ConfigError, UnsupportedModelError
 from .checkpoint import check_output_dir
 from .gguf import is_gguf, load_gguf, load_gguf_tokenizer
+from .quiet import transformers_bars_off
 from .records import KEPT_KEY, KEPT_NEURONS_KEY, config_record
 from .saving import read_pruned, save_pruned
 from .verify import check_model
@@ -26,6 +27,7 @@ from .verify import check_model
 __all__ = ["save_pruned", "load_pruned", "load_model", "load_tokenizer", "check_output_dir"]
 
 
+@transformers_bars_off()
 def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | str | None = None,
                 device: torch.device | str | None = None, attn_implementation: str | None = None,
                 verify: bool = True, device_map: str | dict | None = None) -> nn.Module:
@@ -69,9 +71,6 @@ def load_model(model_dir: str | Path, *, model_class: type | None = None, device
                           "directory (config.json + weights)")
     if not (path / "config.json").is_file():
         raise ConfigError(f"model directory {str(path)!r} has no config.json")
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()  # one model directory: a bar per weight file is noise
     return load_pruned(path, model_class=model_class, device=device, dtype=dtype, device_map=device_map).eval()
 
 

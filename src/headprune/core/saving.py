@@ -31,10 +31,12 @@ from .checkpoint import (
     read_config,
     weight_files,
 )
+from .quiet import transformers_bars_off
 from .records import KEPT_KEY, VERSION_KEY, config_record
 from .stock import write_stock
 
 
+@transformers_bars_off()
 def save_pruned(model: nn.Module, path: str | Path, tokenizer=None, *, stock: bool = True) -> Path:
     """Write ``model`` (pruned or not) and optionally its tokenizer to the new directory ``path``.
 

@@ -72,10 +72,20 @@ def _check_counts(config, task: str, **counts) -> None:
     positions = position_limit(config)
     name = "block_size" if task == "lm" else "max_length"
     length = counts[name]
+    lo = 2 if task != "translation" else 1
     if positions is not None and length is not None and length > positions:
-        lo = 2 if task != "translation" else 1
         raise ConfigError(f"{name}={length}; allowed: an integer {lo}..{positions} (the model has {positions} "
-                          "positions)")
+                          f"positions: max_position_embeddings={_trained_positions(config)})")
+    trained = _trained_positions(config)
+    if positions is None and task == "lm" and trained is not None and length > trained:  # rotary: runs, untrained
+        raise ConfigError(f"{name}={length}; allowed: an integer {lo}..{trained} (the model's "
+                          f"max_position_embeddings={trained}: it was not trained on longer sequences)")
+
+
+def _trained_positions(config) -> int | None:
+    """``max_position_embeddings`` (or GPT-2's ``n_positions``) as the config states it, when it does."""
+    value = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 ROBERTA_LIKE = ("roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "longformer", "data2vec-text", "xmod",

@@ -48,6 +48,10 @@ class Classification:
         if config is None and label2id is None:
             raise ConfigError("give config= (the model's config, for its label2id) or label2id={label: id} "
                               "(or both: the model's number of labels from config, the ids from label2id)")
+        if isinstance(data, ClassificationData) and data.labels is None:
+            shown = f"; its columns: {', '.join(data.columns)}" if data.columns else ""
+            raise DataError(f"the data {data.source!r} has no label column{shown}; pass label_column= with the "
+                            "column that holds the labels")
         texts, labels, pairs, source = _unpack(data)
         model_labels = int(getattr(config, "num_labels", 0) or 0) if config is not None else 0
         if label2id is None:

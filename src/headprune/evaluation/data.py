@@ -38,6 +38,7 @@ class ClassificationData:
     text_pair_column: str | None = None
     label_column: str | None = None
     dropped: int = 0  # rows skipped because their label was "-" (SNLI/MNLI: no gold label)
+    columns: tuple[str, ...] = ()  # every column the file has (named when a label column is missing)
 
     def __post_init__(self) -> None:
         for name in ("text_pairs", "labels"):
@@ -158,7 +159,7 @@ def load_classification(
         labels = None  # datasets' convention for an unlabelled (test) split
     return ClassificationData(
         texts, pairs, labels, str(path), names["text_column"] or "", names["text_pair_column"],
-        names["label_column"] if labels is not None else None, dropped,
+        names["label_column"] if labels is not None else None, dropped, tuple(map(str, table.columns)),
     )
 
 

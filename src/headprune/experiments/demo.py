@@ -136,7 +136,8 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
     else:
         say(f"[5/7] no curve step stays within {max_ppl_increase:.0%} of the unpruned perplexity on the "
             "calibration text: nothing is pruned")
-    masked_result = held_out.evaluate(model, mask_from_heads(model, drop))
+    say("      held-out perplexity of the masked model, then of the pruned one")
+    masked_result = held_out.evaluate(model, mask_from_heads(model, drop), progress=True)
     original = copy.deepcopy(model)
     params_before = sum(p.numel() for p in model.parameters())
     kv_before = kv_cache_bytes(model)["per_token"]
@@ -171,12 +172,13 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
             ["perplexity, unpruned", f"{base_ppl:.2f}"],
             [f"perplexity, {n_drop} heads removed ({level:.0%})" if n_drop else
              "perplexity: no step qualified, nothing removed", f"{pruned_result.score:.2f}"],
-            ["same with the heads only masked", f"{masked_result.score:.2f}"],
+            ["perplexity, the same heads only masked", f"{masked_result.score:.2f}"],
             ["parameters", f"{params_before:,} -> {params_after:,}"],
             ["KV cache per token", f"{kv_before:,} -> {kv_after:,} bytes"],
             [f"speed-up at batch {batch_sizes[-1]} (FLOP limit {speed[batch_sizes[-1]]['flop_limit']:.2f})",
              f"x{speed[batch_sizes[-1]]['measured']:.2f}"],
-            [f"most harmful to mask: {worst['site']} head {worst['head']}", f"{worst['score']:.2f}"],
+            [f"perplexity with the most harmful head masked ({worst['site']} head {worst['head']})",
+             f"{worst['score']:.2f}"],
         ],
         "notes": [f"Pruned model: {output / 'pruned_model'} (load with headprune.load_pruned). "
                   f"Detailed runs: {ablation_report.parent.name}/report.html, {curve_report.parent.name}/report.html."],

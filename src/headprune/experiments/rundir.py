@@ -32,12 +32,16 @@ import tempfile
 import weakref
 from pathlib import Path
 
+from ..core.checkpoint import check_writable
 from ..distributed import gather, is_main
 from ..errors import ConfigError
 from ..safefiles import open_fd, read_bytes, write_atomic
 from .signature import difference_message
 
 IGNORED_IN_SIGNATURE = ("versions", "command")
+PATH_SPELLINGS = {"model": "model_sha256", "data": "data_sha256", "split": "data_sha256",  # path key -> its hash
+                  "choose_data": "data_sha256", "data_b": "data_sha256", "importance_data": "data_sha256",
+                  "calib_data": "data_sha256", "oracle_from": "oracle_sha256"}
 LOCK, META, UNITS = "run.lock", "run.json", "units.jsonl"
 STOP_ENV = "HEADPRUNE_STOP_AFTER_UNITS"
 STOPPED = 75  # exit code of a run stopped by STOP_ENV (EX_TEMPFAIL: rerun to go on)
@@ -73,6 +77,7 @@ class RunDir:
             raise ConfigError(f"output {str(self.path)!r} exists and is not a directory")
         if not self._state["created"] and not made_here:
             self._check_existing(self._fresh)
+        check_writable(self.path)  # a read-only or unwritable output is named now, not by a raw [Errno 30]
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock()
         self._finalizer = weakref.finalize(self, _release, self.path, self._state)
@@ -279,7 +284,16 @@ def _alive(pid: int) -> bool:
 
 
 def _comparable(signature: dict) -> dict:
-    return {k: v for k, v in signature.items() if k not in IGNORED_IN_SIGNATURE}
+    """What must match to resume. Files are compared by content (their sha256 in the signature), not by how
+    their paths were spelled: ``dev.tsv`` and ``/home/me/dev.tsv`` with the same bytes are the same data."""
+    out = {k: v for k, v in signature.items() if k not in IGNORED_IN_SIGNATURE}
+    for key, by_content in PATH_SPELLINGS.items():
+        if out.get(by_content):
+            out.pop(key, None)
+    if out.get("data_sha256") and isinstance(out.get("evaluation"), list):
+        out["evaluation"] = [{k: v for k, v in e.items() if k != "data"} if isinstance(e, dict) else e
+                             for e in out["evaluation"]]
+    return out
 
 
 def _finite(value):

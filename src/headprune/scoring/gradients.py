@@ -13,7 +13,7 @@ gradients are then those of the masked model, and heads the outer mask switches 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from contextlib import contextmanager, nullcontext
 
 import torch
@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.inputs import batch_size, model_inputs, rows_with_tokens, unwrap
 from ..core.masking import HeadMask, masked, ones_mask
-from ..distributed import reduce_sums, shard
+from ..distributed import rank_world, reduce_sums, shard
 from ..errors import ConfigError, DataError, UnsupportedModelError
 
 LossFn = Callable[[object, Mapping[str, torch.Tensor]], torch.Tensor]  # (outputs, batch) -> [B]
@@ -48,7 +48,9 @@ def gradient_sums(
     and the sums and counts are all-reduced."""
     totals: dict[str, torch.Tensor] = {}
     counts: list[torch.Tensor] = []  # [] per batch, on the device: no synchronisation per batch
-    for batch in tqdm(shard(batches), desc=desc, unit="batch", disable=not progress):  # every batch in one process
+    rank, world = rank_world()
+    total = len(range(rank, len(batches), world)) if isinstance(batches, Sized) else None  # this rank's batches
+    for batch in tqdm(shard(batches), desc=desc, unit="batch", total=total, disable=not progress):
         grads, valid = mask_gradients(model, batch, loss_fn=loss_fn, mask=mask)
         counts.append(valid.sum())
         for name, g in grads.items():  # g [B, H]
