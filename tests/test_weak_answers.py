@@ -151,16 +151,16 @@ def test_resume_compares_files_by_content_not_path_spelling(root, tmp_path, monk
     ["dev.tsv"], now [...]'), the flag that really changed mentioned only in a parenthesis."""
     monkeypatch.chdir(root)
     out = tmp_path / "abl"
-    args = ["--task", "classification", "--resamples", "20", "-o", str(out), "-q"]
+    args = ["--task", "classification", "--resamples", "800", "-o", str(out), "-q"]
     first = runner.invoke(app, ["ablate", "bert", "--data", "dev.tsv", *args])
     assert first.exit_code == 0, first.output
     units = (out / "units.jsonl").read_bytes()
     again = runner.invoke(app, ["ablate", str(root / "bert"), "--data", str(root / "dev.tsv"), *args])
     assert again.exit_code == 0, again.output
     assert (out / "units.jsonl").read_bytes() == units  # resumed: nothing computed twice
-    changed = [a if a != "20" else "30" for a in args]
+    changed = [a if a != "800" else "900" for a in args]  # both enough for 8 heads at 0.01
     line = _refused(runner.invoke(app, ["ablate", str(root / "bert"), "--data", str(root / "dev.tsv"), *changed]))
-    assert line.startswith(f"error: output {str(out)!r} holds another run: --resamples was 20, now 30; pass --fresh")
+    assert line.startswith(f"error: output {str(out)!r} holds another run: --resamples was 800, now 900; pass --fresh")
     other = tmp_path / "other.tsv"  # a different file's content is still a different run
     other.write_text((root / "dev.tsv").read_text().replace("\t0\n", "\t1\n"))
     line = _refused(runner.invoke(app, ["ablate", "bert", "--data", str(other), *args]))
