@@ -14,6 +14,7 @@ above the verification this layer sits below).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 from contextlib import contextmanager
@@ -60,7 +61,7 @@ def save_pruned(model: nn.Module, path: str | Path, tokenizer=None, *, stock: bo
     path = check_output_dir(path)
     pruned = bool(config_record(model.config, KEPT_KEY))
     try:
-        with _recording_version(model), atomic_directory(path) as tmp:
+        with _config_for_saving(model), atomic_directory(path) as tmp:
             reason, tried = write_stock(model, tmp) if pruned and stock else ("stock=False" if pruned else None, False)
             if reason is not None or not pruned:
                 model.save_pretrained(tmp)
@@ -78,18 +79,16 @@ def save_pruned(model: nn.Module, path: str | Path, tokenizer=None, *, stock: bo
 
 
 @contextmanager
-def _recording_version(model: nn.Module):
-    """``model.config`` carries the saving headprune's version while it is written, and only then."""
+def _config_for_saving(model: nn.Module):
+    """While it is written, ``model`` carries a copy of its config with the saving headprune's version
+    (``save_pretrained`` also fills ``architectures`` ...): the model's own config stays as it was."""
     config = model.config
-    had, before = hasattr(config, VERSION_KEY), getattr(config, VERSION_KEY, None)
-    setattr(config, VERSION_KEY, __version__)
+    model.config = copy.deepcopy(config)
+    setattr(model.config, VERSION_KEY, __version__)
     try:
         yield
     finally:
-        if had:
-            setattr(config, VERSION_KEY, before)
-        else:
-            delattr(config, VERSION_KEY)
+        model.config = config
 
 
 def _record_reason(directory: Path, reason: str, tried: bool) -> None:
