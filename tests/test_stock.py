@@ -155,9 +155,10 @@ def test_a_stock_form_that_fails_anywhere_falls_back_and_says_why(tmp_path, monk
     after = model.state_dict()  # saving changed nothing
     assert all(torch.equal(after[k], v) for k, v in before[0].items()) and model.config.to_json_string() == before[1]
     monkeypatch.undo()
-    x = inputs("llama")
+    x = inputs("llama", pad=False)
     with torch.no_grad():
-        assert torch.equal(hp.load_pruned(tmp_path / "m")(**x).logits, model(**x).logits)
+        want = model(**x).logits
+        assert (hp.load_pruned(tmp_path / "m")(**x).logits - want).abs().max() <= 1e-5 * want.abs().max()
     assert not hasattr(hp.load_pruned(tmp_path / "m").config, "headprune_layout_reason")
 
 
