@@ -17,6 +17,10 @@ Neuron surgery is verified by the same trial (``units=("neurons",)``): pruned FF
 compute what masked ones do, which a family with a norm or any other mix over the intermediate
 features fails.
 
+A site left without heads answers in its family's call shape (:mod:`.calls`):
+:func:`give_removed_sites_calls` gives a pruned or loaded model the templates it needs (from its
+config, or computed from one run of a shrunk copy), so it never depends on a trial having run.
+
 Verdicts are cached per (model class, shrunk config, attention implementation, transformers
 version, units) for the process. Anything not exact raises :class:`UnsupportedModelError` naming the
 family, the attention class and what differed. ``verify=False`` (CLI: ``--trust-unverified``) is
