@@ -1,7 +1,7 @@
 """Acceptance tests of issue 24's core part ("Guarantees by behaviour"), written before the fix.
 
-Each test here fails on the code as it stands and is marked ``xfail(strict=True)``: the day the core
-part lands, a test that passes turns red until its mark is removed. Only public functions are used
+Each test here failed on the code it was written against. Those still pending are marked
+``xfail(strict=True)``: the day their part lands, a test that passes turns red until its mark is removed. Only public functions are used
 (``prune_heads``, ``save_pruned``, ``load_pruned``, ``find_sites``, ``masked``), so moving files inside
 ``headprune.core`` does not break them. Every model is built here from a tiny config.
 """
@@ -82,7 +82,6 @@ def llama(hidden: int, heads: int, kv: int, head_dim: int) -> T.LlamaForCausalLM
         intermediate_size=64, max_position_embeddings=64, **TOKENS))
 
 
-@CORE
 @pytest.mark.parametrize("shape", [(2048, 32, 8, 64), (64, 8, 2, 8)], ids=["llama-3.2-1b attention", "tiny llama"])
 def test_a_pruned_llama3_shape_saves_and_reloads(shape, tmp_path):
     model = llama(*shape)
@@ -93,7 +92,6 @@ def test_a_pruned_llama3_shape_saves_and_reloads(shape, tmp_path):
 
 # ---------------------------------------------------------------- (b) Qwen3 with a small head_dim is exact
 
-@CORE
 def test_qwen3_small_head_dim_prunes_exactly():
     model = _built(T.Qwen3ForCausalLM, T.Qwen3Config(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=8,
@@ -121,7 +119,6 @@ def _pruned_equals_masked(model) -> None:
 
 # ---------------------------------------------------------------- (c) accepted, then broken: reload
 
-@CORE
 @pytest.mark.parametrize("family", ["cohere qk-norm", "persimmon"])
 def test_pruned_cohere_qk_norm_and_persimmon_reload(family, tmp_path):
     """Cohere's qk-norm holds a weight per head (grouped here: 8 query / 2 key-value heads) and is accepted,
@@ -173,7 +170,6 @@ def test_every_attention_block_is_a_site_or_refused_by_path(family):
 
 # ---------------------------------------------------------------- (e) no state that only verification fills
 
-@CORE
 @pytest.mark.parametrize("family", ["xlm", "flaubert"])
 def test_fresh_process_loads_an_emptied_site_without_verification(family, tmp_path):
     cls, config_cls = {"xlm": (T.XLMWithLMHeadModel, T.XLMConfig),
@@ -199,7 +195,6 @@ def test_fresh_process_loads_an_emptied_site_without_verification(family, tmp_pa
 
 # ---------------------------------------------------------------- (f) no environment changes on import
 
-@CORE
 def test_import_leaves_the_offline_variables_alone():
     env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)

@@ -61,3 +61,38 @@ def test_emptied_sites_keep_cached_generate_identical(family):
     with torch.no_grad():
         got = model.generate(**x, **kw)
     assert torch.equal(got, want), family
+
+
+@pytest.mark.parametrize("family", ["xlm", "mobilebert", "gpt_neox_japanese"])
+def test_emptied_sites_carry_their_call_shape_without_a_trial(family, tmp_path):
+    """No state that only verification fills: with this process's trial templates gone, a model pruned
+    without verification computes its removed sites' call shape from the model, saves it in config.json,
+    and a reload without verification runs it (a fresh process: tests/test_guarantees.py)."""
+    from headprune.core.calls import TEMPLATES
+
+    model = _build(family)
+    sites = hp.find_sites(model)
+    plan = {sites[0].name: list(range(sites[0].num_heads)), sites[1].name: [1]}
+    attention = type(sites[0].attention).__name__  # before surgery re-classes it
+    x = _inputs(model)
+    with torch.no_grad(), hp.masked(model, hp.mask_from_heads(sites, plan)):
+        want = model(**x).logits
+    kept = dict(TEMPLATES)
+    TEMPLATES.clear()
+    try:
+        hp.prune_heads(model, plan, verify=False)
+        calls = model.config.headprune_calls
+        assert set(calls) == {attention}
+        with torch.no_grad():
+            got = model(**x).logits
+        hp.save_pruned(model, tmp_path / "m")
+        TEMPLATES.clear()
+        loaded = hp.load_pruned(tmp_path / "m", verify=False)
+        assert loaded.config.headprune_calls == calls and not TEMPLATES
+        with torch.no_grad():
+            again = loaded(**x).logits
+    finally:
+        TEMPLATES.clear()
+        TEMPLATES.update(kept)
+    assert (got - want).abs().max() <= 1e-4 * want.abs().max()
+    assert (again - want).abs().max() <= 1e-4 * want.abs().max()

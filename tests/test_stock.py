@@ -118,3 +118,57 @@ def test_same_per_site_refuses_free_and_other_budgets():
         CompressSettings(keep=0.5, gqa="free", same_per_site=True)
     with pytest.raises(ConfigError, match="same_per_site"):
         CompressSettings(flops=0.5, same_per_site=True)
+
+
+def test_stock_is_used_where_the_config_can_say_the_shape(tmp_path):
+    """Qwen3 reads head_dim and does not tie it to hidden_size: 8 -> 6 heads of 8 is a stock directory."""
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=8,
+        intermediate_size=37, vocab_size=64, max_position_embeddings=64, pad_token_id=0)).eval()
+    hp.prune_heads(model, {s.name: [0, 4] for s in hp.find_sites(model)})
+    hp.save_pruned(model, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert (config["num_attention_heads"], config["head_dim"]) == (6, 8) and "headprune_layout_reason" not in config
+    x = {"input_ids": torch.randint(3, 64, (2, 7), generator=torch.Generator().manual_seed(1))}
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m").eval()
+    with torch.no_grad():
+        want = model(**x).logits
+        assert (plain(**x).logits - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+def test_a_stock_form_that_fails_anywhere_falls_back_and_says_why(tmp_path, monkeypatch, caplog):
+    model = build("llama")
+    hp.prune_heads(model, _even_uniform_plan(model))
+    before = ({k: v.clone() for k, v in model.state_dict().items()}, model.config.to_json_string())
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("reload exploded\nsecond line")
+
+    monkeypatch.setattr(transformers.LlamaForCausalLM, "from_pretrained", broken)  # the stock check's reload
+    with caplog.at_level("WARNING", logger="headprune"):
+        hp.save_pruned(model, tmp_path / "m")
+    reason = json.loads((tmp_path / "m" / "config.json").read_text())["headprune_layout_reason"]
+    assert "RuntimeError: reload exploded" in reason and "\n" not in reason
+    assert [r.getMessage().count("\n") for r in caplog.records if r.name == "headprune"] == [0]
+    assert "reload exploded" in caplog.text
+    after = model.state_dict()  # saving changed nothing
+    assert all(torch.equal(after[k], v) for k, v in before[0].items()) and model.config.to_json_string() == before[1]
+    monkeypatch.undo()
+    x = inputs("llama", pad=False)
+    with torch.no_grad():
+        want = model(**x).logits
+        assert (hp.load_pruned(tmp_path / "m")(**x).logits - want).abs().max() <= 1e-5 * want.abs().max()
+    assert not hasattr(hp.load_pruned(tmp_path / "m").config, "headprune_layout_reason")
+
+
+def test_an_unexpected_save_error_is_typed_and_leaves_nothing(tmp_path, monkeypatch):
+    model = build("bert")
+
+    def refuses(*args, **kwargs):
+        raise ValueError("transformers refuses this config")
+
+    monkeypatch.setattr(model, "save_pretrained", refuses)
+    with pytest.raises(hp.HeadpruneError, match=r"save_pruned could not write .*ValueError: transformers refuses"):
+        hp.save_pruned(model, tmp_path / "out" / "m")
+    assert list((tmp_path / "out").iterdir()) == []

@@ -15,7 +15,6 @@ Names are imported on first use (PEP 562 ``__getattr__``), so ``import headprune
 """
 
 import importlib
-import os
 
 from .errors import (
     ConfigError,
@@ -28,9 +27,6 @@ from .errors import (
 )
 from .extras import MissingDependencyError
 from .provenance import __version__
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: models come from local paths only
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 # Pinned by tests/test_public_api.py. Kept importable but not listed (deprecated for one release):
 # keep_heads (-> replay_kept_heads), compress_units (-> compress with PruneSettings), and the pipelines'

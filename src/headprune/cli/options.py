@@ -213,7 +213,7 @@ def check_checkpoint(model_dir: Path, task: str) -> None:
 
     from ..evaluation.build import check_model
 
-    config = transformers.AutoConfig.from_pretrained(model_dir)
+    config = transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True)
     arch = (getattr(config, "architectures", None) or [None])[0]
     cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
     if isinstance(cls, type):

@@ -65,7 +65,7 @@ def _check_positions(model_dir: Path, max_length: int) -> None:
 
     if not (Path(model_dir) / "config.json").is_file():
         return  # the loader names a directory without a model
-    positions = position_limit(transformers.AutoConfig.from_pretrained(model_dir))
+    positions = position_limit(transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True))
     if positions is not None and max_length > positions:
         raise ConfigError(f"--max-length {max_length}; allowed: an integer 2..{positions} (the model has "
                           f"{positions} positions)")

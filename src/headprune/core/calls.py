@@ -6,7 +6,10 @@ attention takes and return what its callers unpack, which differs between famili
 states are ``hidden_states``, ``input`` or ``query_tensor``; the result is a tensor, ``(out,)``,
 ``(out, weights)``, ``(out, weights, cache)`` or ``(out, weights, bias)``. The safety net
 (:mod:`.verify`) runs the shrunk copy of each family once with hooks and records a
-:class:`CallTemplate` per attention class; the removed-site forward fills it in: the output
+:class:`CallTemplate` per attention class. A model whose sites lose every head carries the templates it
+needs: each removed site holds its own (``_hp_call``), and ``config.json`` holds them as plain data
+(:data:`.records.CALLS_KEY`, :func:`template_record`), so a model loaded in a fresh process runs
+without any verification. The removed-site forward fills the template in: the output
 projection's result where the original returned it, ``None`` for what the original computed (the
 verifier's checks prove nothing downstream needed it), and the same object where the original
 returned one of its arguments or its own parameters.
@@ -29,7 +32,36 @@ class CallTemplate:
     outputs: tuple[tuple[str, str], ...] | None  # None: returns a tensor; else per element (kind, name)
 
 
-TEMPLATES: dict[type, CallTemplate] = {}  # attention class (the model's own) -> template
+TEMPLATES: dict[type, CallTemplate] = {}  # attention class (the model's own) -> template, as the trial read it
+
+
+def template_record(template: CallTemplate) -> dict:
+    """``template`` as JSON-able data (for ``config.json``)."""
+    return {"hidden": template.hidden,
+            "outputs": None if template.outputs is None else [list(e) for e in template.outputs]}
+
+
+def template_from_record(record) -> CallTemplate | None:
+    """The template :func:`template_record` wrote; None for anything else (an older or edited file)."""
+    if not (isinstance(record, dict) and isinstance(record.get("hidden"), str)):
+        return None
+    outputs = record.get("outputs")
+    if outputs is None:
+        return CallTemplate(record["hidden"], None)
+    kinds = (OUT, NONE, ARGUMENT, ATTRIBUTE)
+    if not (isinstance(outputs, list) and all(
+            isinstance(e, list | tuple) and len(e) == 2 and e[0] in kinds and isinstance(e[1], str) for e in outputs)):
+        return None
+    return CallTemplate(record["hidden"], tuple((str(k), str(n)) for k, n in outputs))
+
+
+def hidden_argument(arguments: dict) -> str | None:
+    """The forward argument holding the hidden states [B, T, d]: ``hidden_states``, else the first floating
+    tensor of two or more dimensions (XLM's ``input``, ProphetNet's ``hidden_states`` ...)."""
+    tensors = [n for n, v in arguments.items() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 2]
+    if not tensors:
+        return None
+    return "hidden_states" if "hidden_states" in tensors else tensors[0]
 
 
 def bound_arguments(cls: type, module: nn.Module, args: tuple, kwargs: dict) -> dict:
@@ -49,10 +81,9 @@ def read_template(module: nn.Module, args: tuple, kwargs: dict, output, projecte
     (for BERT-style sites the projection runs outside the module: its input is the first 3-D tensor)."""
     cls = getattr(type(module), "_hp_base", type(module))
     arguments = bound_arguments(cls, module, args, kwargs)
-    tensors = [n for n, v in arguments.items() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.dim() >= 2]
-    if not tensors:
+    hidden = hidden_argument(arguments)
+    if hidden is None:
         return None
-    hidden = "hidden_states" if "hidden_states" in tensors else tensors[0]
     if isinstance(output, torch.Tensor):
         return CallTemplate(hidden, None)
     if not isinstance(output, tuple):

@@ -36,7 +36,8 @@ def load_gguf(file: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Mod
 
     try:
         with transformers_bars_off():
-            loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
+            loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                          local_files_only=True)
     except (ValueError, KeyError, OSError, RuntimeError) as e:
         raise UnsupportedModelError(f"GGUF file {str(path)!r} cannot be loaded by transformers: "
                                     f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
@@ -56,7 +57,7 @@ def load_gguf_tokenizer(file: str | Path):
     path = _check(file)
     require("gguf", "loading a GGUF file")
     require("accelerate", "loading a GGUF file")
-    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
 
 
 def _check(file: str | Path) -> Path:

@@ -22,7 +22,7 @@ from .gguf import is_gguf, load_gguf, load_gguf_tokenizer
 from .quiet import transformers_bars_off
 from .records import KEPT_KEY, KEPT_NEURONS_KEY, config_record
 from .saving import read_pruned, save_pruned
-from .verify import check_model
+from .verify import check_model, give_removed_sites_calls
 
 __all__ = ["save_pruned", "load_pruned", "load_model", "load_tokenizer", "check_output_dir"]
 
@@ -45,6 +45,7 @@ def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
     """
     model = read_pruned(path, model_class=model_class, dtype=dtype, device=device,
                         attn_implementation=attn_implementation, device_map=device_map)
+    give_removed_sites_calls(model)  # from its config.json; computed from the model for older directories
     if verify and config_record(model.config, KEPT_KEY):
         units = ("heads", "neurons") if config_record(model.config, KEPT_NEURONS_KEY) else ("heads",)
         verdict = check_model(model, units)
@@ -93,4 +94,4 @@ def load_tokenizer(model_dir: str | Path):
         if custom:
             raise UnsupportedModelError(f"tokenizer in {str(path)!r} needs custom code (tokenizer_config.json "
                                         "auto_map); headprune never runs code from a model directory")
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)

@@ -17,7 +17,7 @@ from .kept import kept_heads, kept_neurons
 from .neurons import check_neuron_drops, cut_neurons, neurons_to_drop
 from .records import KeptHeads
 from .surgery import check_head_drops, cut_heads, heads_to_drop
-from .verify import verify_surgery
+from .verify import give_removed_sites_calls, verify_surgery
 
 
 def prune_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]], *, verify: bool = True) -> KeptHeads:
@@ -34,7 +34,9 @@ def prune_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]], *, verif
         return kept_heads(model)
     if verify:
         verify_surgery(model, ("heads",))
-    return cut_heads(model, drops)
+    kept = cut_heads(model, drops)
+    give_removed_sites_calls(model)  # a site left without heads runs the same in any process
+    return kept
 
 
 def keep_heads(model: nn.Module, kept: Mapping[str, Iterable[int]],

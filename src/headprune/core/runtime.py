@@ -16,7 +16,7 @@ import inspect
 import torch
 from torch import nn
 
-from .calls import TEMPLATES, fill
+from .calls import TEMPLATES, fill, hidden_argument
 
 
 class RepeatHeads(nn.Module):
@@ -122,13 +122,17 @@ def layer_index(module: nn.Module) -> int:
 class RemovedAttention(nn.Module):
     """Forward of a site with no heads: no projections, no attention; cache bookkeeping only.
 
-    Arguments and results follow the family's :class:`~.calls.CallTemplate` when the safety net has
-    recorded one (otherwise ``hidden_states`` in, ``(out, None)`` out, as most families do)."""
+    Arguments and results follow the family's :class:`~.calls.CallTemplate`: the module's own
+    (``_hp_call``: computed from the model or read from its config.json), else the one the safety net
+    recorded in this process; with none, the hidden states are found by :func:`~.calls.hidden_argument`
+    and ``(out, None)`` is returned, as most families do."""
 
     def forward(self, *args, **kwargs):
         a = _arguments(self, args, kwargs)
-        template = TEMPLATES.get(type(self)._hp_base) if self._hp_style != "t5" else None
-        hidden = a[template.hidden] if template is not None else a["hidden_states"]  # [B, T, d]
+        template = None
+        if self._hp_style != "t5":
+            template = getattr(self, "_hp_call", None) or TEMPLATES.get(type(self)._hp_base)
+        hidden = a[template.hidden if template is not None else hidden_argument(a)]  # [B, T, d]
         source = next((a[n] for n in SOURCE_ARGUMENTS if a.get(n) is not None), None)
         cache = cache_argument(a)
         bias = t5_bias_to_pass(self, a.get("position_bias"), hidden, cache) if self._hp_style == "t5" else None
@@ -140,6 +144,25 @@ class RemovedAttention(nn.Module):
         if template is not None:
             return fill(template, out, a, self)
         return (out, bias, None) if self._hp_style == "t5" else (out, None)
+
+
+def removed_attention_classes(model: nn.Module) -> dict[str, type]:
+    """{class name: the model's own attention class} of the sites of ``model`` with no heads left."""
+    return {type(m)._hp_base.__name__: type(m)._hp_base for m in model.modules() if isinstance(m, RemovedAttention)}
+
+
+def give_calls(model: nn.Module, templates: dict) -> set[str]:
+    """Hand each removed site of ``model`` its :class:`~.calls.CallTemplate` from ``templates`` ({attention
+    class name: template}); returns the class names still without one."""
+    missing = set()
+    for module in model.modules():
+        if isinstance(module, RemovedAttention) and getattr(module, "_hp_call", None) is None:
+            template = templates.get(type(module)._hp_base.__name__)
+            if template is None:
+                missing.add(type(module)._hp_base.__name__)
+            else:
+                module._hp_call = template
+    return missing
 
 
 def _keep_cache_in_step(module, cache, hidden: torch.Tensor, source: torch.Tensor | None) -> None:

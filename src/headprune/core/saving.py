@@ -14,14 +14,19 @@ above the verification this layer sits below).
 
 from __future__ import annotations
 
+import copy
+import json
+import logging
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import transformers
 from torch import nn
 
-from ..errors import ConfigError, DataError, PlanError, UnsupportedModelError
+from ..errors import ConfigError, DataError, HeadpruneError, PlanError, UnsupportedModelError
 from ..provenance import __version__
+from .calls import template_from_record
 from .checkpoint import (
     atomic_directory,
     check_output_dir,
@@ -32,8 +37,11 @@ from .checkpoint import (
     weight_files,
 )
 from .quiet import transformers_bars_off
-from .records import KEPT_KEY, VERSION_KEY, config_record
+from .records import CALLS_KEY, KEPT_KEY, LAYOUT_KEY, VERSION_KEY, config_record
+from .runtime import give_calls
 from .stock import write_stock
+
+log = logging.getLogger("headprune")
 
 
 @transformers_bars_off()
@@ -41,24 +49,63 @@ def save_pruned(model: nn.Module, path: str | Path, tokenizer=None, *, stock: bo
     """Write ``model`` (pruned or not) and optionally its tokenizer to the new directory ``path``.
 
     ``path`` must not exist or be an empty directory. The directory appears only once complete: a
-    failure half way (a full disk) leaves nothing behind. An unpruned model is saved exactly as
-    ``save_pretrained`` does. A pruned one whose shape a stock config can say (the same heads in every
-    layer of a family with ``head_dim`` in its config, :mod:`.stock`) is saved as a stock directory that
-    plain ``from_pretrained`` loads exactly (checked by reloading it before the directory appears);
-    otherwise (or with ``stock=False``) in headprune's layout (load it with :func:`load_pruned`;
-    plain ``from_pretrained`` refuses it). The attention implementation is recorded in ``config.json``
-    so loading keeps it.
+    failure half way (a full disk) leaves nothing behind, and saving never changes ``model``. An
+    unpruned model is saved exactly as ``save_pretrained`` does. A pruned one whose shape a stock
+    config can say (the same heads in every layer of a family with ``head_dim`` in its config,
+    :mod:`.stock`) is saved as a stock directory that plain ``from_pretrained`` loads exactly (checked
+    by reloading it before the directory appears). When a stock directory cannot be written or does
+    not reload exactly, for any reason (or with ``stock=False``), the model is saved in headprune's
+    layout instead (load it with :func:`load_pruned`; plain ``from_pretrained`` refuses it), the reason
+    is logged in one line and recorded in ``config.json`` (:data:`.records.LAYOUT_KEY`). The attention
+    implementation is recorded in ``config.json`` so loading keeps it. A failure other than the
+    machine's (``OSError``) or a typed one is raised as :class:`~headprune.errors.HeadpruneError`.
     """
     path = check_output_dir(path)
-    setattr(model.config, VERSION_KEY, __version__)
     pruned = bool(config_record(model.config, KEPT_KEY))
-    with atomic_directory(path) as tmp:
-        if not (pruned and stock and write_stock(model, tmp) is None):
-            model.save_pretrained(tmp)
-            finish_layout(tmp, model, pruned)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+    try:
+        with _config_for_saving(model), atomic_directory(path) as tmp:
+            reason, tried = write_stock(model, tmp) if pruned and stock else ("stock=False" if pruned else None, False)
+            if reason is not None or not pruned:
+                model.save_pretrained(tmp)
+                finish_layout(tmp, model, pruned)
+            if reason is not None:
+                _record_reason(tmp, reason, tried)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(tmp)
+    except (HeadpruneError, OSError):
+        raise
+    except Exception as e:  # transformers or safetensors refusing what it was given: typed, nothing written
+        raise HeadpruneError(f"save_pruned could not write {str(path)!r} ({type(e).__name__}: "
+                             f"{_first_line(e)}); nothing was written and the model is unchanged") from e
     return path
+
+
+@contextmanager
+def _config_for_saving(model: nn.Module):
+    """While it is written, ``model`` carries a copy of its config with the saving headprune's version
+    (``save_pretrained`` also fills ``architectures`` ...): the model's own config stays as it was."""
+    config = model.config
+    model.config = copy.deepcopy(config)
+    setattr(model.config, VERSION_KEY, __version__)
+    try:
+        yield
+    finally:
+        model.config = config
+
+
+def _record_reason(directory: Path, reason: str, tried: bool) -> None:
+    """Say why a pruned model was saved in headprune's layout: a field of config.json and one log line (a
+    warning when a stock form was tried and failed, else for information: e.g. a BERT's head size)."""
+    file = directory / "config.json"
+    raw = json.loads(file.read_text(encoding="utf-8"))
+    raw[LAYOUT_KEY] = reason
+    file.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    (log.warning if tried else log.info)("saved in headprune's layout (load with headprune.load_pruned), not as a stock directory: %s", reason)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
 
 
 def read_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | str | None = None,
@@ -80,14 +127,14 @@ def read_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
     raw = read_config(path)
     kept, original = pruned_record(raw, path)
     try:
-        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False)
+        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
     except (ValueError, KeyError, TypeError, OSError) as e:
         raise UnsupportedModelError(f"config.json in {str(path)!r} cannot be loaded by transformers "
                                     f"{transformers.__version__}: {str(e).strip().splitlines()[0]}") from None
     cls = model_class or _architecture(config, path)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
         raise ConfigError(f"model_class={cls!r}; allowed: a transformers PreTrainedModel class")
-    kwargs: dict = {"trust_remote_code": False}
+    kwargs: dict = {"trust_remote_code": False, "local_files_only": True}
     if dtype is not None:
         kwargs["dtype"] = dtype
     if attn_implementation is not None:
@@ -105,6 +152,10 @@ def read_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
             model = cls.from_pretrained(path, config=config, **kwargs)
         except OSError as e:  # no weights file transformers knows
             raise DataError(f"cannot load weights from {str(path)!r}: {str(e).strip().splitlines()[0]}") from None
+    if hasattr(model.config, LAYOUT_KEY):  # said why it was saved so; not part of the model
+        delattr(model.config, LAYOUT_KEY)
+    record = config_record(model.config, CALLS_KEY) or {}
+    give_calls(model, {name: t for name, r in record.items() if (t := template_from_record(r)) is not None})
     if device is not None:
         model.to(device)
     return model.eval()

@@ -162,6 +162,8 @@ def head_tensors(site: Site) -> list[tuple[nn.Module, str, int, str]]:
             if name in POSITION_BUFFERS or t.dim() == 0:
                 continue
             for dim, size in enumerate(t.shape):
+                if per_head_dim(site, module, t, dim):
+                    continue  # a norm over each head's features
                 if size == site.num_heads and size > 1:
                     found.append((module, name, dim, "query"))
                     break
@@ -169,6 +171,14 @@ def head_tensors(site: Site) -> list[tuple[nn.Module, str, int, str]]:
                     found.append((module, name, dim, "kv"))
                     break
     return found
+
+
+def per_head_dim(site: Site, module: nn.Module, t: nn.Parameter, dim: int) -> bool:
+    """Whether dimension ``dim`` of ``t`` (a parameter or buffer of ``module`` inside the attention) runs over
+    one head's features: the last one, of size ``head_dim``, of a submodule (a per-head norm such as Qwen3's
+    ``q_norm`` [head_dim] or Cohere's [heads, head_dim]). Shared by every head, never sliced, even where
+    ``head_dim`` equals the number of heads; a guess that is wrong fails the trial (refused, not wrong)."""
+    return module is not site.attention and dim == t.dim() - 1 and t.shape[dim] == site.head_dim
 
 
 def site_params(site: Site) -> int:

@@ -12,7 +12,9 @@ own layout (:mod:`.checkpoint`), which plain ``from_pretrained`` refuses loudly.
 
 Not expressible: different head counts per layer, a site with no heads left, repeated key/value
 heads (uneven GQA), families whose config derives the head size from ``hidden_size /
-num_attention_heads`` (BERT, GPT-2, BART ...).
+num_attention_heads`` (BERT, GPT-2, BART ...), config classes that refuse the shape (LlamaConfig checks
+``hidden_size % num_attention_heads`` in recent transformers, even with ``head_dim`` set). Anything that
+goes wrong while the stock form is written or reloaded is a reason too, never an error.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from torch import nn
 
 from .inputs import example_inputs
 from .kept import original_heads
-from .records import KEPT_KEY, LEGACY_KEYS, ORIGINAL_KEY, config_record
+from .records import CALLS_KEY, KEPT_KEY, LAYOUT_KEY, LEGACY_KEYS, ORIGINAL_KEY, config_record
 from .runtime import RepeatHeads
 from .sites import find_sites
 
@@ -53,17 +55,19 @@ def stock_config(model: nn.Module):
     (heads, kv_heads, head_dim), = counts
     config = copy.deepcopy(model.config)
     record = {"kept_heads": kept, "original_heads": original}
-    for key in (KEPT_KEY, ORIGINAL_KEY, *LEGACY_KEYS.values()):
+    for key in (KEPT_KEY, ORIGINAL_KEY, *LEGACY_KEYS.values(), LAYOUT_KEY, CALLS_KEY):
         if hasattr(config, key):
             delattr(config, key)
     config.num_attention_heads, config.num_key_value_heads, config.head_dim = heads, kv_heads, head_dim
     setattr(config, STOCK_KEY, record)
     cls = _base_class(model)
     try:
+        type(config).from_dict(config.to_dict())  # what from_pretrained will do: validated on the way in
         with torch.device("meta"):
             fresh = cls(copy.deepcopy(config))
-    except Exception as e:  # a config the family cannot build: not expressible
-        return None, f"{cls.__name__} cannot be built from the stock config ({type(e).__name__}: {e})"
+    except Exception as e:  # a config the family cannot hold or build: not expressible
+        return None, (f"a stock {type(config).__name__} cannot say {heads} heads of size {head_dim} "
+                      f"({type(e).__name__}: {_first_line(e)})")
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
     if want != got:
@@ -73,12 +77,26 @@ def stock_config(model: nn.Module):
     return config, None
 
 
-def write_stock(model: nn.Module, directory: Path) -> str | None:
+def write_stock(model: nn.Module, directory: Path) -> tuple[str | None, bool]:
     """Save ``model`` into the empty ``directory`` with its stock config and check that plain
-    ``from_pretrained`` rebuilds it exactly; None on success, else the reason (``directory`` emptied)."""
-    config, reason = stock_config(model)
-    if config is None:
-        return reason
+    ``from_pretrained`` rebuilds it exactly. Returns ``(None, True)`` on success, else ``(reason, tried)``
+    (``directory`` emptied; ``tried``: a stock config was built, so the failure was in writing or reloading).
+    Never raises for the model's sake: any failure to build, write or reload the stock form is a reason
+    (e.g. a config class that validates ``hidden_size % num_attention_heads``). ``model`` is not changed."""
+    try:
+        config, reason = stock_config(model)
+        if config is None:
+            return reason, False
+        reason = _write_and_check(model, config, directory)
+    except Exception as e:  # whatever transformers refuses, the caller falls back to headprune's layout
+        reason = f"the stock form could not be written ({type(e).__name__}: {_first_line(e)})"
+    if reason is not None:
+        for child in directory.iterdir():
+            shutil.rmtree(child) if child.is_dir() else child.unlink()
+    return reason, True
+
+
+def _write_and_check(model: nn.Module, config, directory: Path) -> str | None:
     saved = model.config
     try:
         model.config = config
@@ -91,20 +109,22 @@ def write_stock(model: nn.Module, directory: Path) -> str | None:
     if isinstance(attn, str):
         raw["attn_implementation"] = attn
     file.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    reason = _check_reload(model, directory)
-    if reason is not None:
-        for child in directory.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
-    return reason
+    return _check_reload(model, directory)
+
+
+def _first_line(e: BaseException) -> str:
+    text = " ".join(str(e).split())  # huggingface_hub's validation errors span lines
+    return text[:300]
 
 
 def _check_reload(model: nn.Module, directory: Path) -> str | None:
     cls = _base_class(model)
     param = next(model.parameters())
     try:
-        plain = getattr(transformers, cls.__name__, cls).from_pretrained(directory, dtype=param.dtype).eval()
+        plain = getattr(transformers, cls.__name__, cls).from_pretrained(
+            directory, dtype=param.dtype, local_files_only=True).eval()
     except Exception as e:  # any failure means: not loadable without headprune
-        return f"plain from_pretrained failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+        return f"plain from_pretrained failed ({type(e).__name__}: {_first_line(e)})"
     x = example_inputs(model, 2, 8)
     was_training = model.training
     model.eval()

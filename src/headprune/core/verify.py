@@ -17,6 +17,10 @@ Neuron surgery is verified by the same trial (``units=("neurons",)``): pruned FF
 compute what masked ones do, which a family with a norm or any other mix over the intermediate
 features fails.
 
+A site left without heads answers in its family's call shape (:mod:`.calls`):
+:func:`give_removed_sites_calls` gives a pruned or loaded model the templates it needs (from its
+config, or computed from one run of a shrunk copy), so it never depends on a trial having run.
+
 Verdicts are cached per (model class, shrunk config, attention implementation, transformers
 version, units) for the process. Anything not exact raises :class:`UnsupportedModelError` naming the
 family, the attention class and what differed. ``verify=False`` (CLI: ``--trust-unverified``) is
@@ -29,14 +33,16 @@ import copy
 import json
 from dataclasses import dataclass, field
 
+import torch
 import transformers
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from .records import RECORD_KEYS, VERSION_KEY
-from .runtime import RepeatHeads, shares_t5_bias
-from .sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_lists, head_tensors
-from .trial import run_trial
+from .calls import TEMPLATES, CallTemplate, template_from_record, template_record
+from .records import CALLS_KEY, RECORD_KEYS, VERSION_KEY, config_record
+from .runtime import RepeatHeads, give_calls, removed_attention_classes, shares_t5_bias
+from .sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_lists, head_tensors, per_head_dim
+from .trial import example_batch, record_templates, run_trial
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
               "num_decoder_layers")
@@ -113,6 +119,40 @@ def check_model(model: nn.Module, units: tuple[str, ...] = ("heads",)) -> Verdic
     return verdict
 
 
+def give_removed_sites_calls(model: nn.Module) -> None:
+    """Give every site of ``model`` with no heads left the call template of its attention class and record
+    them in ``model.config`` (:data:`.records.CALLS_KEY`, saved with the model): read from the config, else
+    from this process's trial, else computed now from one run of a shrunk copy of the model's class. After
+    this the model runs the same in any process, verified or not."""
+    classes = removed_attention_classes(model)
+    if not classes:
+        return
+    record = config_record(model.config, CALLS_KEY) or {}
+    known = {n: t for n, r in record.items() if n in classes and (t := template_from_record(r)) is not None}
+    known |= {n: TEMPLATES[c] for n, c in classes.items() if n not in known and c in TEMPLATES}
+    if set(classes) - set(known):
+        known |= _read_calls(model, {n: c for n, c in classes.items() if n not in known})
+    give_calls(model, known)
+    setattr(model.config, CALLS_KEY, {n: template_record(known[n]) for n in sorted(classes) if n in known})
+
+
+def _read_calls(model: nn.Module, classes: dict[str, type]) -> dict[str, CallTemplate]:
+    """Call templates of ``classes`` read off one run of an unpruned shrunk copy of ``model``'s class (none
+    when the copy cannot run: the removed sites then take ``hidden_states``-like inputs and return a pair)."""
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            small = type(model)._from_config(shrunk_config(model.config))
+        attn = getattr(model.config, "_attn_implementation", None)
+        if attn is not None and hasattr(small, "set_attn_implementation"):
+            small.set_attn_implementation(attn)
+        small = small.float().eval()
+        record_templates(small, find_sites(small), example_batch(small))
+    except Exception:  # a class the trial could not run either: the default call shape stays
+        return {}
+    return {n: TEMPLATES[c] for n, c in classes.items() if c in TEMPLATES}
+
+
 def per_head_parameters(sites: list[Site]) -> list[str]:
     """Parameters / buffers of attention modules with a per-head or whole-width dimension that surgery
     does not slice, as one problem line per module (empty when there is none)."""
@@ -137,7 +177,8 @@ def per_head_parameters(sites: list[Site]) -> list[str]:
             for pname, t in tensors:
                 if pname in POSITION_BUFFERS or t.dim() == 0 or (id(module), pname) in sliced:
                     continue
-                if any(d in heads for d in t.shape) or (module is not site.attention and any(d in widths for d in t.shape)):
+                sizes = [d for i, d in enumerate(t.shape) if not per_head_dim(site, module, t, i)]
+                if any(d in heads for d in sizes) or (module is not site.attention and any(d in widths for d in sizes)):
                     found.append(f"{(name + '.') if name else ''}{pname} {tuple(t.shape)}")
         if found:
             problems.append(f"{site.name} has per-head or whole-width tensors surgery does not slice: {', '.join(found)}")

@@ -81,7 +81,7 @@ def finetune_classifier(
     if tokenizer is None:
         if not from_dir:
             raise ConfigError("tokenizer must be given when model_dir_or_model is a model object, got None")
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir_or_model))
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir_or_model), local_files_only=True)
     if tokenizer.pad_token_id is None:
         raise ConfigError("tokenizer must have a pad token (tokenizer.pad_token_id is None)")
 
@@ -95,10 +95,10 @@ def finetune_classifier(
                     "label2id": {n: i for i, n in enumerate(label_names)}}
     if resume is not None:
         cls = AutoModelForSequenceClassification if from_dir else type(model_dir_or_model)
-        model = cls.from_pretrained(str(out / f"epoch-{resume[0]}"))
+        model = cls.from_pretrained(str(out / f"epoch-{resume[0]}"), local_files_only=True)
     elif from_dir:
         model = AutoModelForSequenceClassification.from_pretrained(str(model_dir_or_model),
-                                                                   num_labels=n_labels, **label_kw)
+                                                                   num_labels=n_labels, local_files_only=True, **label_kw)
     else:
         model = model_dir_or_model
         if model.config.num_labels != n_labels:

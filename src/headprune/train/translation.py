@@ -115,7 +115,7 @@ def train_translation(
     fingerprint = data_fingerprint(sources, targets)
     resume = find_resume(out, "translation", s, fingerprint)
     if tokenizer is None and resume is not None:  # the one the checkpoint was trained with
-        tokenizer = AutoTokenizer.from_pretrained(str(out / f"epoch-{resume[0]}"))
+        tokenizer = AutoTokenizer.from_pretrained(str(out / f"epoch-{resume[0]}"), local_files_only=True)
     elif tokenizer is None:
         tokenizer = train_tokenizer(sources + targets, s.vocab_size, out / "tokenizer", kind=s.tokenizer_kind)
     src_ids, tgt_ids = _encode_eos(tokenizer, sources), _encode_eos(tokenizer, targets)
@@ -127,7 +127,7 @@ def train_translation(
 
     torch.manual_seed(s.seed)
     if resume is not None:
-        model = MarianMTModel.from_pretrained(str(out / f"epoch-{resume[0]}"))
+        model = MarianMTModel.from_pretrained(str(out / f"epoch-{resume[0]}"), local_files_only=True)
         _freeze_positions(model)
     else:
         model = build_translation_model(s, tokenizer)
