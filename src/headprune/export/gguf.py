@@ -252,9 +252,9 @@ def _transformers_check(path: Path, layout: Layout, twin: nn.Module, want: torch
     if layout.arch not in TRANSFORMERS_ARCHS:
         return {"checked": False, "reason": f"architecture {layout.arch!r} (per-layer shapes): transformers builds "
                                             "every layer from one config; llama.cpp checks it instead"}
-    if layout.per_layer("n_head") * layout.head_dim != layout.hidden:
-        return {"checked": False, "reason": "heads x head_dim != hidden size: transformers' GGUF reader derives "
-                                            "head_dim from the hidden size"}
+    if layout.arch != "llama" and layout.per_layer("n_head") * layout.head_dim != layout.hidden:
+        return {"checked": False, "reason": f"{layout.arch} with heads x head_dim != hidden size: transformers' "
+                                            f"{layout.arch} GGUF reader derives head_dim from the hidden size"}
     from ..core import load_model
 
     try:
