@@ -10,15 +10,15 @@ import math
 import numpy as np
 import pytest
 import torch
-from gguf_writer import _permute, write_llama_gguf
-from llm_tiny import TEXTS, bpe_tokenizer, prune_unevenly, tiny_decoder
 from typer.testing import CliRunner
 
 import headprune
+from gguf_writer import _permute, write_llama_gguf
 from headprune.cli import app
 from headprune.errors import ConfigError, UnsupportedModelError
 from headprune.export.gguf import export_gguf, read_gguf_tensors
 from headprune.export.gguf_layout import GGUFShapeError
+from llm_tiny import TEXTS, bpe_tokenizer, prune_unevenly, tiny_decoder
 
 pytest.importorskip("gguf")
 HAS_LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
