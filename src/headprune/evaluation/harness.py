@@ -93,13 +93,11 @@ def local_task_yaml(directory: str | Path, name: str, data_file: str | Path, kin
     if kind == "multiple_choice":
         body = {"output_type": "multiple_choice", "doc_to_text": "{{" + question + "}}",
                 "doc_to_choice": "{{" + choices + "}}", "doc_to_target": "{{" + answer + "}}",
-                "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-                                {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}]}
+                "metric_list": [{"metric": "acc"}, {"metric": "acc_norm"}]}
     else:
         body = {"output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{" + text + "}}",
                 "should_decontaminate": False,
-                "metric_list": [{"metric": m, "aggregation": m, "higher_is_better": False}
-                                for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]}
+                "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]}
     path = Path(directory) / f"{name}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(f"{k}: {json.dumps(v)}" for k, v in {**head, **body}.items()) + "\n", encoding="utf-8")
