@@ -9,12 +9,12 @@ import re
 
 import pytest
 import torch
-from llm_tiny import TEXTS, bpe_tokenizer, prune_unevenly, tiny_decoder
 from typer.testing import CliRunner
 
 import headprune
 from headprune.cli import app
 from headprune.errors import ConfigError
+from llm_tiny import TEXTS, bpe_tokenizer, prune_unevenly, tiny_decoder
 
 pytest.importorskip("lm_eval", reason="lm-eval not installed (pip install 'headprune[eval]')")
 
