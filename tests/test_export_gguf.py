@@ -89,6 +89,17 @@ def test_uneven_shapes_written_as_per_layer_arrays(tmp_path):
     assert not report["check"]["transformers"]["checked"]
 
 
+def test_emptied_attention_is_an_attention_free_deci_layer(tmp_path):
+    model, tok = tiny_decoder("llama"), bpe_tokenizer()
+    sites = [s.name for s in headprune.find_sites(model)]
+    headprune.prune_heads(model, {sites[1]: [0, 1, 2, 3]})
+    report = export_gguf(model, tmp_path / "e.gguf", tokenizer=tok)
+    arrays, _, meta = read_gguf_tensors(tmp_path / "e.gguf")
+    assert meta["deci.attention.head_count"] == [4, 0, 4] and meta["deci.attention.head_count_kv"] == [2, 0, 2]
+    assert not [n for n in arrays if n.startswith("blk.1.attn")]
+    assert report["check"]["logits_relative"] <= F32_TOLERANCE
+
+
 def test_tokenizer_carried_from_source_gguf(tmp_path):
     model = tiny_decoder("llama")
     model.config.vocab_size = 320
@@ -116,16 +127,19 @@ def test_hf_tokenizer_vocabulary_in_id_order(tmp_path):
     assert report["check"]["transformers"]["checked"]  # qwen2 unpruned: transformers reads it
 
 
-@pytest.mark.parametrize("case", ["repeat_kv", "emptied", "uneven_qwen2", "masked", "family", "outtype", "exists"])
+@pytest.mark.parametrize("case", ["repeat_kv", "emptied", "emptied_ffn", "uneven_qwen2", "masked", "family",
+                                  "outtype", "exists"])
 def test_refusals_write_nothing(tmp_path, case):
-    family = "qwen2" if case == "uneven_qwen2" else "llama"
+    family = "qwen2" if case in ("uneven_qwen2", "emptied") else "llama"
     model, tok = tiny_decoder(family), bpe_tokenizer()
     sites = [s.name for s in headprune.find_sites(model)]
     error, kwargs = GGUFShapeError, {}
     if case == "repeat_kv":  # group sizes 1 and 2 in one layer: key/value heads repeated at run time
         headprune.prune_heads(model, {sites[0]: [0]})
-    elif case == "emptied":
+    elif case == "emptied":  # qwen2 layers always attend in llama.cpp
         headprune.prune_heads(model, {sites[1]: [0, 1, 2, 3]})
+    elif case == "emptied_ffn":  # deci would drop the layer's attention output with it
+        headprune.prune_neurons(model, {headprune.find_ffns(model)[1].name: list(range(128))})
     elif case == "uneven_qwen2":
         prune_unevenly(model)
     elif case == "masked":
@@ -170,9 +184,10 @@ def test_llama_cpp_logits_match_pytorch(tmp_path, family):
     Qwen2 pruned the same in every layer (its llama.cpp architecture has one head count)."""
     from headprune.export.llamacpp import llama_logits
 
-    model, tok = tiny_decoder(family), bpe_tokenizer()
-    if family == "llama":
+    model, tok = tiny_decoder(family, layers=4 if family == "llama" else 3), bpe_tokenizer()
+    if family == "llama":  # + a layer with no heads left (deci's attention-free layer)
         prune_unevenly(model)
+        headprune.prune_heads(model, {headprune.find_sites(model)[-1].name: [0, 1, 2, 3]})
     else:
         headprune.prune_heads(model, {s.name: [0, 2] for s in headprune.find_sites(model)})
     ids = _ids(tok)

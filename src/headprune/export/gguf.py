@@ -44,10 +44,10 @@ from .gguf_vocab import vocab_fields
 from .onnx import SENTENCES, ExportError
 
 OUTTYPES = ("f32", "f16", "q8_0", "q5_0", "q5_1", "q4_0", "q4_1")
-TENSOR_TOLERANCE = {"F32": 0.0, "F16": 1e-3, "Q8_0": 1e-2, "Q5_0": 4e-2, "Q5_1": 4e-2, "Q4_0": 8e-2, "Q4_1": 8e-2}
+TENSOR_TOLERANCE = {"F32": 0.0, "F16": 1e-3, "Q8_0": 1e-2, "Q5_0": 7e-2, "Q5_1": 7e-2, "Q4_0": 0.13, "Q4_1": 0.13}  # of the largest |w|: half a step, or a step where a block clips
 TRANSFORMERS_ARCHS = ("llama", "qwen2", "qwen3")
 
-__all__ = ["OUTTYPES", "GGUFShapeError", "export_gguf", "read_gguf_tensors"]
+__all__ = ["OUTTYPES", "GGUFShapeError", "export_gguf", "read_gguf_tensors", "with_gguf_weights"]
 
 
 def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_gguf: str | Path | None = None,
@@ -165,6 +165,16 @@ def read_gguf_tensors(path: str | Path) -> tuple[dict[str, np.ndarray], dict[str
             continue
         meta[key] = f.contents()
     return arrays, types, meta
+
+
+def with_gguf_weights(model: nn.Module, path: str | Path) -> nn.Module:
+    """A copy of ``model`` holding the weights of the GGUF file ``path`` that :func:`export_gguf` wrote from it
+    (de-quantised, rope permutation undone): the file's quality computed in PyTorch."""
+    layout = gguf_layout(model)
+    arrays, _, _ = read_gguf_tensors(path)
+    if set(arrays) != set(layout.tensors):
+        raise ExportError(f"GGUF file {str(path)!r} does not hold this model's tensors")
+    return _with_weights(model, layout, arrays)
 
 
 def check_gguf(model: nn.Module, layout: Layout, path: Path, written: dict[str, str], *, tokenizer=None,

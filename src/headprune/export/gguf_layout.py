@@ -16,7 +16,9 @@ Families (``config.model_type`` -> llama.cpp architecture):
 - ``qwen2`` (q/k/v biases) and ``qwen3`` (per-head q/k RMSNorm) -> ``qwen2`` / ``qwen3``, same heads
   and FFN width in every layer only: llama.cpp builds those layers from one head count.
 
-Refused: a layer with no heads or no FFN neurons left, repeated key/value heads (a grouped-query
+A llama-family layer with no heads left is written as deci's attention-free layer (head counts 0, no
+attention tensors: the layer adds nothing, as the pruned model's removed attention does). Refused: a
+layer with no FFN neurons left (deci would drop its attention output too), a qwen layer with no heads, repeated key/value heads (a grouped-query
 site pruned unevenly, :class:`~headprune.core.runtime.RepeatHeads`: a GGUF layer has one group size),
 query heads not a multiple of the layer's key/value heads, a masked model, rope scaling or sliding
 windows the exporter does not write, and every other family.
@@ -97,7 +99,7 @@ def gguf_layout(model: nn.Module) -> Layout:
     _check_config(config, family)
     hidden = int(body.embed_tokens.weight.shape[1])
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
-    shapes = [_layer_shape(i, layer, head_dim) for i, layer in enumerate(layers)]
+    shapes = [_layer_shape(i, layer, head_dim, family) for i, layer in enumerate(layers)]
     uniform = len({(s.n_head, s.n_head_kv, s.n_ff) for s in shapes}) == 1
     arch = FAMILIES[family]
     if not uniform:
@@ -135,12 +137,14 @@ def _check_config(config, family: str) -> None:
         raise GGUFShapeError(f"{family} with mlp_bias=True: not written to GGUF; allowed: False")
 
 
-def _layer_shape(i: int, layer: nn.Module, head_dim: int) -> LayerShape:
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+def _layer_shape(i: int, layer: nn.Module, head_dim: int, family: str) -> LayerShape:
+    attn = getattr(layer, "self_attn", None)
     q = getattr(attn, "q_proj", None)
     if not isinstance(q, nn.Linear) or q.out_features == 0:
-        raise GGUFShapeError(f"layer {i} has no attention heads left: a GGUF layer of llama.cpp's llama/qwen "
-                             "architectures always attends; keep at least one head (group) per layer")
+        if family not in PER_LAYER_ARCH or getattr(getattr(attn, "headprune_out", None), "bias", None) is not None:
+            raise GGUFShapeError(f"layer {i} has no attention heads left: llama.cpp's {family} layers always attend; "
+                                 "keep at least one head (group) per layer (llama-family models export it as deci)")
+        return LayerShape(n_head=0, n_head_kv=0, n_ff=_ffn_width(i, layer))
     k, v = getattr(attn, "k_proj", None), getattr(attn, "v_proj", None)
     if not (isinstance(k, nn.Linear) and isinstance(v, nn.Linear)):
         raise GGUFShapeError(f"layer {i} repeats key/value heads ({type(k).__name__}): its query heads were pruned "
@@ -149,12 +153,17 @@ def _layer_shape(i: int, layer: nn.Module, head_dim: int) -> LayerShape:
     n_head, n_kv = q.out_features // head_dim, k.out_features // head_dim
     if n_kv == 0 or n_head % n_kv or v.out_features != k.out_features:
         raise GGUFShapeError(f"layer {i}: {n_head} query heads over {n_kv} key/value heads; allowed: a multiple")
+    return LayerShape(n_head=n_head, n_head_kv=n_kv, n_ff=_ffn_width(i, layer))
+
+
+def _ffn_width(i: int, layer: nn.Module) -> int:
+    mlp = getattr(layer, "mlp", None)
     gate, up, down = (getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
     if not all(isinstance(m, nn.Linear) for m in (gate, up, down)):
         raise GGUFShapeError(f"layer {i}: the FFN is not gate_proj/up_proj/down_proj Linear layers")
-    if gate.out_features == 0:
-        raise GGUFShapeError(f"layer {i} has no FFN neurons left; llama.cpp's llama/qwen layers always have an FFN")
-    return LayerShape(n_head=n_head, n_head_kv=n_kv, n_ff=gate.out_features)
+    if gate.out_features == 0:  # deci skips such a layer whole (its attention output too): not exact
+        raise GGUFShapeError(f"layer {i} has no FFN neurons left; llama.cpp has no layer that attends without an FFN")
+    return gate.out_features
 
 
 def _rope_theta(config) -> float:
@@ -189,7 +198,10 @@ def _fill_tensors(layout: Layout, model: nn.Module, layers: list[nn.Module]) -> 
     body, out = model.model, layout.tensors
     out["token_embd.weight"] = _array(body.embed_tokens.weight)
     for i, (layer, shape) in enumerate(zip(layers, layout.layers, strict=True)):
-        attn, mlp, p = layer.self_attn, layer.mlp, f"blk.{i}."
+        attn, p = layer.self_attn, f"blk.{i}."
+        if shape.n_head == 0:  # no heads left: deci runs no attention (and reads no attention tensors) here
+            _fill_ffn(out, p, layer)
+            continue
         out[p + "attn_norm.weight"] = _array(layer.input_layernorm.weight)
         for src, dst, heads in (("q_proj", "attn_q", shape.n_head), ("k_proj", "attn_k", shape.n_head_kv),
                                 ("v_proj", "attn_v", None), ("o_proj", "attn_output", None)):
@@ -206,10 +218,14 @@ def _fill_tensors(layout: Layout, model: nn.Module, layers: list[nn.Module]) -> 
         if layout.family == "qwen3":
             out[p + "attn_q_norm.weight"] = _array(attn.q_norm.weight)
             out[p + "attn_k_norm.weight"] = _array(attn.k_norm.weight)
-        out[p + "ffn_norm.weight"] = _array(layer.post_attention_layernorm.weight)
-        out[p + "ffn_gate.weight"] = _array(mlp.gate_proj.weight)
-        out[p + "ffn_up.weight"] = _array(mlp.up_proj.weight)
-        out[p + "ffn_down.weight"] = _array(mlp.down_proj.weight)
+        _fill_ffn(out, p, layer)
     out["output_norm.weight"] = _array(body.norm.weight)
     if not layout.tied:
         out["output.weight"] = _array(model.lm_head.weight)
+
+
+def _fill_ffn(out: dict[str, np.ndarray], p: str, layer: nn.Module) -> None:
+    out[p + "ffn_norm.weight"] = _array(layer.post_attention_layernorm.weight)
+    out[p + "ffn_gate.weight"] = _array(layer.mlp.gate_proj.weight)
+    out[p + "ffn_up.weight"] = _array(layer.mlp.up_proj.weight)
+    out[p + "ffn_down.weight"] = _array(layer.mlp.down_proj.weight)
