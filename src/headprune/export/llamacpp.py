@@ -24,22 +24,24 @@ QUANTS = {"Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q4_K_S": "LLAMA_FTYPE_MOSTLY_Q
           "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
 
 
-def _llama(path: str | Path, *, n_ctx: int, n_threads: int, logits_all: bool):
+def _llama(path: str | Path, *, n_ctx: int, n_threads: int, logits_all: bool, f32_cache: bool = False):
     llama_cpp = require("llama_cpp", "running a GGUF file in llama.cpp")
     if not Path(path).is_file():
         raise ConfigError(f"GGUF file {str(path)!r} does not exist")
     if not isinstance(n_threads, int) or n_threads < 1:
         raise ConfigError(f"n_threads={n_threads!r}; allowed: an integer >= 1")
+    cache = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if f32_cache else {}
     return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=n_threads,
-                           n_threads_batch=n_threads, logits_all=logits_all, verbose=False, seed=0)
+                           n_threads_batch=n_threads, logits_all=logits_all, verbose=False, seed=0, **cache)
 
 
 def llama_logits(path: str | Path, ids: list[int], *, n_threads: int = 1) -> np.ndarray:
-    """llama.cpp's logits ``[len(ids), vocab]`` for the token ids ``ids`` (one sequence, from position 0)."""
+    """llama.cpp's logits ``[len(ids), vocab]`` for the token ids ``ids`` (one sequence, from position 0), with
+    a float32 key/value cache (llama.cpp's default cache is float16: an extra rounding the check should not mix in)."""
     ids = [int(i) for i in ids]
     if not ids:
         raise ConfigError("ids=[]; allowed: at least one token id")
-    llm = _llama(path, n_ctx=max(32, len(ids)), n_threads=n_threads, logits_all=True)
+    llm = _llama(path, n_ctx=max(32, len(ids)), n_threads=n_threads, logits_all=True, f32_cache=True)
     try:
         llm.reset()
         llm.eval(ids)
@@ -82,7 +84,8 @@ def quantize_gguf(source: str | Path, output: str | Path, quant: str = "Q4_K_M",
 def llama_speed(path: str | Path, *, n_threads: int, prompt: int = 128, generate: int = 32, repeats: int = 3,
                 vocab: int | None = None) -> dict:
     """Tokens per second of llama.cpp on ``path``: prompt processing (``prompt`` tokens in one batch) and
-    generation (``generate`` tokens one at a time after it), medians over ``repeats`` runs."""
+    generation (``generate`` tokens one at a time after it), medians over ``repeats`` runs; llama.cpp's default
+    (float16) key/value cache."""
     llm = _llama(path, n_ctx=prompt + generate + 8, n_threads=n_threads, logits_all=False)
     try:
         n_vocab = vocab or llm.n_vocab()
