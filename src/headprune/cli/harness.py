@@ -20,13 +20,15 @@ def lm_eval_command(
     model_dir: Path = typer.Argument(..., help="A model directory (pruned by headprune or not) or a .gguf file."),
     tasks: str = typer.Option(..., "--tasks", help="Comma-separated lm_eval task names."),
     include_path: Path = typer.Option(None, "--include-path", help="Directory of local task YAMLs "
-                                      "(dataset_path: json + data_files: nothing is downloaded)."),
+                                      "(dataset_path: json + data_files: nothing is downloaded); default: none, "
+                                      "then --defaults is needed."),
     defaults: bool = typer.Option(False, "--defaults", help="Also index lm_eval's built-in tasks (their data must "
                                   "be downloadable or in the datasets cache)."),
     limit: int = typer.Option(None, "--limit", help="Documents per task (default: all)."),
     num_fewshot: int = typer.Option(None, "--num-fewshot", help="Few-shot examples (default: the task's)."),
     batch_size: int = typer.Option(1, "--batch-size", help="Requests per forward."),
-    output: Path = typer.Option(None, "-o", "--output", help="Write the results as JSON to this new file."),
+    output: Path = typer.Option(None, "-o", "--output", help="Write the results as JSON to this new file "
+                                  "(default: print only)."),
 ):
     """Score the model with lm-evaluation-harness (its Hugging Face adapter around the loaded model)."""
     from ..core import load_model, load_tokenizer
