@@ -11,7 +11,7 @@ third 2 (6 of 9), the top third all 9 -- uneven across layers, uniform inside ea
 layer ranks. The GGUF export of the pruned model is llama.cpp's ``deci`` architecture (per-layer arrays).
 
 Rows (all scored on the same held-out blocks, the last ``--blocks`` blocks of ``--block`` tokens of the file):
-PyTorch float32 and int8 weight-only (``torch.ao`` dynamic quantisation of every Linear), unpruned and
+PyTorch float32 and int8 (``torch.ao`` dynamic quantisation of every Linear: int8 weights, activations quantised per call), unpruned and
 pruned; llama.cpp F32, Q8_0 and Q4_0 (written by headprune's exporter with the ``gguf`` package) and
 Q4_K_M (llama.cpp's own quantizer from the F32 file; the ``gguf`` package cannot write K-quants),
 unpruned and pruned. llama.cpp speed: prompt processing (``--prompt`` tokens) and generation
@@ -179,7 +179,7 @@ def main(argv=None) -> None:
     kwargs = {"source_gguf": source} if source is not None else {"tokenizer": tok}
     with tempfile.TemporaryDirectory() as tmp:
         for name, m in (("unpruned", model), ("pruned", pruned)):
-            for variant, q in (("float32", m), ("int8 weight-only (torch.ao dynamic)", int8(m))):
+            for variant, q in (("float32", m), ("int8 dynamic (torch.ao: int8 weights, activations quantised on the fly)", int8(m))):
                 r = pytorch_ppl(q, held)
                 rows.append({"model": name, "runtime": "PyTorch", "weights": variant, **r,
                              "bytes": linear_bytes(q) if variant == "float32" else None})
