@@ -102,6 +102,9 @@ def gguf_layout(model: nn.Module) -> Layout:
     shapes = [_layer_shape(i, layer, head_dim, family) for i, layer in enumerate(layers)]
     uniform = len({(s.n_head, s.n_head_kv, s.n_ff) for s in shapes}) == 1
     arch = FAMILIES[family]
+    if family == "qwen2" and shapes[0].n_head * head_dim != hidden:  # llama.cpp sizes qwen2's q bias by the hidden size
+        raise GGUFShapeError(f"qwen2 with {shapes[0].n_head} query heads x head_dim {head_dim} != hidden {hidden}: "
+                             "llama.cpp's qwen2 loader sizes the query bias by the hidden size; prune FFN neurons only")
     if not uniform:
         if arch not in PER_LAYER_ARCH:
             raise GGUFShapeError(f"{family} with different head counts or FFN widths per layer: llama.cpp's {arch} "
