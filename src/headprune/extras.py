@@ -14,7 +14,8 @@ from types import ModuleType
 from .errors import HeadpruneError
 
 EXTRAS = {"scipy": "study", "sacrebleu": "study", "matplotlib": "study", "tokenizers": "study",
-          "gguf": "gguf", "accelerate": "gguf", "onnx": "onnx", "onnxruntime": "onnx"}
+          "gguf": "gguf", "accelerate": "gguf", "onnx": "onnx", "onnxruntime": "onnx",
+          "llama_cpp": "llamacpp", "lm_eval": "eval"}
 
 
 class MissingDependencyError(HeadpruneError, ImportError):

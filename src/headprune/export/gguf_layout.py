@@ -1,0 +1,234 @@
+"""What a (pruned) decoder becomes in a GGUF file: llama.cpp's architecture, per-layer shapes, tensors.
+
+One function, :func:`gguf_layout`, reads the model's modules (never its config's head counts, which
+pruning leaves stale) and returns a :class:`Layout`: the llama.cpp architecture name, the metadata
+llama.cpp reads and every tensor under llama.cpp's name, in PyTorch's ``[out, in]`` layout (the GGUF
+writer reverses the axes as llama.cpp expects). Anything llama.cpp cannot run exactly is refused here,
+before a byte is written (:class:`GGUFShapeError`).
+
+Families (``config.model_type`` -> llama.cpp architecture):
+
+- ``llama``, ``mistral`` -> ``llama`` when every layer has the same heads and FFN width, else ``deci``
+  (llama.cpp's Llama variant whose loader and graph read ``head_count``, ``head_count_kv`` and
+  ``feed_forward_length`` per layer; Nemotron-NAS models use it). Query and key rows are permuted per
+  head from Hugging Face's rotate-half order to the interleaved pairs llama.cpp's ``llama``/``deci``
+  rope rotates (what ``convert_hf_to_gguf.py`` does for Llama).
+- ``qwen2`` (q/k/v biases) and ``qwen3`` (per-head q/k RMSNorm) -> ``qwen2`` / ``qwen3``, same heads
+  and FFN width in every layer only: llama.cpp builds those layers from one head count.
+
+A llama-family layer with no heads left is written as deci's attention-free layer (head counts 0, no
+attention tensors: the layer adds nothing, as the pruned model's removed attention does). Refused: a
+layer with no FFN neurons left (deci would drop its attention output too), a qwen layer with no heads, repeated key/value heads (a grouped-query
+site pruned unevenly, :class:`~headprune.core.runtime.RepeatHeads`: a GGUF layer has one group size),
+query heads not a multiple of the layer's key/value heads, a masked model, rope scaling or sliding
+windows the exporter does not write, and every other family.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..errors import UnsupportedModelError
+
+FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+PER_LAYER_ARCH = {"llama": "deci"}  # the architecture that reads per-layer shapes, by uniform architecture
+PERMUTED = {"llama", "deci"}  # llama.cpp rotates interleaved pairs (rope "norm"): q/k rows permuted
+
+
+class GGUFShapeError(UnsupportedModelError):
+    """A model (or pruned shape) that a GGUF file cannot hold so that llama.cpp runs it exactly."""
+
+
+@dataclass
+class LayerShape:
+    """One decoder layer as llama.cpp sees it."""
+
+    n_head: int
+    n_head_kv: int
+    n_ff: int
+
+
+@dataclass
+class Layout:
+    """A model as GGUF: architecture, metadata values and tensors ``{gguf name: float32 array [out, in]}``."""
+
+    arch: str
+    family: str
+    hidden: int
+    head_dim: int
+    layers: list[LayerShape]
+    context_length: int
+    rms_eps: float
+    rope_theta: float
+    vocab_size: int
+    tied: bool
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    permuted: dict[str, int] = field(default_factory=dict)  # {gguf name: heads} of rows permuted for rope
+
+    @property
+    def uniform(self) -> bool:
+        return len({(s.n_head, s.n_head_kv, s.n_ff) for s in self.layers}) == 1
+
+    def per_layer(self, key: str) -> int | list[int]:
+        """``n_head`` / ``n_head_kv`` / ``n_ff``: one value when every layer agrees, else one per layer."""
+        values = [getattr(s, key) for s in self.layers]
+        return values[0] if len(set(values)) == 1 else values
+
+
+def gguf_layout(model: nn.Module) -> Layout:
+    """The GGUF layout of ``model`` (a transformers causal LM, pruned by headprune or not); refused with
+    :class:`GGUFShapeError` when llama.cpp could not run it exactly."""
+    from ..core import is_masked  # the public core API only
+
+    config = getattr(model, "config", None)
+    family = getattr(config, "model_type", None)
+    if family not in FAMILIES:
+        raise GGUFShapeError(f"model_type {family!r}: GGUF export supports {', '.join(sorted(FAMILIES))} "
+                             "(decoder families llama.cpp runs and headprune prunes exactly)")
+    if is_masked(model):
+        raise GGUFShapeError("model has masked heads; unmask it or prune them physically before exporting")
+    body = getattr(model, "model", None)
+    layers = list(getattr(body, "layers", None) or [])
+    if not layers or not hasattr(body, "embed_tokens") or not hasattr(model, "lm_head"):
+        raise GGUFShapeError(f"{type(model).__name__} is not a causal LM with model.layers, model.embed_tokens "
+                             "and lm_head")
+    _check_config(config, family)
+    hidden = int(body.embed_tokens.weight.shape[1])
+    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    shapes = [_layer_shape(i, layer, head_dim, family) for i, layer in enumerate(layers)]
+    uniform = len({(s.n_head, s.n_head_kv, s.n_ff) for s in shapes}) == 1
+    arch = FAMILIES[family]
+    if family == "qwen2" and shapes[0].n_head * head_dim != hidden:  # llama.cpp sizes qwen2's q bias by the hidden size
+        raise GGUFShapeError(f"qwen2 with {shapes[0].n_head} query heads x head_dim {head_dim} != hidden {hidden}: "
+                             "llama.cpp's qwen2 loader sizes the query bias by the hidden size; prune FFN neurons only")
+    if not uniform:
+        if arch not in PER_LAYER_ARCH:
+            raise GGUFShapeError(f"{family} with different head counts or FFN widths per layer: llama.cpp's {arch} "
+                                 "architecture builds every layer from one head count and one FFN width; prune the "
+                                 "same number of heads and neurons in every layer (compress --same-per-site) or "
+                                 f"export a llama-family model; layers: {_describe(shapes)}")
+        arch = PER_LAYER_ARCH[arch]
+    emb = body.embed_tokens.weight
+    tied = model.lm_head.weight is emb or model.lm_head.weight.data_ptr() == emb.data_ptr()
+    layout = Layout(arch=arch, family=family, hidden=hidden, head_dim=head_dim, layers=shapes,
+                    context_length=int(getattr(config, "max_position_embeddings", 2048)),
+                    rms_eps=float(config.rms_norm_eps), rope_theta=_rope_theta(config),
+                    vocab_size=int(emb.shape[0]), tied=bool(tied))
+    _fill_tensors(layout, model, layers)
+    return layout
+
+
+def _check_config(config, family: str) -> None:
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if kind not in (None, "default"):
+        raise GGUFShapeError(f"rope scaling {kind!r}: the GGUF exporter writes plain rope only (rope_type 'default')")
+    if family == "mistral" and getattr(config, "sliding_window", None):
+        raise GGUFShapeError(f"mistral with sliding_window={config.sliding_window}: llama.cpp's llama architecture "
+                             "attends to the whole context; allowed: sliding_window None")
+    if family in ("qwen2", "qwen3") and getattr(config, "use_sliding_window", False):
+        raise GGUFShapeError(f"{family} with use_sliding_window=True: not written to GGUF; allowed: False")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise GGUFShapeError(f"hidden_act {config.hidden_act!r}: llama.cpp's {family} FFN is SiLU-gated")
+    if getattr(config, "attention_bias", False) and family in ("llama", "mistral"):
+        raise GGUFShapeError(f"{family} with attention_bias=True: not written to GGUF; allowed: False")
+    if getattr(config, "mlp_bias", False):
+        raise GGUFShapeError(f"{family} with mlp_bias=True: not written to GGUF; allowed: False")
+
+
+def _layer_shape(i: int, layer: nn.Module, head_dim: int, family: str) -> LayerShape:
+    attn = getattr(layer, "self_attn", None)
+    q = getattr(attn, "q_proj", None)
+    if not isinstance(q, nn.Linear) or q.out_features == 0:
+        if family not in PER_LAYER_ARCH or getattr(getattr(attn, "headprune_out", None), "bias", None) is not None:
+            raise GGUFShapeError(f"layer {i} has no attention heads left: llama.cpp's {family} layers always attend; "
+                                 "keep at least one head (group) per layer (llama-family models export it as deci)")
+        return LayerShape(n_head=0, n_head_kv=0, n_ff=_ffn_width(i, layer))
+    k, v = getattr(attn, "k_proj", None), getattr(attn, "v_proj", None)
+    if not (isinstance(k, nn.Linear) and isinstance(v, nn.Linear)):
+        raise GGUFShapeError(f"layer {i} repeats key/value heads ({type(k).__name__}): its query heads were pruned "
+                             "unevenly across key/value groups, which a GGUF layer (one group size) cannot hold; "
+                             "prune with --gqa uniform")
+    n_head, n_kv = q.out_features // head_dim, k.out_features // head_dim
+    if n_kv == 0 or n_head % n_kv or v.out_features != k.out_features:
+        raise GGUFShapeError(f"layer {i}: {n_head} query heads over {n_kv} key/value heads; allowed: a multiple")
+    return LayerShape(n_head=n_head, n_head_kv=n_kv, n_ff=_ffn_width(i, layer))
+
+
+def _ffn_width(i: int, layer: nn.Module) -> int:
+    mlp = getattr(layer, "mlp", None)
+    gate, up, down = (getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
+    if not all(isinstance(m, nn.Linear) for m in (gate, up, down)):
+        raise GGUFShapeError(f"layer {i}: the FFN is not gate_proj/up_proj/down_proj Linear layers")
+    if gate.out_features == 0:  # deci skips such a layer whole (its attention output too): not exact
+        raise GGUFShapeError(f"layer {i} has no FFN neurons left; llama.cpp has no layer that attends without an FFN")
+    return gate.out_features
+
+
+def _rope_theta(config) -> float:
+    rope = getattr(config, "rope_parameters", None)
+    if isinstance(rope, dict) and rope.get("rope_theta") is not None:
+        return float(rope["rope_theta"])
+    return float(getattr(config, "rope_theta", 10000.0))
+
+
+def _describe(shapes: list[LayerShape]) -> str:
+    return ", ".join(f"{i}: {s.n_head}/{s.n_head_kv} heads, ffn {s.n_ff}" for i, s in enumerate(shapes))
+
+
+def rope_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Rows of a query/key projection (``[heads * head_dim, ...]`` or a bias) from rotate-half order to the
+    interleaved pairs llama.cpp's ``llama`` rope rotates: per head, ``[x0..x(d/2-1), y0..]`` -> ``[x0, y0, x1, ...]``."""
+    rest = w.shape[1:]
+    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *rest).swapaxes(1, 2).reshape(w.shape)
+
+
+def rope_unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Inverse of :func:`rope_permute`."""
+    rest = w.shape[1:]
+    return w.reshape(n_heads, w.shape[0] // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(w.shape)
+
+
+def _array(t: torch.Tensor) -> np.ndarray:
+    return t.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
+
+
+def _fill_tensors(layout: Layout, model: nn.Module, layers: list[nn.Module]) -> None:
+    body, out = model.model, layout.tensors
+    out["token_embd.weight"] = _array(body.embed_tokens.weight)
+    for i, (layer, shape) in enumerate(zip(layers, layout.layers, strict=True)):
+        attn, p = layer.self_attn, f"blk.{i}."
+        if shape.n_head == 0:  # no heads left: deci runs no attention (and reads no attention tensors) here
+            _fill_ffn(out, p, layer)
+            continue
+        out[p + "attn_norm.weight"] = _array(layer.input_layernorm.weight)
+        for src, dst, heads in (("q_proj", "attn_q", shape.n_head), ("k_proj", "attn_k", shape.n_head_kv),
+                                ("v_proj", "attn_v", None), ("o_proj", "attn_output", None)):
+            lin = getattr(attn, src)
+            for kind in ("weight", "bias"):
+                t = getattr(lin, kind, None)
+                if t is None:
+                    continue
+                a = _array(t)
+                if heads is not None and layout.arch in PERMUTED:
+                    a = rope_permute(a, heads)
+                    layout.permuted[f"{p}{dst}.{kind}"] = heads
+                out[f"{p}{dst}.{kind}"] = a
+        if layout.family == "qwen3":
+            out[p + "attn_q_norm.weight"] = _array(attn.q_norm.weight)
+            out[p + "attn_k_norm.weight"] = _array(attn.k_norm.weight)
+        _fill_ffn(out, p, layer)
+    out["output_norm.weight"] = _array(body.norm.weight)
+    if not layout.tied:
+        out["output.weight"] = _array(model.lm_head.weight)
+
+
+def _fill_ffn(out: dict[str, np.ndarray], p: str, layer: nn.Module) -> None:
+    out[p + "ffn_norm.weight"] = _array(layer.post_attention_layernorm.weight)
+    out[p + "ffn_gate.weight"] = _array(layer.mlp.gate_proj.weight)
+    out[p + "ffn_up.weight"] = _array(layer.mlp.up_proj.weight)
+    out[p + "ffn_down.weight"] = _array(layer.mlp.down_proj.weight)

@@ -1,0 +1,114 @@
+"""llama.cpp itself, through ``llama-cpp-python`` (the ``llamacpp`` extra): its logits on given token ids,
+its own quantizer (K-quants the ``gguf`` package cannot write), and its prompt/generation speed.
+
+These run a GGUF file the way users of llama.cpp do, so they are the runtime check of
+:func:`headprune.export.gguf.export_gguf` (tests and ``benchmarks/quantized_pruned.py``). Threads are
+set explicitly (``n_threads``) for prompt processing and generation alike.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import ConfigError
+from ..extras import require
+
+QUANTS = {"Q4_K_M": "LLAMA_FTYPE_MOSTLY_Q4_K_M", "Q4_K_S": "LLAMA_FTYPE_MOSTLY_Q4_K_S",
+          "Q5_K_M": "LLAMA_FTYPE_MOSTLY_Q5_K_M", "Q6_K": "LLAMA_FTYPE_MOSTLY_Q6_K", "Q8_0": "LLAMA_FTYPE_MOSTLY_Q8_0",
+          "Q4_0": "LLAMA_FTYPE_MOSTLY_Q4_0"}
+
+
+def _llama(path: str | Path, *, n_ctx: int, n_threads: int, logits_all: bool, f32_cache: bool = False):
+    llama_cpp = require("llama_cpp", "running a GGUF file in llama.cpp")
+    if not Path(path).is_file():
+        raise ConfigError(f"GGUF file {str(path)!r} does not exist")
+    if not isinstance(n_threads, int) or n_threads < 1:
+        raise ConfigError(f"n_threads={n_threads!r}; allowed: an integer >= 1")
+    cache = {"type_k": llama_cpp.GGML_TYPE_F32, "type_v": llama_cpp.GGML_TYPE_F32} if f32_cache else {}
+    return llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_batch=n_ctx, n_ubatch=n_ctx, n_threads=n_threads,
+                           n_threads_batch=n_threads, logits_all=logits_all, verbose=False, seed=0, **cache)
+
+
+def llama_logits(path: str | Path, ids: list[int], *, n_threads: int = 1) -> np.ndarray:
+    """llama.cpp's logits ``[len(ids), vocab]`` for the token ids ``ids`` (one sequence, from position 0), with
+    a float32 key/value cache (llama.cpp's default cache is float16: an extra rounding the check should not mix in)."""
+    ids = [int(i) for i in ids]
+    if not ids:
+        raise ConfigError("ids=[]; allowed: at least one token id")
+    llm = _llama(path, n_ctx=max(32, len(ids)), n_threads=n_threads, logits_all=True, f32_cache=True)
+    try:
+        llm.reset()
+        llm.eval(ids)
+        return np.array(llm.scores[: len(ids)], dtype=np.float32)
+    finally:
+        llm.close()
+
+
+def llama_nll(path: str | Path, blocks: list[list[int]], *, n_threads: int = 1) -> tuple[float, int]:
+    """Summed next-token negative log-likelihood (nats) of each block in llama.cpp, and the tokens scored."""
+    total, count = 0.0, 0
+    for block in blocks:
+        logits = llama_logits(path, block, n_threads=n_threads).astype(np.float64)
+        lse = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+        targets = np.asarray(block[1:])
+        total += float((lse[:-1] - logits[np.arange(len(block) - 1), targets]).sum())
+        count += len(block) - 1
+    return total, count
+
+
+def quantize_gguf(source: str | Path, output: str | Path, quant: str = "Q4_K_M", *, n_threads: int = 1) -> Path:
+    """llama.cpp's quantizer (what ``llama-quantize`` runs): ``source`` (an f32/f16 GGUF) -> ``output``."""
+    llama_cpp = require("llama_cpp", "llama.cpp quantization")
+    if quant not in QUANTS:
+        raise ConfigError(f"quant {quant!r}; allowed: {', '.join(QUANTS)}")
+    if Path(output).exists():
+        raise ConfigError(f"output {str(output)!r} already exists; allowed: a new file")
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, QUANTS[quant])
+    params.nthread = n_threads
+    tmp = Path(output).with_name(f".{Path(output).name}.tmp")
+    code = llama_cpp.llama_model_quantize(str(source).encode(), str(tmp).encode(), ctypes.byref(params))
+    if code != 0 or not tmp.is_file():
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"llama.cpp could not quantize {str(source)!r} to {quant} (code {code})")
+    tmp.rename(output)
+    return Path(output)
+
+
+def llama_speed(path: str | Path, *, n_threads: int, prompt: int = 128, generate: int = 32, repeats: int = 3,
+                vocab: int | None = None) -> dict:
+    """Tokens per second of llama.cpp on ``path``: prompt processing (``prompt`` tokens in one batch) and
+    generation (``generate`` tokens one at a time after it), medians over ``repeats`` runs; llama.cpp's default
+    (float16) key/value cache."""
+    llm = _llama(path, n_ctx=prompt + generate + 8, n_threads=n_threads, logits_all=False)
+    try:
+        n_vocab = vocab or llm.n_vocab()
+        rng = np.random.default_rng(0)
+        ids = [int(i) for i in rng.integers(3, n_vocab, prompt + generate)]
+        pp, tg = [], []
+        for r in range(repeats + 1):  # the first round warms up
+            llm.reset()
+            t0 = time.perf_counter()
+            llm.eval(ids[:prompt])
+            t1 = time.perf_counter()
+            for tok in ids[prompt:]:
+                llm.eval([tok])
+            t2 = time.perf_counter()
+            if r:
+                pp.append(prompt / (t1 - t0))
+                tg.append(generate / (t2 - t1))
+        return {"threads": n_threads, "prompt_tokens": prompt, "generated_tokens": generate,
+                "prompt_tokens_per_s": statistics.median(pp), "generate_tokens_per_s": statistics.median(tg),
+                "prompt_runs": pp, "generate_runs": tg}
+    finally:
+        llm.close()
+
+
+def perplexity(nll: float, tokens: int) -> float:
+    return math.exp(nll / tokens)
