@@ -144,7 +144,8 @@ def own_loss_check(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs)
     """Whether the model shifts token labels by one (a causal LM does), decided by behaviour and checked.
 
     On ``batch``, headprune's loss (the mean over real tokens, or over examples) must equal the model's own
-    ``.loss`` for the same batch and labels, relative tolerance 1e-4; else :class:`UnsupportedModelError`
+    ``.loss`` for the same batch and labels, relative tolerance 1e-4 (4 eps of a half-precision model's
+    logits); NaN or inf outputs are a :class:`DataError`; else :class:`UnsupportedModelError`
     (pass ``loss_fn=``). Token outputs of a model that is not an encoder-decoder are run once more with
     labels built to tell the two apart (each position's target is the token the position before predicts
     best: shifted and unshifted cross-entropy then differ even on a random model). Run on a model's first
@@ -171,7 +172,12 @@ def own_loss_check(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs)
                 candidates = {shift: _mean_loss(logits, labels, shift, None) for shift in (True, False)}
             own = _own_loss(model, batch, labels)
     own = None if own is None else float(own.detach().float())
-    agree = [shift for shift, value in candidates.items() if _close(value, own)]
+    if not (bool(torch.isfinite(logits).all()) and all(math.isfinite(v) for v in candidates.values())):
+        raise DataError(f"model of class {type(model).__name__}: its outputs on the first batch are NaN or inf: "
+                        "the model's weights or the batches' values are not finite")
+    # a half-precision model's own loss is rounded where headprune's is not: tolerance from the logits' dtype
+    rtol = max(1e-4, 4 * torch.finfo(logits.dtype).eps) if logits.is_floating_point() else 1e-4
+    agree = [shift for shift, value in candidates.items() if _close(value, own, rtol)]
     if not agree:
         mine = ", ".join(f"{v:.6g} ({'labels shifted' if k else 'unshifted'})" for k, v in candidates.items())
         raise UnsupportedModelError(
