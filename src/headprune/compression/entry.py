@@ -59,7 +59,7 @@ def compress(
                    "compress(model, batches, PruneSettings(share=..., price='count'|'flops'|'kv', n_keep=..., "
                    "scores=..., compensate=...))")
         try:
-            old = CompressSettings(**former)
+            old = CompressSettings(**former)  # type: ignore[arg-type]  # checked by the dataclass
         except TypeError as err:  # an argument neither signature has
             raise ConfigError(f"compress: {err}; allowed: settings=PruneSettings(...)") from None
         _refuse("the former keywords", val_batches=val_batches, fit_batches=fit_batches, prices=prices)

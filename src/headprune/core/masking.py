@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,9 +48,9 @@ class UnitKind:
     group: str  # what holds the units: "site" | "ffn"
     label: str  # how a mask of this kind is called in messages
     find: Callable[[nn.Module], list]
-    count: Callable[[object], int]
-    width: Callable[[object], int]
-    target: Callable[[object], nn.Module]
+    count: Callable[[Any], int]  # of a Site or an FFN
+    width: Callable[[Any], int]
+    target: Callable[[Any], nn.Module]
 
 
 HEADS = UnitKind("heads", "site", "mask", find_sites, lambda s: s.num_heads, lambda s: s.head_dim, lambda s: s.o)

@@ -144,12 +144,12 @@ def read_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
             raise ConfigError(f"device={device!r} and device_map={device_map!r}; allowed: one of them")
         kwargs["device_map"] = device_map
     weights = weight_files(path, required=bool(kept))
-    if kept:
+    if kept and weights is not None:  # required=True: a pruned directory without weights was refused
         model = from_pretrained_pruned(cls, path, config, kept, original, weights, strict=model_class is None,
                                        **kwargs)
     else:
         try:
-            model = cls.from_pretrained(path, config=config, **kwargs)
+            model = cls.from_pretrained(path, config=config, **kwargs)  # type: ignore[attr-defined]  # checked above
         except OSError as e:  # no weights file transformers knows
             raise DataError(f"cannot load weights from {str(path)!r}: {str(e).strip().splitlines()[0]}") from None
     if hasattr(model.config, LAYOUT_KEY):  # said why it was saved so; not part of the model

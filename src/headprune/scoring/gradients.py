@@ -185,6 +185,7 @@ def own_loss_check(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs)
             f"per-example loss gives {mine}; headprune scores only with a loss it has checked against the "
             "model's own .loss; allowed: pass loss_fn=(outputs, batch) -> [batch] losses (from the CLI: a "
             "--task whose loss is the model's own)")
+    assert own is not None  # agree is empty without it (_close)
     shift = min(agree, key=lambda k: abs(candidates[k] - own))
     model.__dict__[_CHECKED] = shift
     return shift

@@ -269,7 +269,7 @@ def _by_flops(pool, groups, mode, share, costs: HeadCosts | None, min_per_site) 
     left = {name: pool[name].numel() for name in names}
     drop: dict[str, list[int]] = {}
     nxt = {name: 0 for name in pool}
-    heap = []
+    heap: list[tuple] = []
 
     def saving(name: str, heads: list[int]) -> float:
         gone = _count([costs.group[name][h] for h in heads])
