@@ -37,7 +37,7 @@ from ..core.ffn import find_ffns
 from ..core.sites import find_sites, is_conv1d
 from ..errors import ConfigError
 from .layerwise import LayerStack, Stop, layer_stack
-from .tuning import TARGETS, _read_targets, _record, _token_rows, residual_norms
+from .tuning import TARGETS, read_targets, record_projection, residual_norms, token_rows
 
 
 def reconstruct(
@@ -133,13 +133,13 @@ def _targets(teacher, batches, units, norms, budget: float) -> list[dict[str, to
     """Per batch, every unit's target of the unpruned model at real tokens ([N, d]), or None past ``budget`` bytes."""
     out, size = [], 0
     for batch in batches:
-        store = _read_targets(teacher, batch, units, norms)
+        store = read_targets(teacher, batch, units, norms)
         rows = {}
         for u in units:
             if u.name not in store:
                 raise ConfigError(f"{u.name}: a calibration batch does not run it (keys: {list(batch)})")
             y = store[u.name]
-            rows[u.name] = _real(y, _token_rows(teacher, batch, u, y.shape)).clone()
+            rows[u.name] = _real(y, token_rows(teacher, batch, u, y.shape)).clone()
             size += rows[u.name].numel() * rows[u.name].element_size()
         if size > budget:
             return None
@@ -162,11 +162,11 @@ def _refit(student, teacher, batches, t_batches, s_unit, t_unit, s_norm, t_norm,
     norm = 0.0
     for i, batch in enumerate(batches):
         # the pruned model's own inputs: its current layer replayed, or the whole model cut short
-        z, y_s, u_s = record(i) if record is not None else _record(student, batch, s_unit, s_norm, None)
-        rows = _token_rows(student, batch, s_unit, z.shape)
+        z, y_s, u_s = record(i) if record is not None else record_projection(student, batch, s_unit, s_norm, None)
+        rows = token_rows(student, batch, s_unit, z.shape)
         x = _real(z, rows).to(device, torch.float64)  # [N, k]
         if targets is None:
-            _, y_t, u_t = _record(teacher, t_batches[i], t_unit, t_norm, None)
+            _, y_t, u_t = record_projection(teacher, t_batches[i], t_unit, t_norm, None)
             y = _real(y_t if t_norm is None else u_t, rows)  # [N, d]
         else:
             y = targets[i]
@@ -212,7 +212,7 @@ def _one(batch: Mapping[str, torch.Tensor]) -> dict:
 
 
 def _record_in_layer(stack: LayerStack, proj: nn.Module, norm: nn.Module | None, inside: bool, b: int):
-    """(z, y, u) of ``proj`` as :func:`.tuning._record` reads them, from the stack's current layer on batch
+    """(z, y, u) of ``proj`` as :func:`.tuning.record_projection` reads them, from the stack's current layer on batch
     ``b``: ``u`` is the input of ``norm`` when it runs ``inside`` the layer, else the layer's output (which
     :func:`.layerwise.layer_stack` checked is what that norm reads)."""
     store = {}

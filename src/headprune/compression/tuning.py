@@ -176,8 +176,8 @@ def residual_norms(model: nn.Module, batch: Mapping[str, torch.Tensor], sites: l
     for site in sites:
         if site.name not in found:
             continue
-        _, y1, u1 = _record(model, batch, site, found[site.name], None)
-        _, y2, u2 = _record(model, batch, site, found[site.name], None, scale=0.5)
+        _, y1, u1 = record_projection(model, batch, site, found[site.name], None)
+        _, y2, u2 = record_projection(model, batch, site, found[site.name], None, scale=0.5)
         if u1.shape == y1.shape and torch.allclose(u1 - y1, u2 - y2, rtol=1e-4,
                                                    atol=1e-5 * float(u1.abs().max().clamp_min(1.0))):
             out[site.name] = found[site.name]
@@ -191,14 +191,14 @@ def _all_targets(model, batches, sites: list[Site], norms: Mapping[str, nn.Modul
     forward cut short once all are read. None when they would take more than ``budget`` bytes."""
     out, size = [], 0
     for batch in batches:
-        store = _read_targets(model, batch, sites, norms)
+        store = read_targets(model, batch, sites, norms)
         rows = {}
         for s in sites:
             if s.name not in store:
                 raise ConfigError(f"site {s.name}: a calibration batch does not run it (keys: {list(batch)}); "
                                   "allowed: batches with everything the model needs (labels for encoder-decoders)")
             y = store[s.name]
-            keep = _token_rows(model, batch, s, y.shape)
+            keep = token_rows(model, batch, s, y.shape)
             y = y.reshape(-1, y.shape[-1])
             rows[s.name] = (y if keep is None else y[keep]).clone()
             size += rows[s.name].numel() * rows[s.name].element_size()
@@ -208,7 +208,7 @@ def _all_targets(model, batches, sites: list[Site], norms: Mapping[str, nn.Modul
     return out
 
 
-def _read_targets(model, batch, sites: list[Site], norms: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
+def read_targets(model, batch, sites: list[Site], norms: Mapping[str, nn.Module]) -> dict[str, torch.Tensor]:
     """{site: target [B, T, d]} of one unpruned forward, cut short once every site's target is read."""
     store: dict[str, torch.Tensor] = {}
     armed: set[str] = set()
@@ -258,11 +258,11 @@ def _normal_equations(model, batches, site: Site, kept: list[int], mask: HeadMas
     student = {n: m for n, m in mask.items() if n != site.name}  # this site's raw head outputs are read
     index = torch.tensor(kept, dtype=torch.long, device=weight.device)
     for i, batch in shard(enumerate(batches)):  # under torchrun: this rank's batches, sums reduced below
-        z, y_own, u_own = _record(model, batch, site, norm_layer, student)  # pruned model: o input [B, T, H*hd]
-        rows = _token_rows(model, batch, site, z.shape)
+        z, y_own, u_own = record_projection(model, batch, site, norm_layer, student)  # pruned model: o input [B, T, H*hd]
+        rows = token_rows(model, batch, site, z.shape)
         z = _real(z, rows).view(-1, site.num_heads, hd).index_select(1, index.to(z.device)).to(device, torch.float64)  # [N, k, hd]
         if targets is None:
-            _, y_t, u_t = _record(model, batch, site, norm_layer, None)  # the unpruned model
+            _, y_t, u_t = record_projection(model, batch, site, norm_layer, None)  # the unpruned model
             y = _real(y_t if norm_layer is None else u_t, rows)
         else:
             y = targets[i]
@@ -309,7 +309,7 @@ class _Stop(Exception):
     """Raised by a capture hook: the rest of the forward is not needed."""
 
 
-def _record(model: nn.Module, batch: Mapping[str, torch.Tensor], site: Site, norm_layer: nn.Module | None,
+def record_projection(model: nn.Module, batch: Mapping[str, torch.Tensor], site: Site, norm_layer: nn.Module | None,
             mask: HeadMask | None, *, scale: float = 1.0):
     """One forward of ``batch`` cut short after ``site``: its output projection's input ``z``, output
     ``y`` and, with ``norm_layer``, that layer's input ``u`` next (else None). ``scale``: multiply the
@@ -341,7 +341,7 @@ def _record(model: nn.Module, batch: Mapping[str, torch.Tensor], site: Site, nor
     return store["z"], store["y"], store.get("u")
 
 
-def _token_rows(model, batch: Mapping[str, torch.Tensor], site: Site, shape: torch.Size) -> torch.Tensor | None:
+def token_rows(model, batch: Mapping[str, torch.Tensor], site: Site, shape: torch.Size) -> torch.Tensor | None:
     """Which of the B*T rows are real tokens (bool [B*T]), or None when all count / it cannot be told."""
     if len(shape) != 3:
         return None

@@ -194,7 +194,7 @@ def compress_pool(
     pruned = copy.deepcopy(model)
     prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
     if any(drop_n.values()):
-        prune_neurons(pruned, {k: v for k, v in drop_n.items() if v})
+        prune_neurons(pruned, {k: v for k, v in drop_n.items() if v}, verify=verify)  # its own trial
     pruned.eval()
     seconds["select+remove"] = time.perf_counter() - t
     stages = {"select": "kept", "remove": "kept"}
