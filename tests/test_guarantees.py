@@ -93,7 +93,6 @@ def test_a_pruned_llama3_shape_saves_and_reloads(shape, tmp_path):
 
 # ---------------------------------------------------------------- (b) Qwen3 with a small head_dim is exact
 
-@CORE
 def test_qwen3_small_head_dim_prunes_exactly():
     model = _built(T.Qwen3ForCausalLM, T.Qwen3Config(
         hidden_size=32, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2, head_dim=8,
@@ -239,7 +238,6 @@ FUSED = {"phi3 qkv_proj": phi3, "falcon mha": lambda: falcon(False), "falcon mul
          "modernbert Wqkv": modernbert, "gpt_bigcode multi-query": gpt_bigcode}
 
 
-@CORE
 @pytest.mark.parametrize("family", list(FUSED))
 def test_fused_projections_prune_exactly(family):
     _pruned_equals_masked(FUSED[family]())

@@ -46,22 +46,53 @@ _PER_HEAD_EXTRAS = ("pos_key_proj", "pos_query_proj",  # DeBERTa's relative-posi
 # Families whose heads meet biases built outside the attention module (ALiBi) or whose fused layout
 # differs from the names: refused rather than silently pruned wrong.
 _REFUSED = {"bloom": "ALiBi biases are built for all heads outside the attention modules",
-            "falcon": "its fused query_key_value layout depends on the config (multi-query)",
             "mpt": "ALiBi biases are built for all heads outside the attention modules",
-            "albert": "one attention module is shared by every layer",
-            "phi3": "its fused qkv_proj is split by config-wide head counts"}
+            "albert": "one attention module is shared by every layer"}
+# (fused q/k/v, output) child names: GPT-2 / GPT-BigCode, Phi-3 / Phi-4, ModernBERT, GPT-NeoX / Falcon / Persimmon.
+_FUSED_NAMES = (("c_attn", "c_proj"), ("qkv_proj", "o_proj"), ("Wqkv", "Wo"), ("query_key_value", "dense"))
+_KV_HEAD_ATTRS = ("num_key_value_heads", "num_kv_heads", "kv_heads")  # key/value heads an attention module reads
 _CROSS_NAMES = ("encoder_attn", "EncDecAttention", "crossattention", "cross_attn", "crossattn")
 
 
 @dataclass(frozen=True)
 class Projection:
-    """One of q/k/v: ``module`` writes this projection's heads at output features
-    ``[offset, offset + heads * head_dim)`` (offset > 0 only for fused projections such as GPT-2's
-    ``c_attn``)."""
+    """One of q/k/v: ``module`` writes this projection's ``width = heads * head_dim`` output features,
+    from ``offset`` on when they are contiguous (a fused projection's rows are in its site's
+    ``meta["fused"]``, a :class:`FusedLayout`)."""
 
     module: nn.Module  # nn.Linear (weight [out, in]), GPT-2 Conv1D (weight [in, out]) or RepeatHeads
     offset: int  # first output feature of this projection inside ``module``
     width: int  # number of output features of this projection (heads * head_dim)
+
+
+@dataclass(frozen=True)
+class FusedLayout:
+    """How one fused projection orders its output rows, in blocks of ``head_dim`` rows.
+
+    ``order``: ``"blocks"`` -- [q heads | k heads | v heads] (GPT-2's ``c_attn``, Phi-3's ``qkv_proj``,
+    ModernBERT's ``Wqkv``, multi-query Falcon and GPT-BigCode, whose k and v are one head each);
+    ``"heads"`` -- [q_h | k_h | v_h] for each head (GPT-NeoX, Persimmon, Falcon and GPT-BigCode without
+    multi-query); ``"groups"`` -- [its q heads | k | v] for each key/value head (Falcon's new decoder
+    architecture). ``parts``: what the module holds (GPT-2's cross-attention ``c_attn``: k and v only).
+    """
+
+    order: str
+    parts: tuple[str, ...] = ("q", "k", "v")
+
+    def blocks(self, query: list[int] | int, kv: list[int] | int, group: int | None = None) -> list[tuple[str, int]]:
+        """The (part, head) of each block of rows, in order, for query heads ``query`` and the key/value
+        heads ``kv`` as the attention reads them (one per group of ``group`` query heads; an int ``n`` is
+        heads ``0..n-1``). Under ``"groups"`` the i-th key/value head is followed by nothing but its group."""
+        query = list(range(query)) if isinstance(query, int) else list(query)
+        kv = list(range(kv)) if isinstance(kv, int) else list(kv)
+        parts = {p: [(p, h) for h in (query if p == "q" else kv)] for p in self.parts}
+        if self.order == "blocks":
+            return [b for p in self.parts for b in parts[p]]
+        if self.order == "heads":
+            return [b for h in range(len(query)) for p in self.parts for b in [parts[p][h]]]
+        size = group or len(query) // max(len(kv), 1)
+        return [b for j in range(len(kv)) for b in
+                [*parts["q"][j * size:(j + 1) * size], parts["k"][j], parts["v"][j]]]
 
 
 REPR_FIELDS = ("name", "kind", "layer", "num_heads", "num_kv_heads", "head_dim", "path")  # what Site's repr shows
@@ -161,7 +192,7 @@ def head_tensors(site: Site) -> list[tuple[nn.Module, str, int, str]]:
         for name, t in tensors:
             if name in POSITION_BUFFERS or t.dim() == 0:
                 continue
-            for dim, size in enumerate(t.shape):
+            for dim, size in enumerate(head_axes(site, module, t.shape)):
                 if size == site.num_heads and size > 1:
                     found.append((module, name, dim, "query"))
                     break
@@ -169,6 +200,15 @@ def head_tensors(site: Site) -> list[tuple[nn.Module, str, int, str]]:
                     found.append((module, name, dim, "kv"))
                     break
     return found
+
+
+def head_axes(site: Site, module: nn.Module, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The dimensions of a tensor of ``module`` (inside ``site.attention``) that may count heads: a
+    sub-module's last dimension of ``head_dim`` holds features (Qwen3's ``q_norm`` ``[head_dim]``,
+    Persimmon's q/k LayerNorm), also where ``head_dim == num_heads``; it is left out."""
+    if module is not site.attention and shape and shape[-1] == site.head_dim:
+        return tuple(shape[:-1])
+    return tuple(shape)
 
 
 def site_params(site: Site) -> int:
@@ -253,27 +293,52 @@ def _match(model: nn.Module, path: str, module: nn.Module) -> Site | None:
             hd = _head_dim(module, model)
             if hd:
                 return _make_site(model, path, module, path, hd, *[_proj(m) for m in mods[:3]], mods[3])
-    # GPT-2: fused c_attn [q | k | v] (self) or q_attn + c_attn [k | v] (cross), and c_proj.
-    if "c_attn" in children and "c_proj" in children and is_conv1d(children["c_attn"]):
-        hd = _head_dim(module, model)
-        if hd:
-            c_attn = children["c_attn"]
-            if "q_attn" in children:
-                w = out_features(c_attn) // 2
-                q, k, v = _proj(children["q_attn"]), Projection(c_attn, 0, w), Projection(c_attn, w, w)
-            else:
-                w = out_features(c_attn) // 3
-                q, k, v = Projection(c_attn, 0, w), Projection(c_attn, w, w), Projection(c_attn, 2 * w, w)
-            return _make_site(model, path, module, path, hd, q, k, v, children["c_proj"], meta={"fused": "blocks"})
-    # GPT-NeoX: query_key_value packs [q_h | k_h | v_h] per head (interleaved), dense reads the heads.
-    if isinstance(children.get("query_key_value"), nn.Linear) and isinstance(children.get("dense"), nn.Linear):
-        hd = _head_dim(module, model)
-        qkv = children["query_key_value"]
-        if hd and qkv.out_features % (3 * hd) == 0:
-            w = qkv.out_features // 3
-            return _make_site(model, path, module, path, hd, Projection(qkv, 0, w), Projection(qkv, 0, w),
-                              Projection(qkv, 0, w), children["dense"], meta={"fused": "interleaved"})
+    fused = _fused_site(model, path, module, children)
+    if fused is not None:
+        return fused
     return None
+
+
+def _fused_site(model: nn.Module, path: str, module: nn.Module, children: dict) -> Site | None:
+    """A site whose q/k/v are head slices of one fused projection (:class:`FusedLayout`), e.g. GPT-2's
+    ``c_attn`` or Phi-3's ``qkv_proj``; ``None`` when the widths do not fit one layout."""
+    names = next(((f, o) for f, o in _FUSED_NAMES if f in children and o in children), None)
+    hd = _head_dim(module, model)
+    if names is None or not hd:
+        return None
+    fused, o = children[names[0]], children[names[1]]
+    if not all(isinstance(m, nn.Linear) or is_conv1d(m) for m in (fused, o)) or out_features(fused) % hd:
+        return None
+    blocks = out_features(fused) // hd
+    separate_q = children.get("q_attn")  # GPT-2 / GPT-BigCode cross-attention: q apart, fused [k | v]
+    if separate_q is not None:
+        layout, kv = FusedLayout("blocks", ("k", "v")), blocks // 2
+        heads = out_features(separate_q) // hd
+    else:
+        layout = FusedLayout(_fused_order(module, names[0]))
+        kv = next((v for a in _KV_HEAD_ATTRS if isinstance(v := getattr(module, a, None), int) and v > 0), None)
+        if getattr(module, "multi_query", False) is True and not layout.order == "groups":
+            kv = 1
+        if layout.order == "heads" or kv is None:
+            kv = blocks // 3
+        heads = blocks - 2 * kv
+    if heads <= 0 or heads % kv or len(layout.blocks(heads, kv)) != blocks or (layout.order == "heads" and kv != heads):
+        return None
+    q = _proj(separate_q) if separate_q is not None else Projection(fused, 0, heads * hd)
+    first = layout.blocks(heads, kv).index  # offsets say where k and v start under "blocks" only
+    k, v = (Projection(fused, first((p, 0)) * hd if layout.order == "blocks" else 0, kv * hd) for p in ("k", "v"))
+    return _make_site(model, path, module, path, hd, q, k, v, o, meta={"fused": layout})
+
+
+def _fused_order(module: nn.Module, name: str) -> str:
+    """The row order of a fused projection: the module's own flags first (Falcon's new decoder
+    architecture groups per key/value head; ``multi_query`` packs [q | k | v] with one k and v head,
+    otherwise per head), then the projection's name."""
+    if getattr(module, "new_decoder_architecture", False) is True:
+        return "groups"
+    if isinstance(getattr(module, "multi_query", None), bool):
+        return "blocks" if module.multi_query else "heads"
+    return "heads" if name == "query_key_value" else "blocks"
 
 
 def _make_site(model, path, module, core_path, head_dim, q, k, v, o, meta=None) -> Site:

@@ -35,7 +35,7 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from .records import RECORD_KEYS, VERSION_KEY
 from .runtime import RepeatHeads, shares_t5_bias
-from .sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_lists, head_tensors
+from .sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_axes, head_lists, head_tensors
 from .trial import run_trial
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
@@ -137,7 +137,8 @@ def per_head_parameters(sites: list[Site]) -> list[str]:
             for pname, t in tensors:
                 if pname in POSITION_BUFFERS or t.dim() == 0 or (id(module), pname) in sliced:
                     continue
-                if any(d in heads for d in t.shape) or (module is not site.attention and any(d in widths for d in t.shape)):
+                axes = head_axes(site, module, tuple(t.shape))  # a norm's [head_dim] features are not heads
+                if any(d in heads for d in axes) or (module is not site.attention and any(d in widths for d in axes)):
                     found.append(f"{(name + '.') if name else ''}{pname} {tuple(t.shape)}")
         if found:
             problems.append(f"{site.name} has per-head or whole-width tensors surgery does not slice: {', '.join(found)}")
