@@ -23,11 +23,13 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from .layouts import FusedLayout, fused_order
 from .runtime import RepeatHeads, shares_t5_bias
 
 KINDS = ("encoder", "decoder", "cross")
 SUPPORTED_FAMILIES = (
     "BERT", "RoBERTa", "ELECTRA", "DistilBERT", "GPT-2", "Llama", "Qwen2", "Mistral", "BART", "Marian", "T5",
+    "Phi-3", "Falcon", "ModernBERT", "GPT-BigCode", "GPT-NeoX", "Persimmon",
     "and other models whose attention modules expose q/k/v/o projections and a head size (surgery is verified "
     "on a shrunk copy first; README: Families)",
 )
@@ -51,6 +53,9 @@ _REFUSED = {"bloom": "ALiBi biases are built for all heads outside the attention
 # (fused q/k/v, output) child names: GPT-2 / GPT-BigCode, Phi-3 / Phi-4, ModernBERT, GPT-NeoX / Falcon / Persimmon.
 _FUSED_NAMES = (("c_attn", "c_proj"), ("qkv_proj", "o_proj"), ("Wqkv", "Wo"), ("query_key_value", "dense"))
 _KV_HEAD_ATTRS = ("num_key_value_heads", "num_kv_heads", "kv_heads")  # key/value heads an attention module reads
+_Q_NAMES = {"q_proj", "query", "q", "q_lin", "query_proj", "wq", "Wq"}  # query projections, to find attention
+_K_NAMES = {"k_proj", "key", "k", "k_lin", "key_proj", "wk", "Wk"}  # no site holds (:func:`unfound_attention`)
+_FUSED_QKV = {"qkv_proj", "query_key_value", "Wqkv", "c_attn", "qkv", "in_proj", "wqkv", "Wqkv_proj"}
 _CROSS_NAMES = ("encoder_attn", "EncDecAttention", "crossattention", "cross_attn", "crossattn")
 
 
@@ -63,36 +68,6 @@ class Projection:
     module: nn.Module  # nn.Linear (weight [out, in]), GPT-2 Conv1D (weight [in, out]) or RepeatHeads
     offset: int  # first output feature of this projection inside ``module``
     width: int  # number of output features of this projection (heads * head_dim)
-
-
-@dataclass(frozen=True)
-class FusedLayout:
-    """How one fused projection orders its output rows, in blocks of ``head_dim`` rows.
-
-    ``order``: ``"blocks"`` -- [q heads | k heads | v heads] (GPT-2's ``c_attn``, Phi-3's ``qkv_proj``,
-    ModernBERT's ``Wqkv``, multi-query Falcon and GPT-BigCode, whose k and v are one head each);
-    ``"heads"`` -- [q_h | k_h | v_h] for each head (GPT-NeoX, Persimmon, Falcon and GPT-BigCode without
-    multi-query); ``"groups"`` -- [its q heads | k | v] for each key/value head (Falcon's new decoder
-    architecture). ``parts``: what the module holds (GPT-2's cross-attention ``c_attn``: k and v only).
-    """
-
-    order: str
-    parts: tuple[str, ...] = ("q", "k", "v")
-
-    def blocks(self, query: list[int] | int, kv: list[int] | int, group: int | None = None) -> list[tuple[str, int]]:
-        """The (part, head) of each block of rows, in order, for query heads ``query`` and the key/value
-        heads ``kv`` as the attention reads them (one per group of ``group`` query heads; an int ``n`` is
-        heads ``0..n-1``). Under ``"groups"`` the i-th key/value head is followed by nothing but its group."""
-        query = list(range(query)) if isinstance(query, int) else list(query)
-        kv = list(range(kv)) if isinstance(kv, int) else list(kv)
-        parts = {p: [(p, h) for h in (query if p == "q" else kv)] for p in self.parts}
-        if self.order == "blocks":
-            return [b for p in self.parts for b in parts[p]]
-        if self.order == "heads":
-            return [b for h in range(len(query)) for p in self.parts for b in [parts[p][h]]]
-        size = group or len(query) // max(len(kv), 1)
-        return [b for j in range(len(kv)) for b in
-                [*parts["q"][j * size:(j + 1) * size], parts["k"][j], parts["v"][j]]]
 
 
 REPR_FIELDS = ("name", "kind", "layer", "num_heads", "num_kv_heads", "head_dim", "path")  # what Site's repr shows
@@ -236,6 +211,9 @@ def find_sites(model: nn.Module) -> list[Site]:
     if model_type in _REFUSED:
         raise UnsupportedModelError(f"model of class {type(model).__name__} ({model_type}) is not supported: "
                                     f"{_REFUSED[model_type]}; supported families: {', '.join(SUPPORTED_FAMILIES)}")
+    if getattr(getattr(model, "config", None), "alibi", None) is True:  # Falcon built with ALiBi
+        raise UnsupportedModelError(f"model of class {type(model).__name__} ({model_type}) with alibi=True is not "
+                                    f"supported: {_REFUSED['bloom']}")
     quantized = sorted({type(m).__name__ for m in model.modules() if "quantiz" in type(m).__module__})
     if quantized or getattr(getattr(model, "config", None), "quantization_config", None):
         what = ", ".join(quantized) or "quantization_config"
@@ -255,11 +233,32 @@ def find_sites(model: nn.Module) -> list[Site]:
             f"model of class {type(model).__name__} has no attention sites headprune can find; "
             f"supported families: {', '.join(SUPPORTED_FAMILIES)}"
         )
+    if unfound := unfound_attention(model, sites):
+        raise UnsupportedModelError(
+            f"model of class {type(model).__name__} has attention headprune does not find as a site at {unfound}: "
+            "pruning or scoring the other sites would silently leave these out")
     names = [s.name for s in sites]
     if len(set(names)) != len(names):
         raise UnsupportedModelError(
             f"model of class {type(model).__name__}: attention sites do not have unique names ({names})")
     return sites
+
+
+def unfound_attention(model: nn.Module, sites: list[Site]) -> list[str]:
+    """Paths of modules that look like attention (a query projection beside a key projection, or a fused
+    q/k/v projection: :data:`_Q_NAMES`, :data:`_K_NAMES`, :data:`_FUSED_QKV`) whose projections belong to no
+    site in ``sites``: attention that would run unpruned, unscored and unnamed."""
+    covered = {id(m) for s in sites for m in (s.q.module, s.k.module, s.v.module, s.o, *s.meta.get("extras", []))}
+    covered |= {id(getattr(s.k.module, "base", None)) for s in sites}
+    found = []
+    for path, module in model.named_modules():
+        linear = {n: c for n, c in module.named_children() if isinstance(c, nn.Linear) or is_conv1d(c)}
+        fused = [c for n, c in linear.items() if n in _FUSED_QKV]
+        q = [c for n, c in linear.items() if n in _Q_NAMES]
+        k = [c for n, c in linear.items() if n in _K_NAMES]
+        if any(id(c) not in covered for c in fused) or (q and k and any(id(c) not in covered for c in q + k)):
+            found.append(path)
+    return found
 
 
 def _has_removed_sites(model: nn.Module) -> bool:
@@ -277,16 +276,19 @@ def _head_dim(module: nn.Module, model: nn.Module) -> int | None:
 
 def _match(model: nn.Module, path: str, module: nn.Module) -> Site | None:
     children = dict(module.named_children())
-    # BERT family: attention.self holds q/k/v, attention.output.dense is the output projection.
-    if "self" in children and "output" in children and hasattr(children["output"], "dense"):
-        core = children["self"]
+    # BERT family: attention.self holds q/k/v, attention.output.dense is the output projection; LED and
+    # BigBird-Pegasus: the core is another child (longformer_self_attn, self) and ``output`` is the Linear.
+    output = children.get("output")
+    out_name = ("output.dense" if isinstance(getattr(output, "dense", None), nn.Linear)
+                else "output" if isinstance(output, nn.Linear) else None)
+    for core_name, core in children.items() if out_name else ():
         hd = _head_dim(core, model)
         for names in _BERT_QKV:
             qkv = [getattr(core, n, None) for n in names]
-            if all(isinstance(m, nn.Linear) for m in qkv) and hd:
+            if core_name != "output" and all(isinstance(m, nn.Linear) for m in qkv) and hd:
                 extras = [getattr(core, n) for n in _PER_HEAD_EXTRAS if isinstance(getattr(core, n, None), nn.Linear)]
-                return _make_site(model, path, core, path + ".self", hd, *[_proj(m) for m in qkv],
-                                  children["output"].dense, meta={"bert_style": True, "extras": extras})
+                return _make_site(model, path, core, f"{path}.{core_name}", hd, *[_proj(m) for m in qkv],
+                                  module.get_submodule(out_name), meta={"bert_style": out_name, "extras": extras})
     for names in _QKVO_NAMES:
         mods = [children.get(n) for n in names]
         if all(isinstance(m, (nn.Linear, RepeatHeads)) for m in mods):
@@ -315,7 +317,7 @@ def _fused_site(model: nn.Module, path: str, module: nn.Module, children: dict) 
         layout, kv = FusedLayout("blocks", ("k", "v")), blocks // 2
         heads = out_features(separate_q) // hd
     else:
-        layout = FusedLayout(_fused_order(module, names[0]))
+        layout = FusedLayout(fused_order(module, names[0]))
         kv = next((v for a in _KV_HEAD_ATTRS if isinstance(v := getattr(module, a, None), int) and v > 0), None)
         if getattr(module, "multi_query", False) is True and not layout.order == "groups":
             kv = 1
@@ -328,17 +330,6 @@ def _fused_site(model: nn.Module, path: str, module: nn.Module, children: dict) 
     first = layout.blocks(heads, kv).index  # offsets say where k and v start under "blocks" only
     k, v = (Projection(fused, first((p, 0)) * hd if layout.order == "blocks" else 0, kv * hd) for p in ("k", "v"))
     return _make_site(model, path, module, path, hd, q, k, v, o, meta={"fused": layout})
-
-
-def _fused_order(module: nn.Module, name: str) -> str:
-    """The row order of a fused projection: the module's own flags first (Falcon's new decoder
-    architecture groups per key/value head; ``multi_query`` packs [q | k | v] with one k and v head,
-    otherwise per head), then the projection's name."""
-    if getattr(module, "new_decoder_architecture", False) is True:
-        return "groups"
-    if isinstance(getattr(module, "multi_query", None), bool):
-        return "blocks" if module.multi_query else "heads"
-    return "heads" if name == "query_key_value" else "blocks"
 
 
 def _make_site(model, path, module, core_path, head_dim, q, k, v, o, meta=None) -> Site:

@@ -35,11 +35,11 @@ from torch import nn
 
 from ..errors import PlanError
 from .kept import kept_heads, original_heads
+from .layouts import FusedLayout
 from .masking import HEADS, masked_kinds, unit_indices
 from .records import KEPT_KEY, LEGACY_KEYS, ORIGINAL_KEY, DroppedHeads, KeptHeads, config_record
 from .runtime import BiasOnly, RemovedAttention, RepeatHeads, T5PrunedAttention, shares_t5_bias, swap_class
 from .sites import (
-    FusedLayout,
     Projection,
     Site,
     find_sites,
@@ -327,7 +327,8 @@ def _remove_site(model: nn.Module, site: Site) -> None:
     out = out_features(site.o)
     if site.meta.get("bert_style"):
         parent = model.get_submodule(site.path.rsplit(".", 1)[0])
-        parent.output.dense = BiasOnly(bias, out)  # the residual + LayerNorm after it stay
+        owner, _, attr = str(site.meta["bert_style"]).rpartition(".")  # "output.dense" (BERT) or "output" (LED)
+        setattr(parent.get_submodule(owner) if owner else parent, attr, BiasOnly(bias, out))  # residual + norm stay
         style = "bert"
     else:
         attn.headprune_out = BiasOnly(bias, out)
