@@ -147,7 +147,6 @@ def _attention_blocks(model) -> int:
                if any(n in ("q_proj", "query", "q") for n, _ in m.named_children()))
 
 
-@CORE
 @pytest.mark.parametrize("family", ["led", "bigbird_pegasus"])
 def test_every_attention_block_is_a_site_or_refused_by_path(family):
     if family == "led":

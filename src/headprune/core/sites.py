@@ -37,6 +37,7 @@ SUPPORTED_FAMILIES = (
 # (query, key, value, output) child names of an attention module that holds all four projections.
 _QKVO_NAMES = (
     ("q_proj", "k_proj", "v_proj", "o_proj"),  # Llama, Qwen2, Mistral, Gemma, Phi-3 ...
+    ("q_proj", "k_proj", "v_proj", "dense"),  # Phi-1 / Phi-2
     ("q_proj", "k_proj", "v_proj", "out_proj"),  # BART, Marian, mBART, Pegasus, Whisper, OPT ...
     ("q_lin", "k_lin", "v_lin", "out_lin"),  # DistilBERT
     ("q", "k", "v", "o"),  # T5, mT5, LongT5
