@@ -7,7 +7,10 @@ output projection reads the concatenation of the heads' outputs, ``[..., num_hea
 Sites are found by shape, not by a list of classes: any module that owns query/key/value/output
 projections under one of the known name sets below, plus a head size, is a site. The families
 transformers 5 ships that follow these names (BERT, RoBERTa, ELECTRA, DistilBERT, GPT-2, Llama,
-Qwen2, Mistral, BART, Marian, T5, and many more) need no entry of their own.
+Qwen2, Mistral, BART, Marian, T5, and many more) need no entry of their own. A fused q/k/v projection
+(GPT-2's ``c_attn``, Phi-3's ``qkv_proj``, Falcon's ``query_key_value``, ModernBERT's ``Wqkv``) is described
+by its row layout (:class:`~.layouts.FusedLayout`), not by family. A module that holds q/k/v-like
+projections no site holds is refused by its path (:func:`unfound_attention`), never silently skipped.
 
 Names are stable and used everywhere (files, plots, CLI): ``{stack}.{layer}.{self|cross}`` where
 ``stack`` is ``encoder`` for bidirectional self-attention and ``decoder`` for causal self-attention
