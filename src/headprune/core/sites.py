@@ -41,6 +41,7 @@ SUPPORTED_FAMILIES = (
 _QKVO_NAMES = (
     ("q_proj", "k_proj", "v_proj", "o_proj"),  # Llama, Qwen2, Mistral, Gemma, Phi-3 ...
     ("q_proj", "k_proj", "v_proj", "dense"),  # Phi-1 / Phi-2
+    ("q_proj", "k_proj", "v_proj", "Wo"),  # ModernBERT decoder
     ("q_proj", "k_proj", "v_proj", "out_proj"),  # BART, Marian, mBART, Pegasus, Whisper, OPT ...
     ("q_lin", "k_lin", "v_lin", "out_lin"),  # DistilBERT
     ("q", "k", "v", "o"),  # T5, mT5, LongT5
@@ -59,7 +60,7 @@ _FUSED_NAMES = (("c_attn", "c_proj"), ("qkv_proj", "o_proj"), ("Wqkv", "Wo"), ("
 _KV_HEAD_ATTRS = ("num_key_value_heads", "num_kv_heads", "kv_heads")  # key/value heads an attention module reads
 _Q_NAMES = {"q_proj", "query", "q", "q_lin", "query_proj", "wq", "Wq"}  # query projections, to find attention
 _K_NAMES = {"k_proj", "key", "k", "k_lin", "key_proj", "wk", "Wk"}  # no site holds (:func:`unfound_attention`)
-_FUSED_QKV = {"qkv_proj", "query_key_value", "Wqkv", "c_attn", "qkv", "in_proj", "wqkv", "Wqkv_proj"}
+_FUSED_QKV = {"qkv_proj", "query_key_value", "Wqkv", "c_attn", "qkv", "wqkv"}  # not in_proj: Mamba's mixer
 _CROSS_NAMES = ("encoder_attn", "EncDecAttention", "crossattention", "cross_attn", "crossattn")
 
 
