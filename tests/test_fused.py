@@ -108,3 +108,12 @@ def test_attention_no_site_holds_is_refused_by_path():
     model.model.encoder.layers[0].extra_attn = _Hidden()
     with pytest.raises(hp.UnsupportedModelError, match=r"model\.encoder\.layers\.0\.extra_attn"):
         hp.find_sites(model)
+
+
+def test_falcon_with_alibi_is_refused_by_name_untouched():
+    model = _built(T.FalconForCausalLM, T.FalconConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                       alibi=True, **TOKENS))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(hp.UnsupportedModelError, match="alibi=True.*ALiBi biases are built for all heads"):
+        hp.prune_heads(model, {"decoder.0.self": [1]})
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
