@@ -261,7 +261,7 @@ def test_no_private_names_imported_across_modules():
 # function-level imports alike). Every module of headprune.core must be in exactly one layer.
 CORE_LAYERS = (
     ("records", {"records", "devices", "calls", "inputs", "gguf", "quiet"}),
-    ("model", {"runtime", "sites", "ffn", "kept", "cost", "unit_cost", "kvcache"}),
+    ("model", {"runtime", "layouts", "sites", "ffn", "kept", "cost", "unit_cost", "kvcache"}),
     ("masks", {"masking", "folding"}),
     ("surgery", {"snapshot", "surgery", "neurons"}),
     ("io", {"checkpoint", "stock", "saving"}),

@@ -1,7 +1,7 @@
 """Acceptance tests of issue 24's core part ("Guarantees by behaviour"), written before the fix.
 
-Each test here failed on the code it was written against. Those still pending are marked
-``xfail(strict=True)``: the day their part lands, a test that passes turns red until its mark is removed. Only public functions are used
+Each test here failed on the code it was written against (each was first committed as a strict xfail and
+verified failing for the reason it names) and passes since the core part landed. Only public functions are used
 (``prune_heads``, ``save_pruned``, ``load_pruned``, ``find_sites``, ``masked``), so moving files inside
 ``headprune.core`` does not break them. Every model is built here from a tiny config.
 """
@@ -21,7 +21,6 @@ import transformers as T
 
 import headprune as hp
 
-CORE = pytest.mark.xfail(strict=True, reason="issue 24: core part pending")
 VOCAB = 64
 TOKENS = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)
 
@@ -145,7 +144,6 @@ def _attention_blocks(model) -> int:
                if any(n in ("q_proj", "query", "q") for n, _ in m.named_children()))
 
 
-@CORE
 @pytest.mark.parametrize("family", ["led", "bigbird_pegasus"])
 def test_every_attention_block_is_a_site_or_refused_by_path(family):
     if family == "led":
@@ -234,7 +232,6 @@ FUSED = {"phi3 qkv_proj": phi3, "falcon mha": lambda: falcon(False), "falcon mul
          "modernbert Wqkv": modernbert, "gpt_bigcode multi-query": gpt_bigcode}
 
 
-@CORE
 @pytest.mark.parametrize("family", list(FUSED))
 def test_fused_projections_prune_exactly(family):
     _pruned_equals_masked(FUSED[family]())

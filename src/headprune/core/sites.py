@@ -7,7 +7,10 @@ output projection reads the concatenation of the heads' outputs, ``[..., num_hea
 Sites are found by shape, not by a list of classes: any module that owns query/key/value/output
 projections under one of the known name sets below, plus a head size, is a site. The families
 transformers 5 ships that follow these names (BERT, RoBERTa, ELECTRA, DistilBERT, GPT-2, Llama,
-Qwen2, Mistral, BART, Marian, T5, and many more) need no entry of their own.
+Qwen2, Mistral, BART, Marian, T5, and many more) need no entry of their own. A fused q/k/v projection
+(GPT-2's ``c_attn``, Phi-3's ``qkv_proj``, Falcon's ``query_key_value``, ModernBERT's ``Wqkv``) is described
+by its row layout (:class:`~.layouts.FusedLayout`), not by family. A module that holds q/k/v-like
+projections no site holds is refused by its path (:func:`unfound_attention`), never silently skipped.
 
 Names are stable and used everywhere (files, plots, CLI): ``{stack}.{layer}.{self|cross}`` where
 ``stack`` is ``encoder`` for bidirectional self-attention and ``decoder`` for causal self-attention
@@ -23,11 +26,13 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from .layouts import FusedLayout, fused_order
 from .runtime import RepeatHeads, shares_t5_bias
 
 KINDS = ("encoder", "decoder", "cross")
 SUPPORTED_FAMILIES = (
     "BERT", "RoBERTa", "ELECTRA", "DistilBERT", "GPT-2", "Llama", "Qwen2", "Mistral", "BART", "Marian", "T5",
+    "Phi-3", "Falcon", "ModernBERT", "GPT-BigCode", "GPT-NeoX", "Persimmon",
     "and other models whose attention modules expose q/k/v/o projections and a head size (surgery is verified "
     "on a shrunk copy first; README: Families)",
 )
@@ -35,6 +40,8 @@ SUPPORTED_FAMILIES = (
 # (query, key, value, output) child names of an attention module that holds all four projections.
 _QKVO_NAMES = (
     ("q_proj", "k_proj", "v_proj", "o_proj"),  # Llama, Qwen2, Mistral, Gemma, Phi-3 ...
+    ("q_proj", "k_proj", "v_proj", "dense"),  # Phi-1 / Phi-2
+    ("q_proj", "k_proj", "v_proj", "Wo"),  # ModernBERT decoder
     ("q_proj", "k_proj", "v_proj", "out_proj"),  # BART, Marian, mBART, Pegasus, Whisper, OPT ...
     ("q_lin", "k_lin", "v_lin", "out_lin"),  # DistilBERT
     ("q", "k", "v", "o"),  # T5, mT5, LongT5
@@ -46,18 +53,22 @@ _PER_HEAD_EXTRAS = ("pos_key_proj", "pos_query_proj",  # DeBERTa's relative-posi
 # Families whose heads meet biases built outside the attention module (ALiBi) or whose fused layout
 # differs from the names: refused rather than silently pruned wrong.
 _REFUSED = {"bloom": "ALiBi biases are built for all heads outside the attention modules",
-            "falcon": "its fused query_key_value layout depends on the config (multi-query)",
             "mpt": "ALiBi biases are built for all heads outside the attention modules",
-            "albert": "one attention module is shared by every layer",
-            "phi3": "its fused qkv_proj is split by config-wide head counts"}
+            "albert": "one attention module is shared by every layer"}
+# (fused q/k/v, output) child names: GPT-2 / GPT-BigCode, Phi-3 / Phi-4, ModernBERT, GPT-NeoX / Falcon / Persimmon.
+_FUSED_NAMES = (("c_attn", "c_proj"), ("qkv_proj", "o_proj"), ("Wqkv", "Wo"), ("query_key_value", "dense"))
+_KV_HEAD_ATTRS = ("num_key_value_heads", "num_kv_heads", "kv_heads")  # key/value heads an attention module reads
+_Q_NAMES = {"q_proj", "query", "q", "q_lin", "query_proj", "wq", "Wq"}  # query projections, to find attention
+_K_NAMES = {"k_proj", "key", "k", "k_lin", "key_proj", "wk", "Wk"}  # no site holds (:func:`unfound_attention`)
+_FUSED_QKV = {"qkv_proj", "query_key_value", "Wqkv", "c_attn", "qkv", "wqkv"}  # not in_proj: Mamba's mixer
 _CROSS_NAMES = ("encoder_attn", "EncDecAttention", "crossattention", "cross_attn", "crossattn")
 
 
 @dataclass(frozen=True)
 class Projection:
-    """One of q/k/v: ``module`` writes this projection's heads at output features
-    ``[offset, offset + heads * head_dim)`` (offset > 0 only for fused projections such as GPT-2's
-    ``c_attn``)."""
+    """One of q/k/v: ``module`` writes this projection's ``width = heads * head_dim`` output features,
+    from ``offset`` on when they are contiguous (a fused projection's rows are in its site's
+    ``meta["fused"]``, a :class:`FusedLayout`)."""
 
     module: nn.Module  # nn.Linear (weight [out, in]), GPT-2 Conv1D (weight [in, out]) or RepeatHeads
     offset: int  # first output feature of this projection inside ``module``
@@ -161,9 +172,7 @@ def head_tensors(site: Site) -> list[tuple[nn.Module, str, int, str]]:
         for name, t in tensors:
             if name in POSITION_BUFFERS or t.dim() == 0:
                 continue
-            for dim, size in enumerate(t.shape):
-                if per_head_dim(site, module, t, dim):
-                    continue  # a norm over each head's features
+            for dim, size in enumerate(head_axes(site, module, t.shape)):
                 if size == site.num_heads and size > 1:
                     found.append((module, name, dim, "query"))
                     break
@@ -173,12 +182,13 @@ def head_tensors(site: Site) -> list[tuple[nn.Module, str, int, str]]:
     return found
 
 
-def per_head_dim(site: Site, module: nn.Module, t: nn.Parameter, dim: int) -> bool:
-    """Whether dimension ``dim`` of ``t`` (a parameter or buffer of ``module`` inside the attention) runs over
-    one head's features: the last one, of size ``head_dim``, of a submodule (a per-head norm such as Qwen3's
-    ``q_norm`` [head_dim] or Cohere's [heads, head_dim]). Shared by every head, never sliced, even where
-    ``head_dim`` equals the number of heads; a guess that is wrong fails the trial (refused, not wrong)."""
-    return module is not site.attention and dim == t.dim() - 1 and t.shape[dim] == site.head_dim
+def head_axes(site: Site, module: nn.Module, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The dimensions of a tensor of ``module`` (inside ``site.attention``) that may count heads: a
+    sub-module's last dimension of ``head_dim`` holds features (Qwen3's ``q_norm`` ``[head_dim]``,
+    Persimmon's q/k LayerNorm), also where ``head_dim == num_heads``; it is left out."""
+    if module is not site.attention and shape and shape[-1] == site.head_dim:
+        return tuple(shape[:-1])
+    return tuple(shape)
 
 
 def site_params(site: Site) -> int:
@@ -206,6 +216,9 @@ def find_sites(model: nn.Module) -> list[Site]:
     if model_type in _REFUSED:
         raise UnsupportedModelError(f"model of class {type(model).__name__} ({model_type}) is not supported: "
                                     f"{_REFUSED[model_type]}; supported families: {', '.join(SUPPORTED_FAMILIES)}")
+    if getattr(getattr(model, "config", None), "alibi", None) is True:  # Falcon built with ALiBi
+        raise UnsupportedModelError(f"model of class {type(model).__name__} ({model_type}) with alibi=True is not "
+                                    f"supported: {_REFUSED['bloom']}")
     quantized = sorted({type(m).__name__ for m in model.modules() if "quantiz" in type(m).__module__})
     if quantized or getattr(getattr(model, "config", None), "quantization_config", None):
         what = ", ".join(quantized) or "quantization_config"
@@ -225,11 +238,32 @@ def find_sites(model: nn.Module) -> list[Site]:
             f"model of class {type(model).__name__} has no attention sites headprune can find; "
             f"supported families: {', '.join(SUPPORTED_FAMILIES)}"
         )
+    if unfound := unfound_attention(model, sites):
+        raise UnsupportedModelError(
+            f"model of class {type(model).__name__} has attention headprune does not find as a site at {unfound}: "
+            "pruning or scoring the other sites would silently leave these out")
     names = [s.name for s in sites]
     if len(set(names)) != len(names):
         raise UnsupportedModelError(
             f"model of class {type(model).__name__}: attention sites do not have unique names ({names})")
     return sites
+
+
+def unfound_attention(model: nn.Module, sites: list[Site]) -> list[str]:
+    """Paths of modules that look like attention (a query projection beside a key projection, or a fused
+    q/k/v projection: :data:`_Q_NAMES`, :data:`_K_NAMES`, :data:`_FUSED_QKV`) whose projections belong to no
+    site in ``sites``: attention that would run unpruned, unscored and unnamed."""
+    covered = {id(m) for s in sites for m in (s.q.module, s.k.module, s.v.module, s.o, *s.meta.get("extras", []))}
+    covered |= {id(getattr(s.k.module, "base", None)) for s in sites}
+    found = []
+    for path, module in model.named_modules():
+        linear = {n: c for n, c in module.named_children() if isinstance(c, nn.Linear) or is_conv1d(c)}
+        fused = [c for n, c in linear.items() if n in _FUSED_QKV]
+        q = [c for n, c in linear.items() if n in _Q_NAMES]
+        k = [c for n, c in linear.items() if n in _K_NAMES]
+        if any(id(c) not in covered for c in fused) or (q and k and any(id(c) not in covered for c in q + k)):
+            found.append(path)
+    return found
 
 
 def _has_removed_sites(model: nn.Module) -> bool:
@@ -247,43 +281,60 @@ def _head_dim(module: nn.Module, model: nn.Module) -> int | None:
 
 def _match(model: nn.Module, path: str, module: nn.Module) -> Site | None:
     children = dict(module.named_children())
-    # BERT family: attention.self holds q/k/v, attention.output.dense is the output projection.
-    if "self" in children and "output" in children and hasattr(children["output"], "dense"):
-        core = children["self"]
+    # BERT family: attention.self holds q/k/v, attention.output.dense is the output projection; LED and
+    # BigBird-Pegasus: the core is another child (longformer_self_attn, self) and ``output`` is the Linear.
+    output = children.get("output")
+    out_name = ("output.dense" if isinstance(getattr(output, "dense", None), nn.Linear)
+                else "output" if isinstance(output, nn.Linear) else None)
+    for core_name, core in children.items() if out_name else ():
         hd = _head_dim(core, model)
         for names in _BERT_QKV:
             qkv = [getattr(core, n, None) for n in names]
-            if all(isinstance(m, nn.Linear) for m in qkv) and hd:
+            if core_name != "output" and all(isinstance(m, nn.Linear) for m in qkv) and hd:
                 extras = [getattr(core, n) for n in _PER_HEAD_EXTRAS if isinstance(getattr(core, n, None), nn.Linear)]
-                return _make_site(model, path, core, path + ".self", hd, *[_proj(m) for m in qkv],
-                                  children["output"].dense, meta={"bert_style": True, "extras": extras})
+                return _make_site(model, path, core, f"{path}.{core_name}", hd, *[_proj(m) for m in qkv],
+                                  module.get_submodule(out_name), meta={"bert_style": out_name, "extras": extras})
     for names in _QKVO_NAMES:
         mods = [children.get(n) for n in names]
         if all(isinstance(m, (nn.Linear, RepeatHeads)) for m in mods):
             hd = _head_dim(module, model)
             if hd:
                 return _make_site(model, path, module, path, hd, *[_proj(m) for m in mods[:3]], mods[3])
-    # GPT-2: fused c_attn [q | k | v] (self) or q_attn + c_attn [k | v] (cross), and c_proj.
-    if "c_attn" in children and "c_proj" in children and is_conv1d(children["c_attn"]):
-        hd = _head_dim(module, model)
-        if hd:
-            c_attn = children["c_attn"]
-            if "q_attn" in children:
-                w = out_features(c_attn) // 2
-                q, k, v = _proj(children["q_attn"]), Projection(c_attn, 0, w), Projection(c_attn, w, w)
-            else:
-                w = out_features(c_attn) // 3
-                q, k, v = Projection(c_attn, 0, w), Projection(c_attn, w, w), Projection(c_attn, 2 * w, w)
-            return _make_site(model, path, module, path, hd, q, k, v, children["c_proj"], meta={"fused": "blocks"})
-    # GPT-NeoX: query_key_value packs [q_h | k_h | v_h] per head (interleaved), dense reads the heads.
-    if isinstance(children.get("query_key_value"), nn.Linear) and isinstance(children.get("dense"), nn.Linear):
-        hd = _head_dim(module, model)
-        qkv = children["query_key_value"]
-        if hd and qkv.out_features % (3 * hd) == 0:
-            w = qkv.out_features // 3
-            return _make_site(model, path, module, path, hd, Projection(qkv, 0, w), Projection(qkv, 0, w),
-                              Projection(qkv, 0, w), children["dense"], meta={"fused": "interleaved"})
+    fused = _fused_site(model, path, module, children)
+    if fused is not None:
+        return fused
     return None
+
+
+def _fused_site(model: nn.Module, path: str, module: nn.Module, children: dict) -> Site | None:
+    """A site whose q/k/v are head slices of one fused projection (:class:`FusedLayout`), e.g. GPT-2's
+    ``c_attn`` or Phi-3's ``qkv_proj``; ``None`` when the widths do not fit one layout."""
+    names = next(((f, o) for f, o in _FUSED_NAMES if f in children and o in children), None)
+    hd = _head_dim(module, model)
+    if names is None or not hd:
+        return None
+    fused, o = children[names[0]], children[names[1]]
+    if not all(isinstance(m, nn.Linear) or is_conv1d(m) for m in (fused, o)) or out_features(fused) % hd:
+        return None
+    blocks = out_features(fused) // hd
+    separate_q = children.get("q_attn")  # GPT-2 / GPT-BigCode cross-attention: q apart, fused [k | v]
+    if separate_q is not None:
+        layout, kv = FusedLayout("blocks", ("k", "v")), blocks // 2
+        heads = out_features(separate_q) // hd
+    else:
+        layout = FusedLayout(fused_order(module, names[0]))
+        kv = next((v for a in _KV_HEAD_ATTRS if isinstance(v := getattr(module, a, None), int) and v > 0), None)
+        if getattr(module, "multi_query", False) is True and not layout.order == "groups":
+            kv = 1
+        if layout.order == "heads" or kv is None:
+            kv = blocks // 3
+        heads = blocks - 2 * kv
+    if heads <= 0 or heads % kv or len(layout.blocks(heads, kv)) != blocks or (layout.order == "heads" and kv != heads):
+        return None
+    q = _proj(separate_q) if separate_q is not None else Projection(fused, 0, heads * hd)
+    first = layout.blocks(heads, kv).index  # offsets say where k and v start under "blocks" only
+    k, v = (Projection(fused, first((p, 0)) * hd if layout.order == "blocks" else 0, kv * hd) for p in ("k", "v"))
+    return _make_site(model, path, module, path, hd, q, k, v, o, meta={"fused": layout})
 
 
 def _make_site(model, path, module, core_path, head_dim, q, k, v, o, meta=None) -> Site:

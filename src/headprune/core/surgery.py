@@ -35,6 +35,7 @@ from torch import nn
 
 from ..errors import PlanError
 from .kept import kept_heads, original_heads
+from .layouts import FusedLayout
 from .masking import HEADS, masked_kinds, unit_indices
 from .records import KEPT_KEY, LEGACY_KEYS, ORIGINAL_KEY, DroppedHeads, KeptHeads, config_record
 from .runtime import BiasOnly, RemovedAttention, RepeatHeads, T5PrunedAttention, shares_t5_bias, swap_class
@@ -190,10 +191,10 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
     counts = [per_kv[j] for j in kept_kv]
     group = math.gcd(*counts)
     kv_rows = _rows(kept_kv, hd)
-    if site.meta.get("fused") == "interleaved":  # [q_h | k_h | v_h] per head
-        _select_out(site.q.module, _rows(keep, 3 * hd))
-    elif site.meta.get("fused") == "blocks":
-        _slice_fused(site, q_rows, kv_rows)
+    seen_kv = [kept_kv[j] for j, c in enumerate(counts) for _ in range(c // group)]  # what the attention sees
+    layout = site.meta.get("fused")
+    if layout is not None:
+        _slice_fused(site, layout, keep, seen_kv, group)
     else:
         _select_out(site.q.module, q_rows)
         for proj in (site.k, site.v):
@@ -201,7 +202,6 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
     for extra in site.meta.get("extras", []):
         _select_out(extra, q_rows)
     _select_in(site.o, q_rows)
-    seen_kv = [kept_kv[j] for j, c in enumerate(counts) for _ in range(c // group)]  # what the attention sees
     _slice_head_lists(site, keep, seen_kv)
     _slice_head_tensors(site, keep, seen_kv)
     n = len(keep)
@@ -211,15 +211,17 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
     for attr in ("all_head_size", "inner_dim"):
         if isinstance(getattr(attn, attr, None), int):
             setattr(attn, attr, n * hd)
-    if getattr(attn, "embed_dim", None) == site.num_heads * hd:
-        attn.embed_dim = n * hd  # the heads' width: some families reshape their output by it (XGLM, MVP, TrOCR)
+    for attr in ("embed_dim", "split_size"):  # the heads' width: some families split or reshape by it (XGLM, GPT-2)
+        if getattr(attn, attr, None) == site.num_heads * hd:
+            setattr(attn, attr, n * hd)
     if isinstance(getattr(attn, "num_key_value_groups", None), int):
         attn.num_key_value_groups = group
-    for attr in ("num_key_value_heads", "num_kv_heads"):  # key/value heads the attention now sees
-        if isinstance(getattr(attn, attr, None), int) and site.meta.get("fused") != "interleaved":
+    for attr in ("num_key_value_heads", "num_kv_heads", "kv_heads"):  # key/value heads the attention now sees
+        if isinstance(getattr(attn, attr, None), int):
             setattr(attn, attr, n // group)
-    if site.meta.get("fused") == "blocks":
-        attn.split_size = n * hd
+    if getattr(attn, "kv_dim", None) == site.num_kv_heads * hd:
+        attn.kv_dim = n // group * hd
+    _own_head_counts(attn, n, n // group)
     if shares_t5_bias(attn):
         _t5_take_heads(model, attn, kept_original)
 
@@ -264,14 +266,49 @@ def _slice_kv(attn, proj: Projection, kv_rows, kept_kv, counts, group, hd) -> No
         _replace_child(attn, module, new)
 
 
-def _slice_fused(site: Site, q_rows: torch.Tensor, kv_rows: torch.Tensor) -> None:
-    """GPT-2: c_attn packs [q | k | v] (or [k | v] with a separate q_attn)."""
-    width = site.k.width
-    if site.q.module is site.k.module:
-        _select_out(site.k.module, torch.cat([q_rows, width + kv_rows, 2 * width + kv_rows]))
-    else:
-        _select_out(site.q.module, q_rows)
-        _select_out(site.k.module, torch.cat([kv_rows, width + kv_rows]))
+def _slice_fused(site: Site, layout: FusedLayout, keep: list[int], seen_kv: list[int], group: int) -> None:
+    """Keep the kept heads' blocks of a fused projection, in the layout it had (:class:`FusedLayout`): the
+    query heads ``keep``, and the key/value heads as the attention reads them, ``seen_kv`` (one per group
+    of ``group`` query heads; a key/value head serving two groups under uneven GQA has its rows twice)."""
+    module, hd = site.k.module, site.head_dim
+    position = {b: i for i, b in enumerate(layout.blocks(site.num_heads, site.num_kv_heads))}
+    blocks = [position[b] for b in layout.blocks(keep, seen_kv, group)]
+    _select_out(module, torch.tensor([b * hd + i for b in blocks for i in range(hd)], dtype=torch.long))
+    if "q" not in layout.parts:
+        _select_out(site.q.module, _rows(keep, hd))
+
+
+def _own_head_counts(attn: nn.Module, heads: int, kv_heads: int) -> None:
+    """An attention module that reads its head counts from the model's config (Phi-3 splits its fused
+    ``qkv_proj`` by ``config.num_attention_heads``) gets a view of that config with its own counts."""
+    config = getattr(attn, "config", None)
+    if config is None or not isinstance(getattr(config, "num_attention_heads", None), int):
+        return
+    base = config.base if isinstance(config, HeadCountConfig) else config
+    own = {"num_attention_heads": heads}
+    if isinstance(getattr(base, "num_key_value_heads", None), int):
+        own["num_key_value_heads"] = kv_heads
+    attn.config = HeadCountConfig(base, own)
+
+
+class HeadCountConfig:
+    """A model config as one pruned attention module reads it: its own head counts, every other field
+    (the attention implementation included, also when it changes later) read from ``base``."""
+
+    def __init__(self, base, own: dict[str, int]):
+        self.__dict__.update(base=base, own=dict(own))
+
+    def __getattr__(self, name: str):
+        if name.startswith("__") or name in ("base", "own"):
+            raise AttributeError(name)
+        own = self.__dict__["own"]
+        return own[name] if name in own else getattr(self.__dict__["base"], name)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in self.__dict__["own"]:
+            self.__dict__["own"][name] = value
+        else:
+            setattr(self.__dict__["base"], name, value)
 
 
 def _replace_child(parent: nn.Module, old: nn.Module, new: nn.Module) -> None:
@@ -290,7 +327,8 @@ def _remove_site(model: nn.Module, site: Site) -> None:
     out = out_features(site.o)
     if site.meta.get("bert_style"):
         parent = model.get_submodule(site.path.rsplit(".", 1)[0])
-        parent.output.dense = BiasOnly(bias, out)  # the residual + LayerNorm after it stay
+        owner, _, attr = str(site.meta["bert_style"]).rpartition(".")  # "output.dense" (BERT) or "output" (LED)
+        setattr(parent.get_submodule(owner) if owner else parent, attr, BiasOnly(bias, out))  # residual + norm stay
         style = "bert"
     else:
         attn.headprune_out = BiasOnly(bias, out)

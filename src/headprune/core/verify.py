@@ -41,7 +41,7 @@ from ..errors import UnsupportedModelError
 from .calls import TEMPLATES, CallTemplate, template_from_record, template_record
 from .records import CALLS_KEY, RECORD_KEYS, VERSION_KEY, config_record
 from .runtime import RepeatHeads, give_calls, removed_attention_classes, shares_t5_bias
-from .sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_lists, head_tensors, per_head_dim
+from .sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_axes, head_lists, head_tensors
 from .trial import example_batch, record_templates, run_trial
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
@@ -177,8 +177,8 @@ def per_head_parameters(sites: list[Site]) -> list[str]:
             for pname, t in tensors:
                 if pname in POSITION_BUFFERS or t.dim() == 0 or (id(module), pname) in sliced:
                     continue
-                sizes = [d for i, d in enumerate(t.shape) if not per_head_dim(site, module, t, i)]
-                if any(d in heads for d in sizes) or (module is not site.attention and any(d in widths for d in sizes)):
+                axes = head_axes(site, module, tuple(t.shape))  # a norm's [head_dim] features are not heads
+                if any(d in heads for d in axes) or (module is not site.attention and any(d in widths for d in axes)):
                     found.append(f"{(name + '.') if name else ''}{pname} {tuple(t.shape)}")
         if found:
             problems.append(f"{site.name} has per-head or whole-width tensors surgery does not slice: {', '.join(found)}")
