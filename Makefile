@@ -64,9 +64,9 @@ test-oldest: install-test
 	$(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > \
 		"$$($(OLDEST_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz_headprune_main_venv.pth"
 	$(OLDEST_VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt "transformers==$(OLDEST_TRANSFORMERS)"
-	$(OLDEST_VENV)/bin/pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
-	$(OLDEST_VENV)/bin/python -c 'import transformers; print("oldest supported transformers:", transformers.__version__)'
-	$(OLDEST_VENV)/bin/python -m pytest -q tests/test_families.py tests/test_core_equivalence.py tests/test_io_reload.py
+	# headprune itself from this checkout's src/ (the venv's own old setuptools cannot build it; nothing to install)
+	PYTHONPATH=src $(OLDEST_VENV)/bin/python -c 'import transformers, headprune; print("oldest supported transformers:", transformers.__version__, "headprune from", headprune.__file__)'
+	PYTHONPATH=src $(OLDEST_VENV)/bin/python -m pytest -q tests/test_families.py tests/test_core_equivalence.py tests/test_io_reload.py
 
 # On a machine with a CUDA GPU and the packages its image already has (no network): the CUDA tests and a short
 # bf16 end-to-end (importance, prune, save/load, bench), under 8 minutes; writes benchmarks/results/gpu_check.json.
