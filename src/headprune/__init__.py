@@ -14,8 +14,6 @@ Names are imported on first use (PEP 562 ``__getattr__``), so ``import headprune
 ``headprune --version`` -- costs no torch or transformers until a name that needs them is read.
 """
 
-import importlib
-
 from .errors import (
     ConfigError,
     DataError,
@@ -26,6 +24,7 @@ from .errors import (
     UnsupportedModelError,
 )
 from .extras import MissingDependencyError
+from .lazy import lazy_names
 from .provenance import __version__
 
 # Pinned by tests/test_public_api.py. Kept importable but not listed (deprecated for one release):
@@ -69,15 +68,4 @@ SOURCES = {  # public name -> the module it is read from on first use
 }
 
 
-def __getattr__(name: str):
-    if name in SUBPACKAGES:
-        return importlib.import_module(f"{__name__}.{name}")
-    if name not in SOURCES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{SOURCES[name]}"), name)
-    globals()[name] = value  # read once
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, SOURCES, __all__, globals(), SUBPACKAGES)

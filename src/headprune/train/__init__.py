@@ -22,7 +22,7 @@ schedule does not depend on the run's length; the classifier's linear decay does
 Names are imported on first use, so reading the settings' defaults (the CLI's flags) costs no torch.
 """
 
-import importlib
+from ..lazy import lazy_names
 
 SOURCES = {  # public name -> the module it is read from on first use
     "ACTIVATIONS": "settings", "ClassifierTrainSettings": "settings", "TranslationTrainSettings": "settings",
@@ -43,13 +43,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name not in SOURCES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{SOURCES[name]}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, SOURCES, __all__, globals())
