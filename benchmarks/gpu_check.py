@@ -69,7 +69,9 @@ def _cuda_tests() -> dict:
                              cwd=ROOT, capture_output=True, text=True, timeout=TEST_LIMIT_S)
     except subprocess.TimeoutExpired:
         return {"ok": False, "seconds": round(time.perf_counter() - t, 1), "error": f"over {TEST_LIMIT_S} s"}
-    tail = run.stdout.strip().splitlines()[-1:] or run.stderr.strip().splitlines()[-1:]
+    lines = (run.stdout + "\n" + run.stderr).strip().splitlines()
+    counts = [line for line in lines if " passed" in line or " failed" in line or " error" in line]  # pytest's last line
+    tail = counts[-1:] or lines[-1:]
     return {"ok": run.returncode == 0, "seconds": round(time.perf_counter() - t, 1), "summary": tail[0] if tail else "",
             **({} if run.returncode == 0 else {"error": (run.stdout + run.stderr)[-3000:]})}
 
@@ -98,7 +100,8 @@ def _end_to_end() -> dict[str, dict]:
     config = T.LlamaConfig(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
                            head_dim=64, intermediate_size=1376, vocab_size=8192, max_position_embeddings=512)
     torch.manual_seed(0)
-    model = T.LlamaForCausalLM(config).to(device=device, dtype=dtype).eval()
+    # built in bfloat16 as from_pretrained builds it (rotary inv_freq stays float32), so a reload is comparable
+    model = T.AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
     g = torch.Generator().manual_seed(0)
     batches = [{"input_ids": torch.randint(3, config.vocab_size, (8, 128), generator=g),
                 "attention_mask": torch.ones(8, 128, dtype=torch.long)} for _ in range(4)]

@@ -9,7 +9,6 @@ import json
 import random
 from pathlib import Path
 
-import datasets
 import pytest
 import torch
 import transformers as T
@@ -20,6 +19,8 @@ from headprune.cli import app
 from headprune.cli.dataflags import cli_terms, parse_label_map
 from headprune.errors import ConfigError
 from tiny import word_tokenizer
+
+datasets = pytest.importorskip("datasets")  # the study extra; machines without it skip this file
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the film plot cast was good great fine bad dull poor and very too long funny".split()

@@ -53,6 +53,30 @@ def test_even_uniform_pruning_reloads_with_plain_from_pretrained(family, tmp_pat
         assert torch.equal(again(**x).logits, got)
 
 
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_half_precision_model_on_its_device_is_saved_stock(device, tmp_path):
+    """A model cast with ``.to(bfloat16)`` keeps rotary ``inv_freq`` in bfloat16, where ``from_pretrained``
+    rebuilds it in float32: one bfloat16 eps apart, so the stock check bounds by the dtype (4 eps), and it
+    compares on the model's own device (a CUDA model was once checked against a CPU reload and refused)."""
+    config = transformers.LlamaConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=4,
+                                      head_dim=16, intermediate_size=256, vocab_size=512)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).to(device=device, dtype=torch.bfloat16).eval()
+    assert model.model.rotary_emb.inv_freq.dtype == torch.bfloat16  # the case: a buffer cast with the weights
+    hp.prune_heads(model, {f"decoder.{i}.self": [0, 2, 4, 6] for i in range(2)})
+    hp.save_pruned(model, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert "headprune_layout_reason" not in config and "transformers_weights" not in config
+    plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m", dtype=torch.bfloat16).to(device).eval()
+    x = torch.randint(3, 512, (2, 64), generator=torch.Generator().manual_seed(0)).to(device)
+    with torch.no_grad():
+        want, got = model(x).logits.float(), plain(x).logits.float()
+    assert (got - want).abs().max() <= 4 * torch.finfo(torch.bfloat16).eps * want.abs().max()
+
+
 @pytest.mark.parametrize("family, plan", [
     ("llama", {"decoder.0.self": [0, 3]}),  # one layer pruned, the other not
     ("llama", {"decoder.0.self": [0], "decoder.1.self": [0]}),  # uneven GQA: key/value heads repeated
