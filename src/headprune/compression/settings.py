@@ -100,8 +100,9 @@ class PruneSettings:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}; allowed: True or False")
         if self.compensate in ("rearrange", "tune") and self.scores != "fisher":
+            other = " | ".join(POOL_COMPENSATIONS) if self.scores in POOL_SCORES else "'none'"
             raise ConfigError(f"compensate={self.compensate!r} with scores={self.scores!r}; allowed: scores='fisher' "
-                              "(rearrangement and tuning read the Fisher matrix), or compensate='none'")
+                              f"(rearrangement and tuning read the Fisher matrix), or compensate {other}")
         if self.head_plan:
             if self.same_per_site and (self.gqa == "free" or (self.n_keep is None and self.price != "count")):
                 raise ConfigError(f"same_per_site=True with gqa={self.gqa!r}, price={self.price!r}; allowed: gqa "
