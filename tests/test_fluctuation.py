@@ -258,3 +258,18 @@ def test_cli_flags_map_to_the_settings_one_to_one(tmp_path):
     assert sum(f.width for f in hp.find_ffns(loaded)) == record["sizes"]["after"]["neurons"]
     bad = runner.invoke(app, [*base, "--compensate", "tune", "-o", str(tmp_path / "bad")])
     assert bad.exit_code != 0 and "--compensate 'tune'" in bad.output and not (tmp_path / "bad").exists()
+
+
+def test_gguf_export_refuses_biases_it_would_not_write(tmp_path):
+    pytest.importorskip("gguf")
+    from headprune.export.gguf import export_gguf
+    from headprune.export.gguf_layout import GGUFShapeError
+    from llm_tiny import TEXTS, bpe_tokenizer, tiny_decoder
+
+    model, tok = tiny_decoder("llama"), bpe_tokenizer()
+    ids = tok(" ".join(TEXTS), return_tensors="pt")["input_ids"]
+    batches = [{"input_ids": ids[:, i * 16:(i + 1) * 16]} for i in range(3)]
+    result = compress(model, batches, PruneSettings(units="neurons", share=0.7, price="params", scores="fluctuation"))
+    with pytest.raises(GGUFShapeError, match="bias compensation"):
+        export_gguf(result.model, tmp_path / "x.gguf", tokenizer=tok)
+    assert not (tmp_path / "x.gguf").exists()
