@@ -221,6 +221,7 @@ def test_bert_is_scored_and_compensated_without_labels():
     (dict(scores="fluctuation", compensate="rearrange"), "compensate='rearrange'"),
     (dict(scores="fluctuation", n_keep=3, share=None), "n_keep=3"),
     (dict(scores="flap"), "scores='flap'"),
+    (dict(scores="fluctuation-raw", price="kv"), "price='kv'"),
     (dict(compensate="mean"), "compensate='mean'"),
 ])
 def test_settings_that_cannot_work_are_refused_on_creation(kwargs, named):
@@ -230,6 +231,7 @@ def test_settings_that_cannot_work_are_refused_on_creation(kwargs, named):
 
 def test_fluctuation_defaults_to_bias_and_bias_plus_reconstruct_refits_the_added_bias():
     assert PruneSettings(share=0.5, scores="fluctuation").compensate == "bias"
+    assert PruneSettings(share=0.5, scores="fluctuation-raw").compensate == "bias"
     model = build("llama")
     batches = _batches("llama", n=4)
     result = compress(model, batches, PruneSettings(units="both", share=0.6, price="params", scores="fluctuation",
@@ -279,3 +281,18 @@ def test_gguf_export_refuses_biases_it_would_not_write(tmp_path):
     with pytest.raises(GGUFShapeError, match="bias compensation"):
         export_gguf(result.model, tmp_path / "x.gguf", tokenizer=tok)
     assert not (tmp_path / "x.gguf").exists()
+
+
+def test_raw_fluctuation_is_ranked_per_price_without_standardising():
+    """scores='fluctuation-raw': the search sees the raw fluctuation itself (the drops equal select_units on it)."""
+    from headprune.selection.units import select_units
+
+    model = build("llama")
+    batches = _batches("llama", with_labels=False)
+    result = compress(model, batches, PruneSettings(units="both", share=0.7, price="params", scores="fluctuation-raw",
+                                                    compensate="none"))
+    found = fluctuation_scores(model, batches)
+    heads = {k: found.raw[k] for k in found.heads}
+    neurons = {k: found.raw[k] for k in found.neurons}
+    drop_h, drop_n, _ = select_units(heads, neurons, unit_costs(model, "params"), 0.7, groups=kv_groups(model))
+    assert result.dropped_heads == drop_h and result.dropped_neurons == drop_n

@@ -4,14 +4,16 @@ A budget is either ``share`` (the share of the pool's ``price`` kept: its unit `
 ``seq_len``, its ``params``, its ``kv`` cache bytes per token, or its measured ``latency``) or ``n_keep`` (a
 count of units kept). Units are scored by ``scores`` (``ih``: the paper's I_h; ``fisher``: the diagonal
 Fisher of the mask; ``random``; ``fluctuation``: FLAP's label-free input fluctuation, standardised per kind
-over all layers, :mod:`headprune.scoring.fluctuation`), and the loss of what is cut is made up for by
+over all layers, :mod:`headprune.scoring.fluctuation`; ``fluctuation-raw``: the same fluctuation not
+standardised, the expected squared output change of holding a unit at its mean, which the budget trades
+against price like any additive score), and the loss of what is cut is made up for by
 ``compensate``: ``none``; ``rearrange`` (Fisher swaps within a site); ``tune`` (rearrange, then per-site head
 scales fitted by least squares and folded into the weights, Kwon et al. 2022); ``reconstruct`` (every pruned
 projection refitted by least squares, kept only if it lowers the loss on held-out validation batches);
 ``bias`` (every removed unit held at its calibration mean, folded into the output projection's bias: FLAP's
 compensation, exact, no labels); ``bias+reconstruct`` (both, the refit then fitting the bias too); left out,
 the pipeline's own (``tune`` for the head plan, ``reconstruct`` for the budget over heads and neurons, ``bias``
-with ``fluctuation`` scores).
+with either ``fluctuation`` score).
 
 Two pipelines run them (:func:`headprune.compression.compress`): heads alone with a ``count`` / ``flops`` /
 ``kv`` budget and ``none`` / ``rearrange`` / ``tune`` go through the head plan
@@ -35,9 +37,9 @@ from .tuning import TARGETS
 from .units import UnitSettings
 
 PRICES = ("count", "flops", "params", "kv", "latency")
-SCORES = ("ih", "fisher", "random", "fluctuation")
+SCORES = ("ih", "fisher", "random", "fluctuation", "fluctuation-raw")
 COMPENSATIONS = ("none", "rearrange", "tune", "reconstruct", "bias", "bias+reconstruct")
-POOL_SCORES = ("fisher", "fluctuation")  # what the budget over heads and neurons can score with
+POOL_SCORES = ("fisher", "fluctuation", "fluctuation-raw")  # what the budget over heads and neurons can score with
 POOL_COMPENSATIONS = ("none", "reconstruct", "bias", "bias+reconstruct")
 HEAD_PLAN_PRICES = ("count", "flops", "kv")  # what the head plan can budget
 POOL_PRICES = ("flops", "params", "latency")  # what the budget over heads and neurons can
@@ -51,7 +53,8 @@ class PruneSettings:
     share: float | None = None  # share of the pool's price kept, in (0, 1]
     n_keep: int | None = None  # number of units kept (the head plan: heads), >= 1
     price: str = "flops"  # what share measures: count | flops (at seq_len) | params | kv (cache bytes) | latency
-    scores: str = "fisher"  # ih | fisher | random | fluctuation (FLAP: one forward, no labels, no gradients)
+    scores: str = "fisher"  # ih | fisher | random | fluctuation (FLAP: one forward, no labels, no gradients;
+    # standardised per kind) | fluctuation-raw (the same, not standardised: heads and neurons traded by price)
     compensate: str | None = None  # none | rearrange | tune | reconstruct | bias | bias+reconstruct (None: tune
     # for the head plan with Fisher scores, none with other scores; for the budget over heads and neurons
     # reconstruct, or bias with scores='fluctuation'; set on creation)
@@ -74,7 +77,8 @@ class PruneSettings:
         check_choice("price", self.price, PRICES)
         check_choice("scores", self.scores, SCORES)
         if self.compensate is None:
-            self.compensate = ("bias" if self.scores == "fluctuation" else "reconstruct") if self._pool_reason() \
+            self.compensate = ("bias" if self.scores.startswith("fluctuation") else "reconstruct") \
+                if self._pool_reason() \
                 else "tune" if self.scores == "fisher" else "none"
         check_choice("compensate", self.compensate, COMPENSATIONS)
         check_choice("gqa", self.gqa, GQA_MODES)
@@ -131,7 +135,7 @@ class PruneSettings:
         """Why the budget over heads and neurons runs ('' when the head plan does)."""
         for reason, applies in ((f"units={self.units!r}", self.units != "heads"),
                                 (f"price={self.price!r}", self.price not in HEAD_PLAN_PRICES),
-                                (f"scores={self.scores!r}", self.scores == "fluctuation"),
+                                (f"scores={self.scores!r}", self.scores.startswith("fluctuation")),
                                 (f"compensate={self.compensate!r}", self.compensate in ("reconstruct", "bias",
                                                                                         "bias+reconstruct")),
                                 (f"distill_epochs={self.distill_epochs}", self.distill_epochs > 0)):

@@ -4,8 +4,9 @@ Stages (each recorded; the summary says which were kept):
 
 1. *score*: per-example mask gradients of every head and neuron in one backward per batch
    (``scores="fisher"``, :func:`headprune.scoring.units.unit_fisher`), or FLAP's fluctuation of their inputs
-   from one forward, no labels (``scores="fluctuation"``, :mod:`headprune.scoring.fluctuation`: standardised per
-   kind over all layers and ranked together), on the calibration batches;
+   from one forward, no labels (:mod:`headprune.scoring.fluctuation`: ``scores="fluctuation"`` standardised per
+   kind over all layers and ranked together as FLAP does; ``"fluctuation-raw"`` not standardised, the expected
+   squared output change of holding each unit at its mean, traded against price), on the calibration batches;
 2. *select*: one global budget over the pool (``units``: heads, neurons or both), priced in FLOPs at
    ``seq_len``, parameters, or measured seconds (:mod:`headprune.selection.units`);
 3. *bias* (``compensate="bias"`` or ``"bias+reconstruct"``): every removed unit's input held at its calibration
@@ -60,7 +61,7 @@ from .reconstruct import reconstruct
 from .tuning import TARGETS
 
 COMPENSATIONS = ("none", "reconstruct", "bias", "bias+reconstruct")
-SCORES = ("fisher", "fluctuation")
+SCORES = ("fisher", "fluctuation", "fluctuation-raw")
 
 
 @dataclass
@@ -73,7 +74,8 @@ class UnitSettings:
     seq_len: int = 128
     tgt_len: int | None = None
     compensate: str = "reconstruct"  # none | reconstruct | bias (removed units held at their mean) | bias+reconstruct
-    scores: str = "fisher"  # fisher (mask gradients, labelled) | fluctuation (FLAP: one forward, no labels)
+    scores: str = "fisher"  # fisher (mask gradients, labelled) | fluctuation (FLAP: one forward, no labels) |
+    # fluctuation-raw (the same, not standardised per kind)
     damping: float = 1e-2  # ridge of the refit towards the pruned weights, relative to the mean input power
     target: str = "residual"  # what each layer reproduces: the residual stream after it, or its output
     val_share: float = 0.25  # without val_batches: share of the calibration batches held out (spread) for the guard
@@ -260,13 +262,16 @@ def compress_pool(
 
 
 def _scores(model: nn.Module, calib: list, settings: UnitSettings, costs: UnitCosts, loss_fn, progress: bool):
-    """(head scores, neuron scores, channel statistics or None) for the one-budget search: Fisher diagonals, or
-    FLAP's standardised fluctuation made knapsack values (:func:`~headprune.scoring.fluctuation.knapsack_scores`)."""
+    """(head scores, neuron scores, channel statistics or None) for the one-budget search: Fisher diagonals,
+    FLAP's standardised fluctuation made knapsack values (:func:`~headprune.scoring.fluctuation.knapsack_scores`),
+    or the raw fluctuation (an additive score, like the Fisher's)."""
     heads, neurons = settings.units != "neurons", settings.units != "heads"
     if settings.scores == "fisher":
         fisher = unit_fisher(model, calib, loss_fn=loss_fn, heads=heads, neurons=neurons, progress=progress)
         return fisher.heads, fisher.neurons, None
     found = fluctuation_scores(model, calib, heads=heads, neurons=neurons, progress=progress)
+    if settings.scores == "fluctuation-raw":  # additive (squared output change), per price like the Fisher
+        return {k: found.raw[k] for k in found.heads}, {k: found.raw[k] for k in found.neurons}, found.stats
     floor = min(float(v.min()) for v in (*found.heads.values(), *found.neurons.values()))
     return (knapsack_scores(found.heads, costs.heads, floor), knapsack_scores(found.neurons, costs.neurons, floor),
             found.stats)
