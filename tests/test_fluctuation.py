@@ -296,3 +296,14 @@ def test_raw_fluctuation_is_ranked_per_price_without_standardising():
     neurons = {k: found.raw[k] for k in found.neurons}
     drop_h, drop_n, _ = select_units(heads, neurons, unit_costs(model, "params"), 0.7, groups=kv_groups(model))
     assert result.dropped_heads == drop_h and result.dropped_neurons == drop_n
+
+
+def test_a_budget_that_removes_nothing_adds_no_bias():
+    model = build("llama")
+    result = compress(model, _batches("llama"), PruneSettings(units="both", share=1.0, price="params",
+                                                              scores="fluctuation"))
+    assert not any(result.dropped_heads.values()) and not any(result.dropped_neurons.values())
+    assert "bias" not in result.stages and not getattr(result.model.config, "headprune_added_biases", None)
+    x = inputs("llama", seed=3)
+    with torch.no_grad():
+        assert torch.equal(result.model(**x).logits, model(**x).logits)

@@ -204,8 +204,8 @@ def compress_pool(
     t = time.perf_counter()
     pruned = copy.deepcopy(model)
     stages = {"select": "kept"}
-    if settings.compensate.startswith("bias"):  # before the cut, which keeps an output projection's bias
-        if stats is None:
+    if settings.compensate.startswith("bias") and (any(drop_h.values()) or any(drop_n.values())):
+        if stats is None:  # before the cut, which keeps an output projection's bias
             stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
                                   progress=progress)
         shift_biases(pruned, mean_shifts(model, stats.mean, drop_h, drop_n))

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from ..errors import PlanError
+from ..errors import PlanError, UnsupportedModelError
 from .ffn import find_ffns, out_features
 from .records import ADDED_BIASES_KEY
 from .sites import find_sites, is_conv1d
@@ -29,7 +29,10 @@ from .sites import find_sites, is_conv1d
 def output_projections(model: nn.Module) -> dict[str, nn.Module]:
     """{site or FFN name: the projection its units feed} (a site's output projection, an FFN's down one)."""
     found = {s.name: s.o for s in find_sites(model)}
-    found.update({f.name: f.down for f in find_ffns(model, skip_moe=True)})
+    try:
+        found.update({f.name: f.down for f in find_ffns(model, skip_moe=True)})
+    except UnsupportedModelError:  # FFNs that cannot be named per layer (MobileBERT): their biases are not shifted
+        pass
     return found
 
 
@@ -44,7 +47,7 @@ def mean_shifts(model: nn.Module, means: Mapping[str, torch.Tensor], drop_heads:
     to drop ({site: head indices}, {ffn: neuron indices}, current indices) at ``means`` ({name: [C]}, the mean
     input of every feature of the projection, :func:`headprune.scoring.fluctuation.channel_stats`)."""
     sites = {s.name: s for s in find_sites(model)}
-    ffns = {f.name: f for f in find_ffns(model, skip_moe=True)}
+    ffns = {f.name: f for f in find_ffns(model, skip_moe=True)} if any(drop_neurons.values()) else {}
     shifts = {}
     for groups, drops in ((sites, drop_heads), (ffns, drop_neurons)):
         for name, drop in drops.items():
@@ -58,12 +61,14 @@ def mean_shifts(model: nn.Module, means: Mapping[str, torch.Tensor], drop_heads:
             width = unit.head_dim if groups is sites else 1
             cols = torch.tensor([i * width + j for i in drop for j in range(width)], dtype=torch.long)
             module = unit.o if groups is sites else unit.down
-            w = module.weight.detach().to("cpu", torch.float64)
-            w = w if is_conv1d(module) else w.T  # [C, d_out]
+            weight = module.weight.detach()
+            width_in = weight.shape[0] if is_conv1d(module) else weight.shape[1]
             mean = torch.as_tensor(means[name], dtype=torch.float64).cpu()
-            if mean.shape != (w.shape[0],):
-                raise PlanError(f"input means of {name!r} have shape {tuple(mean.shape)}; expected ({w.shape[0]},)")
-            shifts[name] = mean[cols] @ w[cols]
+            if mean.shape != (width_in,):
+                raise PlanError(f"input means of {name!r} have shape {tuple(mean.shape)}; expected ({width_in},)")
+            index = cols.to(weight.device)
+            w = weight.index_select(0, index) if is_conv1d(module) else weight.index_select(1, index).T  # [k, d_out]
+            shifts[name] = mean[cols] @ w.to("cpu", torch.float64)
     return shifts
 
 
@@ -91,15 +96,16 @@ def shift_biases(model: nn.Module, shifts: Mapping[str, torch.Tensor]) -> None:
 def add_zero_biases(model: nn.Module, names: Iterable[str]) -> None:
     """Give the output projections of ``names`` a zero bias where they have none (a model being rebuilt to load
     weights saved after :func:`shift_biases`)."""
-    projections = output_projections(model)
     names = list(names)
+    if not names:
+        return
+    projections = output_projections(model)
     unknown = [n for n in names if n not in projections]
     if unknown:
         raise PlanError(f"{ADDED_BIASES_KEY}: unknown sites or FFNs {unknown[:3]}; allowed: {', '.join(projections)}")
     for name in names:
         _give_bias(projections[name])
-    if names:
-        setattr(model.config, ADDED_BIASES_KEY, sorted(set(added_biases(model)) | set(names)))
+    setattr(model.config, ADDED_BIASES_KEY, sorted(set(added_biases(model)) | set(names)))
 
 
 def _give_bias(module: nn.Module) -> bool:
