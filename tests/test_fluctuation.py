@@ -307,3 +307,17 @@ def test_a_budget_that_removes_nothing_adds_no_bias():
     x = inputs("llama", seed=3)
     with torch.no_grad():
         assert torch.equal(result.model(**x).logits, model(**x).logits)
+
+
+def test_standardised_scores_are_one_threshold_over_a_kind():
+    """units='neurons' (one price per neuron): every dropped neuron's standardised score is at most every kept one's,
+    across layers (FLAP's global ranking), and the layers keep different widths."""
+    model = build("llama")
+    batches = _batches("llama", with_labels=False)
+    result = compress(model, batches, PruneSettings(units="neurons", share=0.5, price="params", scores="fluctuation",
+                                                    compensate="none"))
+    z = fluctuation_scores(model, batches, heads=False).neurons
+    dropped = torch.cat([z[k][v] for k, v in result.dropped_neurons.items()])
+    kept = torch.cat([z[k][[i for i in range(len(z[k])) if i not in set(v)]] for k, v in result.dropped_neurons.items()])
+    assert float(dropped.max()) <= float(kept.min())
+    assert len({len(v) for v in result.dropped_neurons.values()}) > 1
