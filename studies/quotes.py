@@ -127,6 +127,16 @@ def _rel(run: str, order: str, fraction: str) -> float:
     return 100 * _curve_row(run, order, fraction)["relative"]
 
 
+def _relci(run: str, order: str, fraction: str, end: str) -> float:
+    """The 95% interval of a curve point relative to unpruned (``low`` / ``high``, percent), from the
+    interval of the change that the point's own paired test gives (higher-is-better metrics)."""
+    res = tested(run)
+    row = _curve_row(run, order, fraction)
+    if row.get("ci_low") is None:
+        raise ValueError(f"{run}: {order} at {fraction} carries no interval (orders averaged over seeds have none)")
+    return 100 * (res["base"] + row["ci_" + {"low": "low", "high": "high"}[end]]) / res["base"]
+
+
 def _abl(run: str, kind: str, stat: str) -> float:
     res = tested(run) if stat == "sig" else study(run)
     sig = [r.get("significant") for r in res["rows"]]
@@ -235,7 +245,7 @@ KINDS: dict[str, tuple[Callable, str]] = {  # kind -> (function of the args, def
     "base": (_base, ".2f"), "score": (_score, ".2f"), "rel": (_rel, ".0f"), "abl": (_abl, ".2f"),
     "abo": (_abo, ".2f"), "cd": (_cd, ".2f"), "dyn": (_dyn, ".0f"), "speed": (_speed, ".3f"),
     "train": (_train, ".2f"), "mc": (_mc, ".2f"), "demo": (_demo, ".2f"), "json": (_json, ".2f"),
-    "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"), "nsl": (_nsl, ".0f"), "fam": (_fam, "d"),
+    "mcmin": (_mcmin, ".2f"), "sig": (_sig, "d"), "nsl": (_nsl, ".0f"), "fam": (_fam, "d"), "relci": (_relci, ".0f"),
 }
 UNITS = {"MB": (1e6, 0, "MB"), "GB": (1e9, 1, "GB"), "min": (60, 1, "min")}  # ~FORMAT -> (divisor, digits, unit)
 INTEGER_STATS = ("n", "sig", "better", "n_train", "n_eval")

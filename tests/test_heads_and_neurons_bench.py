@@ -7,29 +7,13 @@ import importlib.util
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
-from scipy.stats import binomtest
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("heads_and_neurons", ROOT / "benchmarks" / "heads_and_neurons.py")
 bench = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench)
 COMMITTED = ROOT / "benchmarks" / "results" / "heads_and_neurons.json"
-
-
-def test_holm_matches_the_step_down_by_hand():
-    # p sorted 0.01 < 0.02 < 0.04: 3 * 0.01, max(0.03, 2 * 0.02), max(0.04, 1 * 0.04)
-    assert bench.holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
-    assert bench.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
-
-
-def test_mcnemar_counts_discordant_pairs_and_uses_the_exact_binomial():
-    a = np.array([1, 1, 1, 0, 0, 1, 1, 0], bool)
-    b = np.array([0, 1, 0, 0, 1, 0, 1, 0], bool)
-    out = bench.mcnemar(a, b)
-    assert (out["only_unpruned_right"], out["only_pruned_right"]) == (3, 1)
-    assert out["p_value"] == pytest.approx(binomtest(3, 4, 0.5).pvalue)
 
 
 def test_quick_run_writes_every_budget_with_tests_and_speed(tmp_path):
@@ -44,6 +28,25 @@ def test_quick_run_writes_every_budget_with_tests_and_speed(tmp_path):
     assert set(entry["signature"]) >= {"model", "data", "calib_n", "fit_n", "val_n", "seed", "versions"}
     assert entry["signature"]["fit_n"] > entry["signature"]["calib_n"]
     assert all(r["stages"]["reconstruct"] != "skipped" for r in entry["budgets"])
+    # the reported test of today's code, and Holm over the budgets by hand (step-down, then running max)
+    assert all(bench.current_test(r) for r in entry["budgets"])
+    p = [r["p_value"] for r in entry["budgets"]]
+    order = sorted(range(len(p)), key=p.__getitem__)
+    running, holm = 0.0, [0.0] * len(p)
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(p) - rank) * p[i]))
+        holm[i] = running
+    assert [r["p_holm"] for r in entry["budgets"]] == pytest.approx(holm)
+
+
+def test_rows_of_retired_tests_show_scores_only():
+    row = {"model_flops_kept": 0.6, "heads_kept": [5, 6], "neurons_kept": [7, 8], "score": 0.8, "relative": 0.9,
+           "p_holm": 0.01, "speedup": 1.5, "speedup_detail": {}, "compress_seconds": 3.0, "stages": {},
+           "vs_unpruned": {"test": "paired bootstrap (corpus BLEU)", "ci_low": -0.1, "ci_high": 0.0}}
+    entry = {"metric": "accuracy", "unpruned": 0.9, "budgets": [row]}
+    assert "retired test | retired test" in bench._rows({"sst2": entry})[1]
+    row["vs_unpruned"]["test"] = "McNemar mid-p (paired correctness)"
+    assert "[-10.0%, 0.0%] | 0.01 |" in bench._rows({"sst2": entry})[1]
 
 
 def test_readme_table_is_what_the_committed_results_say():
