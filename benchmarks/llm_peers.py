@@ -43,12 +43,12 @@ from peers.flap import flap_plan  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, headprune_row  # noqa: E402
 from peers.llm_pruner import llm_pruner_plan  # noqa: E402
 from peers.plan import apply_plan, check_llama_like  # noqa: E402
-from peers.torch_pruning_run import torch_pruning_row  # noqa: E402
+from peers.torch_pruning_run import installed_version, torch_pruning_row  # noqa: E402
 from peers.wanda_sp import wanda_sp_plan  # noqa: E402
 
 from headprune.bench.decode import decode_benchmark  # noqa: E402
-from headprune.bench.machine import machine_info, peak_rss_delta  # noqa: E402
-from headprune.core.devices import peak_device_bytes  # noqa: E402
+from headprune.bench.machine import loadavg, machine_info, peak_rss_delta  # noqa: E402
+from headprune.core.devices import peak_device_bytes, resolve_device  # noqa: E402
 from headprune.errors import HeadpruneError  # noqa: E402
 from headprune.evaluation.lm import LanguageModelling  # noqa: E402
 from headprune.provenance import file_sha256, versions  # noqa: E402
@@ -77,6 +77,7 @@ def parse(argv=None):
     p.add_argument("--decode-repeats", type=int, default=3)
     p.add_argument("--tp-timeout", type=float, default=900.0, help="Seconds Torch-Pruning's recipe may run.")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="Where the model runs (cpu, cuda); Torch-Pruning runs on a CPU copy.")
     p.add_argument("--quick", action="store_true", help="A tiny random GQA Llama on CPython's docs (seconds).")
     p.add_argument("--output", type=Path, default=None)
     p.add_argument("--write-docs", type=Path, default=None, help="Write the table and figure from the JSON, exit.")
@@ -166,6 +167,10 @@ def main(argv=None) -> dict | None:
         args.eval_tokens = args.eval_tokens or 4096
     model, tok, calib_text, eval_text, described = load(args)
     check_llama_like(model)
+    try:
+        model.to(resolve_device(args.device))
+    except HeadpruneError as e:
+        raise SystemExit(str(e)) from None
     calib = LanguageModelling(tok, [calib_text], block_size=args.calib_block, max_blocks=args.calib_blocks, batch_size=4)
     batches = list(calib.batches())
     sets = eval_sets(tok, eval_text, args, sizes)
@@ -173,13 +178,16 @@ def main(argv=None) -> dict | None:
                 "eval_tokens": args.eval_tokens, "protocols": {k: list(v.shape) for k, v in sets.items()},
                 "decode": {"prompt": args.decode_prompt, "new_tokens": args.decode_tokens,
                            "repeats": args.decode_repeats},
-                "tp_timeout_s": args.tp_timeout, "quick": args.quick, "seed": 0,
+                "tp_timeout_s": args.tp_timeout, "quick": args.quick, "seed": 0, "device": args.device,
                 "budget": "share of non-embedding parameters removed",
                 "bootstrap": "95% percentile, 1000 resamples of windows, paired, seed 0",
                 "headprune_configurations": CONFIGURATIONS}
     out = _resume(output, settings)
-    out.update({"name": "llm_peers", "command": shlex.join([sys.executable, *sys.argv]), "machine": machine_info(),
-                "versions": versions() | {"python": platform.python_version()}, "settings": settings,
+    given = sys.argv[1:] if argv is None else list(argv)
+    out.update({"name": "llm_peers", "command": shlex.join([sys.executable, "benchmarks/llm_peers.py", *given]),
+                "machine": machine_info() | {"loadavg_at_start": loadavg()},
+                "versions": versions() | {"python": platform.python_version(), "torch_pruning": installed_version()},
+                "settings": settings,
                 "methods_run": sorted(set(out.get("methods_run", [])) | set(methods))})
 
     def evaluate(m):
@@ -210,7 +218,8 @@ def run_row(method, model, batches, budget, sets, evaluate, base, args) -> dict:
     device = next(model.parameters()).device
     if method == "torch-pruning":
         example = batches[0]["input_ids"][:1, :8]
-        tp = torch_pruning_row(model, example, budget, evaluate, timeout=args.tp_timeout)
+        cpu = model if device.type == "cpu" else copy.deepcopy(model).cpu()
+        tp = torch_pruning_row(cpu, example, budget, evaluate, timeout=args.tp_timeout)
         row |= {"status": tp["status"], "torch_pruning": {k: v for k, v in tp.items() if k != "result"}}
         if tp["status"] == "ok":
             res = tp["result"]

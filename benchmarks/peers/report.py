@@ -31,7 +31,7 @@ def docs_section(data: dict, figure: str = FIGURE) -> str:
              f"    Every number below is read from `benchmarks/results/{data.get('file', 'llm_peers.json')}` "
              "by `python benchmarks/llm_peers.py --write-docs docs/peers.md`; nothing is typed by hand.", "",
              f"Model: {s['model']}. Calibration: {s['calib_blocks']} blocks of {s['calib_block']} tokens of "
-             f"`{s['calib']}`. Evaluation: `{s['eval']}`. Machine: {data['machine'].get('cpu', data['machine'])}. "
+             f"`{s['calib']}`. Evaluation: `{s['eval']}`. Machine: {_machine(data)}. "
              f"Command: `{data['command']}`.", "",
              "Unpruned perplexity: " + ", ".join(f"{k} {v:.2f}" for k, v in base["perplexity"].items())
              + f"; {base['sizes']['nonembedding_params']:,} non-embedding parameters, "
@@ -55,6 +55,13 @@ def docs_section(data: dict, figure: str = FIGURE) -> str:
                      + f" | {flops} | {kv} | {speed} | {row['prune_seconds']:.1f} |")
     lines += ["", f"![Perplexity ratio against the share of non-embedding parameters removed]({figure})", "", MARK[1]]
     return "\n".join(lines)
+
+
+def _machine(data: dict) -> str:
+    m = data["machine"]
+    load = m.get("loadavg_at_start")
+    return (f"{m.get('processor')}, {m.get('cpus_usable')} CPUs usable, {m.get('torch_threads')} torch threads, "
+            f"device {data['settings'].get('device', 'cpu')}" + (f", load average {load[0]:.1f} at start" if load else ""))
 
 
 def plot(data: dict, path: str | Path) -> Path:

@@ -106,7 +106,7 @@ def torch_pruning_row(model: nn.Module, example: torch.Tensor, budget: float, ev
     except ImportError as e:
         return {"status": "unavailable", "reason": f"torch_pruning not importable: {e}"}
     found = getattr(tp, "__version__", "?")
-    info = {"package": "torch-pruning", "version_installed": _installed_version(), "module_version": found,
+    info = {"package": "torch-pruning", "version_installed": installed_version(), "module_version": found,
             "recipe": "examples/LLMs/prune_llm.py (v1.6.1)", "ratio": width_ratio(budget), "timeout_s": timeout}
     if next(model.parameters()).device.type != "cpu":
         return info | {"status": "unavailable", "reason": "the recipe runs in a forked child: CPU models only"}
@@ -159,7 +159,7 @@ def _stack(path: str) -> list[str]:
     return [f.replace(f.split("site-packages/")[0], "") if "site-packages/" in f else f for f in frames[:8]]
 
 
-def _installed_version() -> str | None:
+def installed_version() -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
