@@ -281,3 +281,22 @@ def test_quick_run_rows_are_finite_consistent_and_resume(tmp_path):
     for r in data["rows"]:
         if r["status"] == "ok":
             assert f"{r['ratio']['window128']:.3f}" in text
+
+
+@pytest.mark.parametrize("flags, named", [(["--methods", "flap,sparsegpt"], "--methods"),
+                                          (["--budgets", "0.2,1.5"], "--budgets"),
+                                          (["--windows", "1"], "--windows")])
+def test_bad_selections_exit_with_one_line_naming_the_flag(flags, named, tmp_path):
+    with pytest.raises(SystemExit, match=named) as err:
+        _bench().main(["--quick", *flags, "--output", str(tmp_path / "q.json")])
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "q.json").exists()
+
+
+def test_docs_block_without_results_is_a_note(tmp_path):
+    page = tmp_path / "peers.md"
+    page.write_text((ROOT / "docs" / "peers.md").read_text())
+    report.write_docs(page, None)
+    text = page.read_text()
+    assert "No committed run yet" in text and "## The protocol" in text
+    assert not (tmp_path / report.FIGURE).exists()

@@ -154,9 +154,18 @@ def torch_pruning_row(model: nn.Module, example: torch.Tensor, budget: float, ev
 
 
 def _stack(path: str) -> list[str]:
-    """The innermost frames faulthandler wrote (file:line in function), innermost first, site-packages cut."""
-    frames = [line.strip() for line in Path(path).read_text().splitlines() if line.strip().startswith("File ")]
-    return [f.replace(f.split("site-packages/")[0], "") if "site-packages/" in f else f for f in frames[:8]]
+    """The innermost frames faulthandler wrote of the thread running the recipe (file:line in function),
+    innermost first, site-packages paths shortened."""
+    sections, current = [], []
+    for line in Path(path).read_text().splitlines():
+        line = line.strip()
+        if line.startswith(("Thread ", "Current thread ")):
+            current = []
+            sections.append(current)
+        elif line.startswith("File ") and sections:
+            current.append(line)
+    main = next((f for f in sections if any("torch_pruning" in x for x in f)), sections[0] if sections else [])
+    return [f.replace(f.split("site-packages/")[0], "") if "site-packages/" in f else f for f in main[:8]]
 
 
 def installed_version() -> str | None:
