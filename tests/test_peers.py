@@ -254,7 +254,7 @@ def test_quick_run_rows_are_finite_consistent_and_resume(tmp_path):
         assert math.isclose(v, math.exp(sum(ev["nll_sum"]) / sum(ev["tokens"])), rel_tol=1e-12)
     for r in data["rows"]:
         if r["method"] == "torch-pruning":
-            assert r["status"] in ("ok", "failed", "timeout", "unavailable")
+            assert r["status"] in ("ok", "failed", "timeout", "unavailable", "not run")
             if r["status"] == "timeout":
                 assert r["torch_pruning"]["phase_reached"] and r["torch_pruning"]["stack_at_timeout"]
             continue
