@@ -71,6 +71,7 @@ def plot(data: dict, path: str | Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     base = data["unpruned"]
     protocols = list(base["perplexity"])
@@ -84,7 +85,13 @@ def plot(data: dict, path: str | Path) -> Path:
             y = [r["ratio"][p] for r in rows]
             err = [[r["ratio"][p] - r["ratio_ci95"][p][0] for r in rows], [r["ratio_ci95"][p][1] - r["ratio"][p] for r in rows]]
             ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=m)
-        ax.set_yscale("log")
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_xlim(0, max(0.55, *(_removed(r, base) + 0.05 for r in data["rows"] if r.get("status") == "ok")))
+        lows = [r["ratio_ci95"][p][0] for r in data["rows"] if r.get("status") == "ok"] + [1.0]
+        highs = [r["ratio_ci95"][p][1] for r in data["rows"] if r.get("status") == "ok"] + [1.0]
+        if max(highs) / min(lows) > 3:  # ratios spanning many-fold: log scale, plain numbers on the ticks
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_xlabel("share of non-embedding parameters removed")
         ax.set_title(p)
         ax.grid(alpha=0.3)
