@@ -27,6 +27,12 @@ CONFIGURATIONS: dict[str, dict] = {
     "headprune-fisher": {"units": "both", "price": "params", "scores": "fisher", "compensate": "none"},
     "headprune-fisher+reconstruct": {"units": "both", "price": "params", "scores": "fisher",
                                      "compensate": "reconstruct"},
+    "headprune-fisher+bias": {"units": "both", "price": "params", "scores": "fisher", "compensate": "bias"},
+    # FLAP's metric and compensation inside headprune's one budget (scores standardised per kind, as FLAP)
+    "headprune-fluctuation+bias": {"units": "both", "price": "params", "scores": "fluctuation", "compensate": "bias"},
+    # the same metric unstandardised: each unit's expected squared output change, traded by its price
+    "headprune-fluctuation-raw+bias": {"units": "both", "price": "params", "scores": "fluctuation-raw",
+                                       "compensate": "bias"},
 }
 
 
