@@ -89,10 +89,15 @@ def test_scores_equal_a_numpy_computation_from_captured_inputs(family):
     got = fluctuation_scores(model, batches)
     for kind, names in (("heads", [s.name for s in hp.find_sites(model)]),
                         ("neurons", [f.name for f in hp.find_ffns(model)])):
+        for n in names:  # FLAP's code: per layer, attention features squared, sample std, a head's mean
+            _, module, width = units[n]
+            w = _weight(module)
+            m = x[n].var(0) * (w ** 2).sum(1)
+            m = m ** 2 if kind == "heads" else m
+            z = ((m - m.mean()) / m.std(ddof=1)).reshape(-1, width).mean(1)
+            mine = getattr(got, kind)[n].numpy()
+            assert np.abs(mine - z).max() <= 1e-6 * max(np.abs(z).max(), 1e-12), (kind, n)
         flat = np.concatenate([raw[n] for n in names])
-        z = (flat - flat.mean()) / flat.std()
-        mine = torch.cat([getattr(got, kind)[n] for n in names]).numpy()
-        assert np.abs(mine - z).max() <= 1e-6 * np.abs(z).max(), kind
         assert np.allclose(torch.cat([got.raw[n] for n in names]).numpy(), flat, rtol=1e-6, atol=0)
 
 

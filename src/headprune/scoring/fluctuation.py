@@ -9,10 +9,14 @@ expected squared norm is ``var_j ||W[:, j]||^2``: the unit's *fluctuation* is th
 A unit whose input hardly moves can be replaced by a constant -- its mean folded into the projection's bias
 (:mod:`headprune.core.biases`) -- at little cost.
 
-Heads and neurons differ in number and scale, and so do layers; FLAP standardises each kind over all layers
-(``(s - mean) / std`` of that kind's units) and ranks the standardised scores of both kinds together, so
+Heads and neurons differ in number and scale, and so do layers. FLAP's code (``prune_flap``, structure
+``AL-AM``) standardises each layer's features of each kind (``(m - mean) / std`` over that projection's input
+features, sample std), with the attention feature metric squared first, averages a head's standardised
+features, and ranks the standardised scores of both kinds together under one parameter-weighted threshold, so
 layers end up with different widths. :func:`standardise` does that; the budget over heads and neurons
-(:mod:`headprune.selection.units`) reads them through :func:`knapsack_scores`.
+(:mod:`headprune.selection.units`) reads them through :func:`knapsack_scores`. (An earlier version
+standardised each kind over all layers at once: on SmolLM2-135M at 20% of the parameters it removed 186 of
+270 heads and multiplied perplexity by 12, where FLAP's per-layer form gives x1.7.)
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ class ChannelStats:
 
 @dataclass
 class Fluctuation:
-    """Unit scores: ``heads`` {site: [H]} and ``neurons`` {ffn: [width]} standardised per kind over all layers;
+    """Unit scores: ``heads`` {site: [H]} and ``neurons`` {ffn: [width]} standardised per layer and kind (FLAP);
     ``raw`` the same before standardising ({name: [units]}); ``stats`` what they were computed from."""
 
     heads: dict[str, torch.Tensor]
@@ -121,16 +125,33 @@ def unit_fluctuation(model: nn.Module, stats: ChannelStats) -> tuple[dict[str, t
     return heads, neurons
 
 
-def standardise(scores: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """``(s - mean) / std`` with the mean and standard deviation over every unit of every entry (one kind, all
-    layers); all zeros when the units do not differ."""
-    if not scores:
-        return {}
-    flat = torch.cat([torch.as_tensor(v, dtype=torch.float64).flatten() for v in scores.values()])
-    mu = flat.mean()
-    sd = flat.std(correction=0) if flat.numel() > 1 else flat.new_zeros(())
-    scale = float(sd) if float(sd) > 0 else 1.0
-    return {k: (torch.as_tensor(v, dtype=torch.float64) - mu) / scale for k, v in scores.items()}
+def standardise(features: Mapping[str, torch.Tensor], group: Mapping[str, int] | None = None) -> dict[str, torch.Tensor]:
+    """Per entry (one layer's projection): ``(m - mean) / std`` over its input features ``m`` [C] (sample std;
+    all zeros when they do not differ), then the mean over each unit's ``group[name]`` consecutive features
+    (a head's ``head_dim``; 1 for neurons): {name: [units]}."""
+    out = {}
+    for name, m in features.items():
+        m = torch.as_tensor(m, dtype=torch.float64).flatten()
+        sd = float(m.std()) if m.numel() > 1 else 0.0
+        z = (m - m.mean()) / sd if sd > 0 else torch.zeros_like(m)
+        width = (group or {}).get(name, 1)
+        out[name] = z.view(-1, width).mean(1)
+    return out
+
+
+def feature_fluctuation(model: nn.Module, stats: ChannelStats) -> tuple[dict[str, torch.Tensor], dict[str, int]]:
+    """FLAP's per-feature metric before standardising: ``(var_j ||W[:, j]||^2)^2`` for attention output
+    projections (squared, as FLAP's code does), ``var_j ||W[:, j]||^2`` for down projections: ({name: [C]},
+    {site: head_dim})."""
+    features, group = {}, {}
+    for s in find_sites(model):
+        if s.name in stats.var:
+            features[s.name] = (stats.var[s.name] * column_norms(s.o)).pow(2)
+            group[s.name] = s.head_dim
+    for f in find_ffns(model, skip_moe=True):
+        if f.name in stats.var:
+            features[f.name] = stats.var[f.name] * column_norms(f.down)
+    return features, group
 
 
 def fluctuation_scores(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *, heads: bool = True,
@@ -141,7 +162,9 @@ def fluctuation_scores(model: nn.Module, batches: Iterable[Mapping[str, torch.Te
                           "be scored (allowed: units=heads)")
     stats = channel_stats(model, batches, heads=heads, neurons=neurons, progress=progress)
     raw_h, raw_n = unit_fluctuation(model, stats)
-    return Fluctuation(heads=standardise(raw_h), neurons=standardise(raw_n), raw=raw_h | raw_n, stats=stats)
+    z = standardise(*feature_fluctuation(model, stats))
+    return Fluctuation(heads={k: z[k] for k in raw_h}, neurons={k: z[k] for k in raw_n}, raw=raw_h | raw_n,
+                       stats=stats)
 
 
 def knapsack_scores(standardised: Mapping[str, torch.Tensor], prices: Mapping[str, torch.Tensor],
