@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import functools
 import json
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -159,8 +160,9 @@ def _abo(run: str, site: str, stat: str) -> float:
     rows = res["rows"]
     if site == "*":
         rest = [scaled(res["metric"], r["delta"]) for r in rows if not r["significant"]]
+        widths = sorted(scaled(res["metric"], (r["ci_high"] - r["ci_low"]) / 2) for r in rows)
         return {"sig": lambda: sum(bool(r["significant"]) for r in rows), "min": lambda: min(rest),
-                "max": lambda: max(rest)}[stat]()
+                "max": lambda: max(rest), "halfwidth": lambda: statistics.median(widths)}[stat]()
     row = next(r for r in rows if r["site"] == site)
     return {"p": lambda: row["p_value"], "padj": lambda: row["p_adjusted"]}[stat]()
 
@@ -222,7 +224,10 @@ def _json(file: str, path: str) -> float | str:
 
 
 def _sig(run: str, field: str) -> float | str:
-    return study(run)["signature"][field]
+    value = study(run)["signature"]
+    for key in field.split("."):  # e.g. settings.n_resamples
+        value = value[key]
+    return value
 
 
 def _demo(path: str) -> float | str:
