@@ -30,6 +30,9 @@ CONFIGURATIONS: dict[str, dict] = {
     "headprune-fisher+bias": {"units": "both", "price": "params", "scores": "fisher", "compensate": "bias"},
     # FLAP's metric and compensation inside headprune's one budget (scores standardised per kind, as FLAP)
     "headprune-fluctuation+bias": {"units": "both", "price": "params", "scores": "fluctuation", "compensate": "bias"},
+    # ... then the least-squares refit of every pruned projection, biases included (guarded on held-out blocks)
+    "headprune-fluctuation+bias+reconstruct": {"units": "both", "price": "params", "scores": "fluctuation",
+                                               "compensate": "bias+reconstruct"},
     # the same metric unstandardised: each unit's expected squared output change, traded by its price
     "headprune-fluctuation-raw+bias": {"units": "both", "price": "params", "scores": "fluctuation-raw",
                                        "compensate": "bias"},
