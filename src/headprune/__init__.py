@@ -39,6 +39,7 @@ __all__ = [
     "mask_heads", "unmask_heads", "is_masked", "masked", "ones_mask", "mask_from_heads", "masked_neurons",
     # scores
     "head_importance", "importance_sums", "mask_gradients", "normalize_per_site", "fisher_information", "Fisher",
+    "fluctuation_scores",
     # selection
     "select_heads", "kv_groups", "lowest_heads",
     # surgery, saving and loading
@@ -62,7 +63,7 @@ SOURCES = {  # public name -> the module it is read from on first use
                      "masked_neurons", "prune_neurons"), "core"),
     **dict.fromkeys(("keep_heads", "replay_kept_heads"), "renamed"),
     **dict.fromkeys(("Fisher", "fisher_information", "head_importance", "importance_sums", "mask_gradients",
-                     "normalize_per_site"), "scoring"),
+                     "normalize_per_site", "fluctuation_scores"), "scoring"),
     **dict.fromkeys(("kv_groups", "lowest_heads", "select_heads"), "selection"),
     "text_batches": "evaluation.texts",
 }

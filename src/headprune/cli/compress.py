@@ -56,12 +56,17 @@ def compress_command(
                               "default), params, kv (KV-cache bytes per token; drops whole key/value groups) or latency "
                               "(a table timed once on this machine at --bench-batch, --seq-len)."),
     scores: str = typer.Option(None, "--scores", help="How units are scored: ih (the paper's I_h), fisher (diagonal "
-                               "Fisher of the mask; the default) or random."),
+                               "Fisher of the mask; the default), random, fluctuation (FLAP: the variance of each "
+                               "unit's input times its output weights, one forward pass, no labels; standardised per "
+                               "kind over all layers) or fluctuation-raw (the same, not standardised: heads and "
+                               "neurons traded by price)."),
     compensate: str = typer.Option(None, "--compensate", help="How the loss of what is cut is made up for: none, "
                                    "rearrange (Fisher swaps per site), tune (+ least-squares head scales folded into "
-                                   "the weights; the default for heads) or reconstruct (least-squares refit of every "
+                                   "the weights; the default for heads), reconstruct (least-squares refit of every "
                                    "pruned projection, kept only if the validation loss drops; the default with "
-                                   "neurons)."),
+                                   "neurons), bias (removed units held at their calibration means, folded into the "
+                                   "output projections' biases; the default with --scores fluctuation*) or "
+                                   "bias+reconstruct."),
     gqa: str = GQA,
     same_per_site: bool = typer.Option(False, "--same-per-site", help="Keep the same number of heads in every site "
                                        "(with --gqa uniform or groups, a head budget): the saved model then has a "

@@ -3,7 +3,8 @@
 Heads, FFN neurons or both, under one budget (:mod:`.settings`): the settings choose the pipeline --
 the head plan (:func:`.compress.compress_heads`: scores, GQA-aware selection, rearrangement, tuned scales,
 guarded on the calibration loss) or the budget over heads and neurons (:func:`.units.compress_pool`:
-Fisher scores, one knapsack, least-squares reconstruction and distillation guarded on validation data).
+Fisher or fluctuation scores, one knapsack, mean-bias compensation, least-squares reconstruction and
+distillation guarded on validation data).
 Arguments one pipeline cannot use are refused, not dropped.
 
 ``compress(model, batches, keep=0.5, method="fisher+tune", ...)`` (keywords of the former
@@ -45,7 +46,8 @@ def compress(
     """Prune ``model`` to the one budget of ``settings`` and return the smaller model with what was done.
 
     ``calib_batches``: labelled inputs for the scores (and tuning / the refit), disjoint from whatever the
-    result is evaluated on. ``verify=False`` skips the check that surgery is exact for the model's class.
+    result is evaluated on; ``scores="fluctuation"`` / ``"fluctuation-raw"`` with ``compensate="bias"`` (or
+    ``"none"``) read no labels and compute no loss (an encoder-decoder's labels still build its decoder inputs). ``verify=False`` skips the check that surgery is exact for the model's class.
     The head plan (:attr:`PruneSettings.head_plan`) returns a :class:`CompressResult` and also takes
     ``sites`` (prune only these; the budget is of their heads) and ``inplace``; the budget over heads and
     neurons returns a :class:`UnitResult` and also takes ``val_batches`` (the guard's held-out data),

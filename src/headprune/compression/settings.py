@@ -3,16 +3,23 @@
 A budget is either ``share`` (the share of the pool's ``price`` kept: its unit ``count``, its ``flops`` at
 ``seq_len``, its ``params``, its ``kv`` cache bytes per token, or its measured ``latency``) or ``n_keep`` (a
 count of units kept). Units are scored by ``scores`` (``ih``: the paper's I_h; ``fisher``: the diagonal
-Fisher of the mask; ``random``), and the loss of what is cut is made up for by ``compensate``: ``none``;
-``rearrange`` (Fisher swaps within a site); ``tune`` (rearrange, then per-site head scales fitted by least
-squares and folded into the weights, Kwon et al. 2022); ``reconstruct`` (every pruned projection refitted by
-least squares, kept only if it lowers the loss on held-out validation batches); left out, the pipeline's
-own (``tune`` for the head plan, ``reconstruct`` for the budget over heads and neurons).
+Fisher of the mask; ``random``; ``fluctuation``: FLAP's label-free input fluctuation, standardised per kind
+over all layers, :mod:`headprune.scoring.fluctuation`; ``fluctuation-raw``: the same fluctuation not
+standardised, the expected squared output change of holding a unit at its mean, which the budget trades
+against price like any additive score), and the loss of what is cut is made up for by
+``compensate``: ``none``; ``rearrange`` (Fisher swaps within a site); ``tune`` (rearrange, then per-site head
+scales fitted by least squares and folded into the weights, Kwon et al. 2022); ``reconstruct`` (every pruned
+projection refitted by least squares, kept only if it lowers the loss on held-out validation batches);
+``bias`` (every removed unit held at its calibration mean, folded into the output projection's bias: FLAP's
+compensation, exact, no labels); ``bias+reconstruct`` (both, the refit then fitting the bias too); left out,
+the pipeline's own (``tune`` for the head plan, ``reconstruct`` for the budget over heads and neurons, ``bias``
+with either ``fluctuation`` score).
 
 Two pipelines run them (:func:`headprune.compression.compress`): heads alone with a ``count`` / ``flops`` /
 ``kv`` budget and ``none`` / ``rearrange`` / ``tune`` go through the head plan
 (:func:`headprune.compression.plan.plan_heads`: GQA modes, ``min_per_site``, ``same_per_site``); neurons,
-both, ``params`` / ``latency`` prices, ``reconstruct`` or distillation go through the one budget over heads
+both, ``params`` / ``latency`` prices, ``fluctuation`` scores, ``reconstruct`` / ``bias`` or distillation go
+through the one budget over heads
 and neurons (:mod:`headprune.selection.units`). Every setting is checked here, on creation, against
 what its pipeline can do, so nothing given is ignored.
 """
@@ -30,8 +37,10 @@ from .tuning import TARGETS
 from .units import UnitSettings
 
 PRICES = ("count", "flops", "params", "kv", "latency")
-SCORES = ("ih", "fisher", "random")
-COMPENSATIONS = ("none", "rearrange", "tune", "reconstruct")
+SCORES = ("ih", "fisher", "random", "fluctuation", "fluctuation-raw")
+COMPENSATIONS = ("none", "rearrange", "tune", "reconstruct", "bias", "bias+reconstruct")
+POOL_SCORES = ("fisher", "fluctuation", "fluctuation-raw")  # what the budget over heads and neurons can score with
+POOL_COMPENSATIONS = ("none", "reconstruct", "bias", "bias+reconstruct")
 HEAD_PLAN_PRICES = ("count", "flops", "kv")  # what the head plan can budget
 POOL_PRICES = ("flops", "params", "latency")  # what the budget over heads and neurons can
 
@@ -44,9 +53,11 @@ class PruneSettings:
     share: float | None = None  # share of the pool's price kept, in (0, 1]
     n_keep: int | None = None  # number of units kept (the head plan: heads), >= 1
     price: str = "flops"  # what share measures: count | flops (at seq_len) | params | kv (cache bytes) | latency
-    scores: str = "fisher"  # ih | fisher | random
-    compensate: str | None = None  # none | rearrange | tune | reconstruct (None: tune for the head plan with
-    # Fisher scores, none with other scores, reconstruct for the budget over heads and neurons; set on creation)
+    scores: str = "fisher"  # ih | fisher | random | fluctuation (FLAP: one forward, no labels, no gradients;
+    # standardised per kind) | fluctuation-raw (the same, not standardised: heads and neurons traded by price)
+    compensate: str | None = None  # none | rearrange | tune | reconstruct | bias | bias+reconstruct (None: tune
+    # for the head plan with Fisher scores, none with other scores; for the budget over heads and neurons
+    # reconstruct, or bias with scores='fluctuation'; set on creation)
     gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (headprune.selection.gqa)
     min_per_site: int = 0  # the head plan: keep at least this many heads in every site
     same_per_site: bool = False  # the head plan: the same heads kept in every site (a stock config describes it)
@@ -66,7 +77,9 @@ class PruneSettings:
         check_choice("price", self.price, PRICES)
         check_choice("scores", self.scores, SCORES)
         if self.compensate is None:
-            self.compensate = "reconstruct" if self._pool_reason() else "tune" if self.scores == "fisher" else "none"
+            self.compensate = ("bias" if self.scores.startswith("fluctuation") else "reconstruct") \
+                if self._pool_reason() \
+                else "tune" if self.scores == "fisher" else "none"
         check_choice("compensate", self.compensate, COMPENSATIONS)
         check_choice("gqa", self.gqa, GQA_MODES)
         given = {k: v for k, v in (("share", self.share), ("n_keep", self.n_keep)) if v is not None}
@@ -91,8 +104,9 @@ class PruneSettings:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}; allowed: True or False")
         if self.compensate in ("rearrange", "tune") and self.scores != "fisher":
+            other = " | ".join(POOL_COMPENSATIONS) if self.scores in POOL_SCORES else "'none'"
             raise ConfigError(f"compensate={self.compensate!r} with scores={self.scores!r}; allowed: scores='fisher' "
-                              "(rearrangement and tuning read the Fisher matrix), or compensate='none'")
+                              f"(rearrangement and tuning read the Fisher matrix), or compensate {other}")
         if self.head_plan:
             if self.same_per_site and (self.gqa == "free" or (self.n_keep is None and self.price != "count")):
                 raise ConfigError(f"same_per_site=True with gqa={self.gqa!r}, price={self.price!r}; allowed: gqa "
@@ -105,11 +119,12 @@ class PruneSettings:
             refused.append(f"price={self.price!r}")
         if self.compensate in ("rearrange", "tune"):
             refused.append(f"compensate={self.compensate!r}")
-        if self.scores != "fisher":
+        if self.scores not in POOL_SCORES:
             refused.append(f"scores={self.scores!r}")
         if refused:
             raise ConfigError(f"{', '.join(refused)} with {why}; allowed there: a share of price "
-                              f"{' | '.join(POOL_PRICES)}, scores='fisher', compensate 'none' or 'reconstruct'")
+                              f"{' | '.join(POOL_PRICES)}, scores {' | '.join(POOL_SCORES)}, compensate "
+                              f"{' | '.join(POOL_COMPENSATIONS)}")
 
     @property
     def head_plan(self) -> bool:
@@ -120,7 +135,9 @@ class PruneSettings:
         """Why the budget over heads and neurons runs ('' when the head plan does)."""
         for reason, applies in ((f"units={self.units!r}", self.units != "heads"),
                                 (f"price={self.price!r}", self.price not in HEAD_PLAN_PRICES),
-                                ("compensate='reconstruct'", self.compensate == "reconstruct"),
+                                (f"scores={self.scores!r}", self.scores.startswith("fluctuation")),
+                                (f"compensate={self.compensate!r}", self.compensate in ("reconstruct", "bias",
+                                                                                        "bias+reconstruct")),
                                 (f"distill_epochs={self.distill_epochs}", self.distill_epochs > 0)):
             if applies:
                 return reason

@@ -40,7 +40,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ..core.devices import accumulator_device, input_device, module_device, to_device
-from ..core.inputs import model_inputs
+from ..core.inputs import model_inputs, real_rows
 from ..core.masking import HeadMask, masked, validate_mask
 from ..core.sites import Site, find_sites, is_conv1d
 from ..distributed import reduce_sums, shard
@@ -343,13 +343,4 @@ def record_projection(model: nn.Module, batch: Mapping[str, torch.Tensor], site:
 
 def token_rows(model, batch: Mapping[str, torch.Tensor], site: Site, shape: torch.Size) -> torch.Tensor | None:
     """Which of the B*T rows are real tokens (bool [B*T]), or None when all count / it cannot be told."""
-    if len(shape) != 3:
-        return None
-    bt = tuple(shape[:2])
-    if getattr(model.config, "is_encoder_decoder", False) and site.kind != "encoder":
-        labels, dmask = batch.get("labels"), batch.get("decoder_attention_mask")
-        if labels is not None and tuple(labels.shape) == bt:
-            return (labels != -100).flatten()
-        return dmask.bool().flatten() if dmask is not None and tuple(dmask.shape) == bt else None
-    amask = batch.get("attention_mask")
-    return amask.bool().flatten() if amask is not None and tuple(amask.shape) == bt else None
+    return real_rows(model, batch, site.kind, shape)

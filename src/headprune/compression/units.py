@@ -3,11 +3,17 @@
 Stages (each recorded; the summary says which were kept):
 
 1. *score*: per-example mask gradients of every head and neuron in one backward per batch
-   (:func:`headprune.scoring.units.unit_fisher`), on the calibration batches;
+   (``scores="fisher"``, :func:`headprune.scoring.units.unit_fisher`), or FLAP's fluctuation of their inputs
+   from one forward, no labels (:mod:`headprune.scoring.fluctuation`: ``scores="fluctuation"`` standardised per
+   kind over all layers and ranked together as FLAP does; ``"fluctuation-raw"`` not standardised, the expected
+   squared output change of holding each unit at its mean, traded against price), on the calibration batches;
 2. *select*: one global budget over the pool (``units``: heads, neurons or both), priced in FLOPs at
    ``seq_len``, parameters, or measured seconds (:mod:`headprune.selection.units`);
-3. *remove*: physical surgery of heads and neurons (exactly what masking them computes);
-4. *reconstruct* (``compensate="reconstruct"``): least-squares refit of every output / down projection
+3. *bias* (``compensate="bias"`` or ``"bias+reconstruct"``): every removed unit's input held at its calibration
+   mean, folded into its output projection's bias (:mod:`headprune.core.biases`; one added where there is none):
+   exact mean replacement, so it is not guarded (FLAP's bias compensation);
+4. *remove*: physical surgery of heads and neurons (exactly what masking them computes);
+5. *reconstruct* (``compensate="reconstruct"`` or ``"bias+reconstruct"``, the bias then refitted too): least-squares refit of every output / down projection
    (:mod:`.reconstruct`) on the calibration batches -- or on ``fit_batches``, more examples than the
    scores need: the refit uses no labels, and with ``k x d_out`` numbers per projection it overfits a
    few thousand tokens (on the SST-2 MiniLM classifier at 60% of FLOPs, 4096 phrases instead of 512
@@ -17,7 +23,7 @@ Stages (each recorded; the summary says which were kept):
    calibration batches, spread over their order, are held out for it). With three disjoint sets --
    calibration, validation, and the test data the result is reported on -- the guard cannot hide a
    fit that only helps the examples it was fitted to.
-5. *distill* (``distill_epochs`` > 0, off by default): every weight of the pruned model trained for a few
+6. *distill* (``distill_epochs`` > 0, off by default): every weight of the pruned model trained for a few
    passes over the fit batches to match the unpruned model's output distribution
    (:mod:`.distill`; no labels read), kept only if it lowers the validation loss further.
 """
@@ -34,6 +40,7 @@ import torch
 from torch import nn
 
 from ..checks import check_choice, check_int, check_number, check_share
+from ..core.biases import mean_shifts, shift_biases
 from ..core.cost import flop_breakdown
 from ..core.ffn import find_ffns
 from ..core.kept import kept_neurons
@@ -44,6 +51,7 @@ from ..core.unit_cost import PRICES, UnitCosts, unit_costs
 from ..core.verify import verify_surgery
 from ..deprecation import deprecated
 from ..errors import ConfigError
+from ..scoring.fluctuation import channel_stats, fluctuation_scores, knapsack_scores
 from ..scoring.gradients import LossFn, mean_loss
 from ..scoring.units import unit_fisher
 from ..selection.gqa import GQA_MODES, kv_groups
@@ -52,7 +60,8 @@ from .distill import distill
 from .reconstruct import reconstruct
 from .tuning import TARGETS
 
-COMPENSATIONS = ("none", "reconstruct")
+COMPENSATIONS = ("none", "reconstruct", "bias", "bias+reconstruct")
+SCORES = ("fisher", "fluctuation", "fluctuation-raw")
 
 
 @dataclass
@@ -64,7 +73,9 @@ class UnitSettings:
     price: str = "flops"  # flops (at seq_len / tgt_len) | params | latency (needs prices=)
     seq_len: int = 128
     tgt_len: int | None = None
-    compensate: str = "reconstruct"  # none | reconstruct
+    compensate: str = "reconstruct"  # none | reconstruct | bias (removed units held at their mean) | bias+reconstruct
+    scores: str = "fisher"  # fisher (mask gradients, labelled) | fluctuation (FLAP: one forward, no labels) |
+    # fluctuation-raw (the same, not standardised per kind)
     damping: float = 1e-2  # ridge of the refit towards the pruned weights, relative to the mean input power
     target: str = "residual"  # what each layer reproduces: the residual stream after it, or its output
     val_share: float = 0.25  # without val_batches: share of the calibration batches held out (spread) for the guard
@@ -81,6 +92,7 @@ class UnitSettings:
         check_int("seq_len", self.seq_len, 1)
         check_int("tgt_len", self.tgt_len, 1, optional=True)
         check_choice("compensate", self.compensate, COMPENSATIONS)
+        check_choice("scores", self.scores, SCORES)
         check_number("damping", self.damping, low=0)
         check_choice("target", self.target, TARGETS)
         check_share("val_share", self.val_share, one=False)
@@ -183,21 +195,27 @@ def compress_pool(
     start = time.perf_counter()
     seconds = {}
     before = sizes(model, settings)
-    fisher = unit_fisher(model, calib, loss_fn=loss_fn, heads=settings.units != "neurons",
-                         neurons=settings.units != "heads", progress=progress)
-    seconds["score"] = time.perf_counter() - start
     costs = prices if prices is not None else unit_costs(model, settings.price, seq_len=settings.seq_len,
                                                           tgt_len=settings.tgt_len)
-    drop_h, drop_n, selection = select_units(fisher.heads, fisher.neurons, costs, settings.share, units=settings.units,
+    head_scores, neuron_scores, stats = _scores(model, calib, settings, costs, loss_fn, progress)
+    seconds["score"] = time.perf_counter() - start
+    drop_h, drop_n, selection = select_units(head_scores, neuron_scores, costs, settings.share, units=settings.units,
                                              groups=kv_groups(model), gqa=settings.gqa)
     t = time.perf_counter()
     pruned = copy.deepcopy(model)
+    stages = {"select": "kept"}
+    if settings.compensate.startswith("bias") and (any(drop_h.values()) or any(drop_n.values())):
+        if stats is None:  # before the cut, which keeps an output projection's bias
+            stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
+                                  progress=progress)
+        shift_biases(pruned, mean_shifts(model, stats.mean, drop_h, drop_n))
+        stages["bias"] = "kept (unguarded: removed units held at their calibration means)"
     prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
     if any(drop_n.values()):
         prune_neurons(pruned, {k: v for k, v in drop_n.items() if v}, verify=verify)  # its own trial
     pruned.eval()
     seconds["select+remove"] = time.perf_counter() - t
-    stages = {"select": "kept", "remove": "kept"}
+    stages["remove"] = "kept"
     val_loss, rows, distilled = {}, [], {}
 
     def loss(key: str, m: nn.Module) -> float:  # the validation loss of ``m``, measured once per key
@@ -216,7 +234,7 @@ def compress_pool(
 
     current_key = "pruned"
     stages["reconstruct"] = "skipped"
-    if settings.compensate == "reconstruct":
+    if settings.compensate.endswith("reconstruct"):
         t = time.perf_counter()
         candidate = copy.deepcopy(pruned)
         rows = reconstruct(candidate, model, fit, damping=settings.damping, target=settings.target,
@@ -243,6 +261,22 @@ def compress_pool(
                              "fit_batches": len(fit), "fit_examples": _examples(fit)})
 
 
+def _scores(model: nn.Module, calib: list, settings: UnitSettings, costs: UnitCosts, loss_fn, progress: bool):
+    """(head scores, neuron scores, channel statistics or None) for the one-budget search: Fisher diagonals,
+    FLAP's standardised fluctuation made knapsack values (:func:`~headprune.scoring.fluctuation.knapsack_scores`),
+    or the raw fluctuation (an additive score, like the Fisher's)."""
+    heads, neurons = settings.units != "neurons", settings.units != "heads"
+    if settings.scores == "fisher":
+        fisher = unit_fisher(model, calib, loss_fn=loss_fn, heads=heads, neurons=neurons, progress=progress)
+        return fisher.heads, fisher.neurons, None
+    found = fluctuation_scores(model, calib, heads=heads, neurons=neurons, progress=progress)
+    if settings.scores == "fluctuation-raw":  # additive (squared output change), per price like the Fisher
+        return {k: found.raw[k] for k in found.heads}, {k: found.raw[k] for k in found.neurons}, found.stats
+    floor = min(float(v.min()) for v in (*found.heads.values(), *found.neurons.values()))
+    return (knapsack_scores(found.heads, costs.heads, floor), knapsack_scores(found.neurons, costs.neurons, floor),
+            found.stats)
+
+
 def _split(batches: list, val_batches, settings: UnitSettings) -> tuple[list, list]:
     """(calibration, validation) batches: ``val_batches`` as given, else the last share held out."""
     if val_batches is not None:
@@ -263,7 +297,7 @@ def _split(batches: list, val_batches, settings: UnitSettings) -> tuple[list, li
 
 def _guarded(settings: UnitSettings) -> bool:
     """Whether a compensation stage runs and is judged on validation data."""
-    return settings.guard and (settings.compensate == "reconstruct" or settings.distill_epochs > 0)
+    return settings.guard and (settings.compensate.endswith("reconstruct") or settings.distill_epochs > 0)
 
 
 def held_out(n: int, n_val: int) -> set[int]:

@@ -41,6 +41,7 @@ from torch import nn
 from transformers.utils import logging as hf_logging
 
 from ..errors import ConfigError, DataError, PlanError, UnsupportedModelError
+from .biases import add_zero_biases, added_biases
 from .neurons import cut_neurons, neurons_to_drop
 from .records import KEPT_KEY, KEPT_NEURONS_KEY, LEGACY_KEYS, ORIGINAL_KEY, ORIGINAL_NEURONS_KEY
 from .surgery import cut_heads, heads_to_drop
@@ -295,6 +296,7 @@ def _replaying(cls: type, kept: dict, original: dict | None, neurons: tuple = (N
         # skeleton is built on the CPU, uninitialised as _from_config would (weights are loaded next)
         with torch.device("cpu"), no_init_weights():
             cls.__init__(self, config, *args, **kwargs)
+            add_zero_biases(self, added_biases(self))  # biases headprune added (before the cut that keeps them)
             cut_heads(self, heads_to_drop(self, kept, original))  # verified when it was pruned
             if neurons[0]:
                 cut_neurons(self, neurons_to_drop(self, neurons[0], neurons[1]))

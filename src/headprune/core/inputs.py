@@ -51,6 +51,23 @@ def rows_with_tokens(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     return mask.reshape(mask.shape[0], -1).sum(-1) > 0
 
 
+def real_rows(model: nn.Module, batch: Mapping[str, torch.Tensor], kind: str,
+              shape: torch.Size) -> torch.Tensor | None:
+    """Which of the ``B*T`` rows of a ``[B, T, C]`` activation inside a ``kind`` block (``encoder`` |
+    ``decoder`` | ``cross``) are real tokens (bool ``[B*T]``), or None when all count / it cannot be told.
+    An encoder-decoder's decoder rows are its scored targets (``labels != -100``) or its decoder mask."""
+    if len(shape) != 3:
+        return None
+    bt = tuple(shape[:2])
+    if getattr(model.config, "is_encoder_decoder", False) and kind != "encoder":
+        labels, dmask = batch.get("labels"), batch.get("decoder_attention_mask")
+        if labels is not None and tuple(labels.shape) == bt:
+            return (labels != -100).flatten()
+        return dmask.bool().flatten() if dmask is not None and tuple(dmask.shape) == bt else None
+    amask = batch.get("attention_mask")
+    return amask.bool().flatten() if amask is not None and tuple(amask.shape) == bt else None
+
+
 def example_inputs(model: nn.Module, batch: int, seq_len: int, *, tgt_len: int | None = None,
                    seed: int = 0) -> dict[str, torch.Tensor]:
     """Random token ids ``[batch, seq_len]`` (no padding), ``decoder_input_ids [batch, tgt_len]`` for

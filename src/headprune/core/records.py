@@ -19,9 +19,10 @@ KEPT_NEURONS_KEY = "headprune_kept_neurons"  # config attribute: {ffn: original 
 ORIGINAL_NEURONS_KEY = "headprune_original_neurons"  # config attribute: {ffn: width before any pruning}
 VERSION_KEY = "headprune_version"  # config attribute: the headprune that saved the model
 LAYOUT_KEY = "headprune_layout_reason"  # config.json of a pruned model not saved stock: why (read back, then dropped)
+ADDED_BIASES_KEY = "headprune_added_biases"  # config attribute: [site / ffn whose output projection got a bias]
 CALLS_KEY = "headprune_calls"  # config attribute: {attention class: call template} of sites with no heads left
 RECORD_KEYS = (KEPT_KEY, ORIGINAL_KEY, *LEGACY_KEYS.values(), KEPT_NEURONS_KEY, ORIGINAL_NEURONS_KEY, LAYOUT_KEY,
-               CALLS_KEY)
+               CALLS_KEY, ADDED_BIASES_KEY)
 
 DroppedHeads = dict[str, list[int]]  # {site: indices among the heads the site has now} -- to remove
 KeptHeads = dict[str, list[int]]  # {site: original indices of the heads the site keeps} -- what is left

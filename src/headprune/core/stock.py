@@ -30,7 +30,15 @@ from torch import nn
 
 from .inputs import example_inputs
 from .kept import original_heads
-from .records import CALLS_KEY, KEPT_KEY, LAYOUT_KEY, LEGACY_KEYS, ORIGINAL_KEY, config_record
+from .records import (
+    ADDED_BIASES_KEY,
+    CALLS_KEY,
+    KEPT_KEY,
+    LAYOUT_KEY,
+    LEGACY_KEYS,
+    ORIGINAL_KEY,
+    config_record,
+)
 from .runtime import RepeatHeads
 from .sites import find_sites
 
@@ -43,6 +51,10 @@ def stock_config(model: nn.Module):
     kept = config_record(model.config, KEPT_KEY)
     if not kept:
         return None, "the model is not pruned"
+    biased = list(getattr(model.config, ADDED_BIASES_KEY, None) or [])
+    if biased:
+        return None, (f"the output projections of {', '.join(biased[:3])}{' ...' if len(biased) > 3 else ''} have "
+                      "biases (bias compensation) that a stock config of the family does not describe")
     sites = find_sites(model)
     original = original_heads(model)
     if len(sites) != len(original):

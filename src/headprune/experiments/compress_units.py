@@ -40,7 +40,7 @@ def run_compress_units(model: nn.Module, tokenizer, evaluator, calib_batches: It
     after = evaluator.evaluate(result.model, progress=progress)
     speed = bench_and_save(model, result.model, out, tokenizer, settings, bench_batch, bench_repeats)
     sig = {"model": None, "data": None, "split": None, "n": before.n, **(signature or {}),
-           "method": f"fisher {settings.units} ({settings.price}) + {settings.compensate}",
+           "method": f"{settings.scores} {settings.units} ({settings.price}) + {settings.compensate}",
            "settings": asdict(settings), "code": code_identity(), "versions": versions()}
     run = RunDir(out, sig, made_here=True)  # save_pruned has just created ``out``: its files are this run's
     record = {"signature": sig, **result.to_dict(), "evaluation": {"before": eval_record(before), "after": eval_record(after)},

@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..core.records import ADDED_BIASES_KEY
 from ..errors import UnsupportedModelError
 
 FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -138,6 +139,11 @@ def _check_config(config, family: str) -> None:
         raise GGUFShapeError(f"{family} with attention_bias=True: not written to GGUF; allowed: False")
     if getattr(config, "mlp_bias", False):
         raise GGUFShapeError(f"{family} with mlp_bias=True: not written to GGUF; allowed: False")
+    biased = list(getattr(config, ADDED_BIASES_KEY, None) or [])
+    if biased:  # output / down projection biases that the GGUF writer does not carry
+        raise GGUFShapeError(f"output projection biases added by bias compensation ({', '.join(biased[:3])}"
+                             f"{' ...' if len(biased) > 3 else ''}): not written to GGUF; allowed: a model compressed "
+                             "without compensate='bias' (e.g. --compensate reconstruct or none)")
 
 
 def _layer_shape(i: int, layer: nn.Module, head_dim: int, family: str) -> LayerShape:

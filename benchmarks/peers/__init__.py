@@ -1,0 +1,14 @@
+"""Peer methods for LLM structured pruning, re-implemented from their papers and public code, for
+``benchmarks/llm_peers.py``: each returns a :class:`~peers.plan.Plan` (query heads dropped per attention
+site, neurons dropped per FFN, for FLAP the compensation biases) that :func:`~peers.plan.apply_plan` applies
+with headprune's own surgery (``headprune.prune_heads`` / ``headprune.prune_neurons``), so every method
+shares one mechanism and one parameter count.
+
+    flap           FLAP (An et al., AAAI 2024): fluctuation scores, adaptive widths, bias compensation
+    wanda_sp       structured Wanda (FLAP's baseline): |W| x ||X||, the same share removed in every layer
+    llm_pruner     LLM-Pruner (Ma et al., NeurIPS 2023): first-order Taylor of the coupled group, no LoRA
+    torch_pruning  Torch-Pruning 1.6.1's own LLM recipe, run as it is (its own surgery), under a time limit
+    headprune_rows headprune through its public API: a list of PruneSettings configurations
+
+Budgets are a share of the model's non-embedding parameters removed (:mod:`peers.plan`).
+"""

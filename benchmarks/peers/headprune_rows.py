@@ -1,0 +1,61 @@
+"""headprune's rows: configurations of its one public entry point,
+``headprune.compression.compress(model, batches, PruneSettings(...))``, nothing else.
+
+:data:`CONFIGURATIONS` is the one place they are listed (name -> PruneSettings fields other than the
+budget). Another configuration -- e.g. FLAP-style ``scores="fluctuation"``, ``compensate="bias"`` once
+PruneSettings accepts them -- is one more entry here.
+
+Budget: the harness asks for a share ``b`` of the non-embedding parameters removed; PruneSettings' ``share`` is
+the share of the *pool's* price kept (``price="params"``: the parameters of the heads and neurons it prices), so
+``share = 1 - ceil(b x non-embedding params) / pool parameters``. The parameters the compressed model actually
+keeps are measured and reported, not assumed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from torch import nn
+
+from headprune import PruneSettings, compress
+from headprune.core.unit_cost import unit_costs
+
+from .plan import nonembedding_params
+
+CONFIGURATIONS: dict[str, dict] = {
+    "headprune-fisher": {"units": "both", "price": "params", "scores": "fisher", "compensate": "none"},
+    "headprune-fisher+reconstruct": {"units": "both", "price": "params", "scores": "fisher",
+                                     "compensate": "reconstruct"},
+    "headprune-fisher+bias": {"units": "both", "price": "params", "scores": "fisher", "compensate": "bias"},
+    # FLAP's metric and compensation inside headprune's one budget (scores standardised per kind, as FLAP)
+    "headprune-fluctuation+bias": {"units": "both", "price": "params", "scores": "fluctuation", "compensate": "bias"},
+    # ... then the least-squares refit of every pruned projection, biases included (guarded on held-out blocks)
+    "headprune-fluctuation+bias+reconstruct": {"units": "both", "price": "params", "scores": "fluctuation",
+                                               "compensate": "bias+reconstruct"},
+    # the same metric unstandardised: each unit's expected squared output change, traded by its price
+    "headprune-fluctuation-raw+bias": {"units": "both", "price": "params", "scores": "fluctuation-raw",
+                                       "compensate": "bias"},
+}
+
+
+def settings_for(name: str, model: nn.Module, budget: float) -> PruneSettings:
+    """The PruneSettings of configuration ``name`` removing ``budget`` of ``model``'s non-embedding parameters."""
+    target = math.ceil(budget * nonembedding_params(model))
+    pool = unit_costs(model, "params").total()
+    return PruneSettings(share=1 - target / pool, **CONFIGURATIONS[name])
+
+
+def headprune_row(name: str, model: nn.Module, batches, budget: float) -> tuple[nn.Module, dict]:
+    """(the compressed copy of ``model``, what compress did) for configuration ``name``."""
+    settings = settings_for(name, model, budget)
+    start = time.perf_counter()
+    result = compress(model, list(batches), settings)
+    seconds = time.perf_counter() - start
+    d = result.to_dict()
+    heads = d.get("dropped_heads", d.get("dropped", {}))
+    neurons = d.get("dropped_neurons", {})
+    info = {"settings": {k: v for k, v in vars(settings).items()}, "stages": d.get("stages"),
+            "heads": sum(len(v) for v in heads.values()), "neurons": sum(len(v) for v in neurons.values()),
+            "seconds": seconds}
+    return result.model, info

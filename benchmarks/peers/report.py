@@ -1,0 +1,123 @@
+"""The manual's table and figure for ``docs/peers.md``, generated from a results JSON of
+``benchmarks/llm_peers.py`` and nothing else (every number on the page is read from it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MARK = ("<!-- llm_peers:begin -->", "<!-- llm_peers:end -->")
+FIGURE = "peers.png"
+
+
+def row_line(row: dict) -> str:
+    """One console line per finished row."""
+    if row.get("status") != "ok":
+        return f"{row['method']}: {row.get('status')} -- {row.get('error') or row.get('torch_pruning', {}).get('error')}"
+    ratios = ", ".join(f"{k} x{v:.3f}" for k, v in row["ratio"].items())
+    speed = f", decode x{row['decode']['speedup']:.2f}" if "decode" in row else ""
+    return f"perplexity ratio {ratios}{speed}, pruned in {row['prune_seconds']:.1f} s"
+
+
+def _removed(row: dict, base: dict) -> float:
+    total = base["sizes"]["nonembedding_params"]
+    return 1 - row["sizes"]["nonembedding_params"] / total
+
+
+def docs_section(data: dict, figure: str = FIGURE) -> str:
+    """The generated block: settings, unpruned perplexities, one table row per method and budget, the figure."""
+    s, base = data["settings"], data["unpruned"]
+    protocols = list(base["perplexity"])
+    lines = [MARK[0], "", "!!! note \"Generated\"",
+             f"    Every number below is read from `benchmarks/results/{data.get('file', 'llm_peers.json')}` "
+             "by `python benchmarks/llm_peers.py --write-docs docs/peers.md`; nothing is typed by hand.", "",
+             f"Model: {s['model']}. Calibration: {s['calib_blocks']} blocks of {s['calib_block']} tokens of "
+             f"`{s['calib']}`. Evaluation: `{s['eval']}`. Machine: {_machine(data)}. "
+             f"Command: `{data['command']}`.", "",
+             "Unpruned perplexity: " + ", ".join(f"{k} {v:.2f}" for k, v in base["perplexity"].items())
+             + f"; {base['sizes']['nonembedding_params']:,} non-embedding parameters, "
+             f"{base['sizes']['kv_cache_bytes_per_token']:,} KV-cache bytes per token.", "",
+             "| method | budget | removed | " + " | ".join(f"{p} ratio (95% CI)" for p in protocols)
+             + " | FLOPs/token | KV B/token | decode speed-up | prune s |",
+             "|---|---|---|" + "---|" * len(protocols) + "---|---|---|---|"]
+    for row in sorted(data["rows"], key=lambda r: (r["method"], r["budget"])):
+        if row.get("status") != "ok":
+            why = row.get("error") or row.get("torch_pruning", {}).get("error", "")
+            lines.append(f"| {row['method']} | {row['budget']:.0%} | {row.get('status')}: {why} |"
+                         + " |" * (len(protocols) + 4))
+            continue
+        cells = [f"{row['ratio'][p]:.3f} ({row['ratio_ci95'][p][0]:.3f}-{row['ratio_ci95'][p][1]:.3f})"
+                 for p in protocols]
+        sz = row["sizes"]
+        flops = f"{sz['flops_per_token']:.3g}" if "flops_per_token" in sz else "-"
+        kv = f"{sz['kv_cache_bytes_per_token']:,}" if "kv_cache_bytes_per_token" in sz else "-"
+        speed = f"{row['decode']['speedup']:.2f}" if "decode" in row else "-"
+        lines.append(f"| {row['method']} | {row['budget']:.0%} | {_removed(row, base):.1%} | " + " | ".join(cells)
+                     + f" | {flops} | {kv} | {speed} | {row['prune_seconds']:.1f} |")
+    lines += ["", f"![Perplexity ratio against the share of non-embedding parameters removed]({figure})", "", MARK[1]]
+    return "\n".join(lines)
+
+
+def _machine(data: dict) -> str:
+    m = data["machine"]
+    load = m.get("loadavg_at_start")
+    return (f"{m.get('processor')}, {m.get('cpus_usable')} CPUs usable, {m.get('torch_threads')} torch threads, "
+            f"device {data['settings'].get('device', 'cpu')}" + (f", load average {load[0]:.1f} at start" if load else ""))
+
+
+def plot(data: dict, path: str | Path) -> Path:
+    """Perplexity ratio pruned / unpruned against the share of non-embedding parameters removed, one line per
+    method, 95% intervals as error bars; one panel per protocol."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    base = data["unpruned"]
+    protocols = list(base["perplexity"])
+    fig, axes = plt.subplots(1, len(protocols), figsize=(4.2 * len(protocols), 3.6), squeeze=False)
+    methods = sorted({r["method"] for r in data["rows"] if r.get("status") == "ok"})
+    for ax, p in zip(axes[0], protocols, strict=True):
+        for m in methods:
+            rows = sorted((r for r in data["rows"] if r["method"] == m and r.get("status") == "ok"),
+                          key=lambda r: r["budget"])
+            x = [_removed(r, base) for r in rows]
+            y = [r["ratio"][p] for r in rows]
+            err = [[r["ratio"][p] - r["ratio_ci95"][p][0] for r in rows], [r["ratio_ci95"][p][1] - r["ratio"][p] for r in rows]]
+            ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=m)
+        ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+        ax.set_xlim(0, max(0.55, *(_removed(r, base) + 0.05 for r in data["rows"] if r.get("status") == "ok")))
+        lows = [r["ratio_ci95"][p][0] for r in data["rows"] if r.get("status") == "ok"] + [1.0]
+        highs = [r["ratio_ci95"][p][1] for r in data["rows"] if r.get("status") == "ok"] + [1.0]
+        if max(highs) / min(lows) > 3:  # ratios spanning many-fold: log scale, plain numbers on the ticks
+            ax.set_yscale("log")
+            ax.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_xlabel("share of non-embedding parameters removed")
+        ax.set_title(p)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("perplexity ratio pruned / unpruned")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_docs(page: str | Path, data: dict | None) -> None:
+    """Replace the generated block of ``page`` (kept: the protocol around it) with the table and figure from
+    ``data``, or with a note that no committed run exists yet."""
+    page = Path(page)
+    text = page.read_text()
+    if MARK[0] not in text or MARK[1] not in text:
+        raise SystemExit(f"{page}: no {MARK[0]} ... {MARK[1]} block to fill")
+    if data is None:
+        block = "\n".join([MARK[0], "", "!!! note \"No committed run yet\"",
+                           "    `benchmarks/results/llm_peers.json` does not exist yet: run "
+                           "`python benchmarks/llm_peers.py`, commit the JSON, then "
+                           "`python benchmarks/llm_peers.py --write-docs docs/peers.md`.", "", MARK[1]])
+    else:
+        plot(data, page.parent / FIGURE)
+        block = docs_section(data)
+    head, rest = text.split(MARK[0], 1)
+    page.write_text(head + block + rest.split(MARK[1], 1)[1])
