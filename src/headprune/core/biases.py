@@ -23,7 +23,7 @@ from torch import nn
 from ..errors import PlanError, UnsupportedModelError
 from .ffn import find_ffns, out_features
 from .records import ADDED_BIASES_KEY
-from .sites import find_sites, is_conv1d
+from .sites import Site, find_sites, is_conv1d
 
 
 def output_projections(model: nn.Module) -> dict[str, nn.Module]:
@@ -58,9 +58,9 @@ def mean_shifts(model: nn.Module, means: Mapping[str, torch.Tensor], drop_heads:
                 raise PlanError(f"no {'site' if groups is sites else 'FFN'} {name!r} with input means; allowed: "
                                 f"{', '.join(n for n in groups if n in means)}")
             unit = groups[name]
-            width = unit.head_dim if groups is sites else 1
+            width = unit.head_dim if isinstance(unit, Site) else 1
             cols = torch.tensor([i * width + j for i in drop for j in range(width)], dtype=torch.long)
-            module = unit.o if groups is sites else unit.down
+            module = unit.o if isinstance(unit, Site) else unit.down
             weight = module.weight.detach()
             width_in = weight.shape[0] if is_conv1d(module) else weight.shape[1]
             mean = torch.as_tensor(means[name], dtype=torch.float64).cpu()
