@@ -67,6 +67,9 @@ def parse(argv=None):
     p.add_argument("--eval", type=Path, default=SHARED / "wmt21_newstest" / "newstest2021.en-de.src.en")
     p.add_argument("--calib-block", type=int, default=256)
     p.add_argument("--calib-blocks", type=int, default=32)
+    p.add_argument("--select-blocks", type=int, default=8,
+                   help="Blocks of the calibration text after the calibration blocks, held out: headprune's "
+                        "configuration per budget is chosen on them, never on the evaluation text.")
     p.add_argument("--eval-tokens", type=int, default=None, help="Use only the first N tokens of the evaluation text.")
     p.add_argument("--windows", default="128,2048", help="Window lengths of the whole-text perplexities.")
     p.add_argument("--blocks", type=int, default=32, help="Blocks of 256 tokens of the block protocol.")
@@ -171,17 +174,24 @@ def main(argv=None) -> dict | None:
         model.to(resolve_device(args.device))
     except HeadpruneError as e:
         raise SystemExit(str(e)) from None
-    calib = LanguageModelling(tok, [calib_text], block_size=args.calib_block, max_blocks=args.calib_blocks, batch_size=4)
-    batches = list(calib.batches())
+    calib = LanguageModelling(tok, [calib_text], block_size=args.calib_block,
+                              max_blocks=args.calib_blocks + args.select_blocks, batch_size=4)
+    if len(calib) < args.calib_blocks + args.select_blocks:
+        raise SystemExit(f"--calib {args.calib}: {len(calib)} blocks of {args.calib_block} tokens; "
+                         f"--calib-blocks {args.calib_blocks} + --select-blocks {args.select_blocks} needed")
+    batches = list(calib.batches(limit=args.calib_blocks))
+    held_out = calib.blocks[args.calib_blocks:]  # [select_blocks, calib_block]: never seen by any method
     sets = eval_sets(tok, eval_text, args, sizes)
-    settings = {**described, "calib_block": args.calib_block, "calib_blocks": len(calib),
+    settings = {**described, "calib_block": args.calib_block, "calib_blocks": args.calib_blocks,
+                "select_blocks": args.select_blocks,
+                "selection": "headprune's configuration per budget: the lowest perplexity on the held-out "
+                             "calibration blocks (the evaluation text is not read for it)",
                 "eval_tokens": args.eval_tokens, "protocols": {k: list(v.shape) for k, v in sets.items()},
                 "decode": {"prompt": args.decode_prompt, "new_tokens": args.decode_tokens,
                            "repeats": args.decode_repeats},
                 "tp_timeout_s": args.tp_timeout, "quick": args.quick, "seed": 0, "device": args.device,
                 "budget": "share of non-embedding parameters removed",
-                "bootstrap": "95% percentile, 1000 resamples of windows, paired, seed 0",
-                "headprune_configurations": CONFIGURATIONS}
+                "bootstrap": "95% percentile, 1000 resamples of windows, paired, seed 0"}
     out = _resume(output, settings)
     given = sys.argv[1:] if argv is None else list(argv)
     out.update({"name": "llm_peers", "command": shlex.join([sys.executable, "benchmarks/llm_peers.py", *given]),
@@ -193,10 +203,13 @@ def main(argv=None) -> dict | None:
     def evaluate(m):
         return {k: protocol.window_nll(m, v) for k, v in sets.items()}
 
+    def select(m):  # perplexity on the held-out calibration blocks
+        return protocol.perplexity(protocol.window_nll(m, held_out))
+
     if "unpruned" not in out:
         start = time.perf_counter()
         out["unpruned"] = {"sizes": protocol.sizes(model), "evaluation": evaluate(model),
-                           "seconds": time.perf_counter() - start}
+                           "selection_perplexity": select(model), "seconds": time.perf_counter() - start}
         out["unpruned"]["perplexity"] = {k: protocol.perplexity(v) for k, v in out["unpruned"]["evaluation"].items()}
         _save(output, out)
     done = {(r["method"], r["budget"]) for r in out["rows"]}
@@ -208,20 +221,22 @@ def main(argv=None) -> dict | None:
             stuck = next((r for r in out["rows"] if r["method"] == "torch-pruning" and r["status"] == "timeout"
                           and r["torch_pruning"]["phase_reached"] == "grouping"), None)
             if method == "torch-pruning" and stuck is not None:  # grouping does not depend on the ratio
-                row = {"method": method, "budget": budget, "status": "not run",
+                row = {"method": method, "tool": tool_of(method), "config": config_of(method), "budget": budget,
+                       "status": "not run",
                        "error": f"its grouping (the same at every ratio) timed out at budget {stuck['budget']} "
                                 f"after {stuck['torch_pruning']['timeout_s']:.0f} s"}
             else:
-                row = run_row(method, model, batches, budget, sets, evaluate, out["unpruned"], args)
+                row = run_row(method, model, batches, budget, evaluate, select, out["unpruned"], args)
             out["rows"].append(row)
+            summarise(out)
             _save(output, out)
             print("  " + report.row_line(row), flush=True)
     print(f"wrote {output}")
     return out
 
 
-def run_row(method, model, batches, budget, sets, evaluate, base, args) -> dict:
-    row = {"method": method, "budget": budget}
+def run_row(method, model, batches, budget, evaluate, select, base, args) -> dict:
+    row = {"method": method, "tool": tool_of(method), "config": config_of(method), "budget": budget}
     device = next(model.parameters()).device
     if method == "torch-pruning":
         example = batches[0]["input_ids"][:1, :8]
@@ -231,7 +246,8 @@ def run_row(method, model, batches, budget, sets, evaluate, base, args) -> dict:
         if tp["status"] == "ok":
             res = tp["result"]
             row |= {"prune_seconds": res["prune_seconds"], "surgery": "torch-pruning's own (hidden size pruned too)",
-                    "sizes": {"params": res["params"], "nonembedding_params": res["nonembedding_params"]}}
+                    "sizes": {"params": res["params"], "nonembedding_params": res["nonembedding_params"]},
+                    "removed_share": 1 - res["nonembedding_params"] / base["sizes"]["nonembedding_params"]}
             _scores(row, res["evaluation"], base)
         return row
 
@@ -258,6 +274,8 @@ def run_row(method, model, batches, budget, sets, evaluate, base, args) -> dict:
     target = budget * base["sizes"]["nonembedding_params"]
     row["removed_nonembedding_params"] = base["sizes"]["nonembedding_params"] - row["sizes"]["nonembedding_params"]
     row["removed_minus_target"] = row["removed_nonembedding_params"] - target
+    row["removed_share"] = row["removed_nonembedding_params"] / base["sizes"]["nonembedding_params"]
+    row["selection_perplexity"] = select(pruned)
     _scores(row, evaluate(pruned), base)
     dec = decode_benchmark({"unpruned": model, "pruned": pruned}, prompt_len=args.decode_prompt,
                            new_tokens=args.decode_tokens, repeats=args.decode_repeats)
@@ -275,10 +293,58 @@ def _scores(row: dict, evaluation: dict, base: dict) -> None:
     row["nll_sum"] = {k: v["nll_sum"] for k, v in evaluation.items()}
 
 
+def tool_of(method: str) -> str:
+    return "headprune" if method in CONFIGURATIONS else method
+
+
+def config_of(method: str) -> dict:
+    """What a row's result depends on beyond the shared settings: a headprune configuration's PruneSettings
+    fields, or the peer's name (and Torch-Pruning's installed version)."""
+    if method in CONFIGURATIONS:
+        return dict(CONFIGURATIONS[method])
+    if method == "torch-pruning":
+        return {"peer": method, "version": installed_version()}
+    return {"peer": method}
+
+
+def summarise(out: dict) -> None:
+    """Derived tables, rebuilt from the rows after every row: ``results`` (one entry per row and protocol:
+    tool, method, removed_share, window, perplexity, ratio and its interval), ``selected`` (per budget, the
+    headprune configuration with the lowest held-out calibration perplexity) and ``verdicts`` (per budget and
+    protocol, the selected configuration against the best peer)."""
+    ok = [r for r in out["rows"] if r.get("status") == "ok"]
+    out["results"] = [{"tool": r.get("tool", tool_of(r["method"])), "method": r["method"], "budget": r["budget"],
+                       "removed_share": r.get("removed_share"), "window": p, "perplexity": r["perplexity"][p],
+                       "ratio": r["ratio"][p], "ratio_ci95": r["ratio_ci95"][p]}
+                      for r in ok for p in r["perplexity"]]
+    out["selected"], out["verdicts"] = {}, {}
+    for budget in sorted({r["budget"] for r in ok}):
+        mine = [r for r in ok if r["budget"] == budget and r["method"] in CONFIGURATIONS and "selection_perplexity" in r]
+        peers = [r for r in ok if r["budget"] == budget and r["method"] not in CONFIGURATIONS]
+        if not mine:
+            continue
+        best = min(mine, key=lambda r: r["selection_perplexity"])
+        out["selected"][str(budget)] = best["method"]
+        if not peers:
+            continue
+        out["verdicts"][str(budget)] = {}
+        for p in best["perplexity"]:
+            rival = min(peers, key=lambda r: r["perplexity"][p])
+            out["verdicts"][str(budget)][p] = {
+                "headprune": best["method"], "perplexity": best["perplexity"][p], "ratio": best["ratio"][p],
+                "ratio_ci95": best["ratio_ci95"][p], "best_peer": rival["method"],
+                "best_peer_perplexity": rival["perplexity"][p], "best_peer_ratio": rival["ratio"][p],
+                "lower_than_every_peer": all(best["perplexity"][p] < r["perplexity"][p] for r in peers),
+                "interval_below_best_peer": best["ratio_ci95"][p][1] < rival["ratio"][p],
+                "peers_compared": sorted(r["method"] for r in peers)}
+
+
 def _resume(output: Path, settings: dict) -> dict:
+    """The rows of an earlier run with the same shared settings whose method configuration is unchanged."""
     if output.is_file():
         old = json.loads(output.read_text())
         if old.get("settings") == json.loads(json.dumps(settings)):
+            old["rows"] = [r for r in old["rows"] if r.get("config") == json.loads(json.dumps(config_of(r["method"])))]
             return old
     return {"rows": []}
 

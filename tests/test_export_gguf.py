@@ -45,6 +45,32 @@ def _ppl(logits: torch.Tensor, ids: torch.Tensor) -> float:
     return math.exp(float(torch.nn.functional.cross_entropy(logits[:-1].double(), ids[0, 1:])))
 
 
+def _compensate(model, scale: float = 0.1) -> None:
+    """Output-projection biases as bias compensation adds them (Llama's o_proj / down_proj have none): random
+    shifts, so that a reader dropping them computes visibly different logits."""
+    from headprune.core.biases import shift_biases
+
+    g = torch.Generator().manual_seed(1)
+    hidden = model.config.hidden_size
+    names = [s.name for s in headprune.find_sites(model)] + [f.name for f in headprune.find_ffns(model)]
+    shift_biases(model, {n: scale * torch.randn(hidden, generator=g) for n in names})
+
+
+def test_bias_compensated_llama_writes_its_biases(tmp_path):
+    model, tok = tiny_decoder("llama"), bpe_tokenizer()
+    _compensate(model)
+    headprune.prune_neurons(model, {f.name: list(range(32)) for f in headprune.find_ffns(model)})  # uniform
+    report = export_gguf(model, tmp_path / "b.gguf", tokenizer=tok, outtype="q8_0")
+    arrays, types, _ = read_gguf_tensors(tmp_path / "b.gguf")
+    for i, layer in enumerate(model.model.layers):
+        for tname, bias in ((f"blk.{i}.attn_output.bias", layer.self_attn.o_proj.bias),
+                            (f"blk.{i}.ffn_down.bias", layer.mlp.down_proj.bias)):
+            assert types[tname] == "F32"  # 1-D tensors stay float32 under every outtype
+            np.testing.assert_array_equal(arrays[tname], bias.detach().numpy())
+    assert report["arch"] == "llama"  # transformers' llama could read it, but not o_proj-only biases
+    assert not report["check"]["transformers"]["checked"] and "bias" in report["check"]["transformers"]["reason"]
+
+
 def test_unpruned_llama_reloads_in_transformers(tmp_path):
     model, tok = tiny_decoder("llama"), bpe_tokenizer()
     report = export_gguf(model, tmp_path / "m.gguf", tokenizer=tok)
@@ -128,9 +154,9 @@ def test_hf_tokenizer_vocabulary_in_id_order(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["repeat_kv", "emptied", "emptied_ffn", "uneven_qwen2", "masked", "family",
-                                  "outtype", "exists"])
+                                  "outtype", "exists", "biased_qwen2", "biased_emptied"])
 def test_refusals_write_nothing(tmp_path, case):
-    family = "qwen2" if case in ("uneven_qwen2", "emptied") else "llama"
+    family = "qwen2" if case in ("uneven_qwen2", "emptied", "biased_qwen2") else "llama"
     model, tok = tiny_decoder(family), bpe_tokenizer()
     sites = [s.name for s in headprune.find_sites(model)]
     error, kwargs = GGUFShapeError, {}
@@ -142,6 +168,11 @@ def test_refusals_write_nothing(tmp_path, case):
         headprune.prune_neurons(model, {headprune.find_ffns(model)[1].name: list(range(128))})
     elif case == "uneven_qwen2":
         prune_unevenly(model)
+    elif case == "biased_qwen2":  # llama.cpp's qwen2 reads no attn_output / ffn_down bias
+        _compensate(model)
+    elif case == "biased_emptied":  # deci's attention-free layer would drop the kept bias
+        _compensate(model)
+        headprune.prune_heads(model, {sites[1]: [0, 1, 2, 3]})
     elif case == "masked":
         headprune.mask_heads(model, headprune.mask_from_heads(model, {sites[0]: [1]}))
     elif case == "family":
@@ -177,17 +208,24 @@ def test_cli_exports_a_pruned_directory(tmp_path):
 
 
 @needs_llama_cpp
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "llama-biased", "llama-uniform-biased"])
 def test_llama_cpp_logits_match_pytorch(tmp_path, family):
     """The acceptance check on a tiny model: llama.cpp runs the exported file and its logits match PyTorch's
     (float32 within F32_TOLERANCE; Q8_0 perplexity within Q8_PPL_RATIO). Llama pruned unevenly (deci);
-    Qwen2 with the same FFN width in every layer (its llama.cpp architecture has one head count and width)."""
+    Qwen2 with the same FFN width in every layer (its llama.cpp architecture has one head count and width);
+    Llama with bias compensation's output-projection biases, uneven (deci) and uniform (llama)."""
     from headprune.export.llamacpp import llama_logits
 
-    model, tok = tiny_decoder(family, layers=4 if family == "llama" else 3), bpe_tokenizer()
+    model, tok = tiny_decoder(family.split("-")[0], layers=4 if family == "llama" else 3), bpe_tokenizer()
     if family == "llama":  # + a layer with no heads left (deci's attention-free layer)
         prune_unevenly(model)
         headprune.prune_heads(model, {headprune.find_sites(model)[-1].name: [0, 1, 2, 3]})
+    elif family == "llama-biased":
+        _compensate(model)
+        prune_unevenly(model)
+    elif family == "llama-uniform-biased":
+        _compensate(model)
+        headprune.prune_neurons(model, {f.name: list(range(32)) for f in headprune.find_ffns(model)})
     else:  # qwen2: llama.cpp sizes its query bias by the hidden size, so heads stay; FFN pruned alike per layer
         headprune.prune_neurons(model, {f.name: list(range(32)) for f in headprune.find_ffns(model)})
     ids = _ids(tok)
@@ -196,6 +234,11 @@ def test_llama_cpp_logits_match_pytorch(tmp_path, family):
     export_gguf(model, tmp_path / "q8.gguf", tokenizer=tok, outtype="q8_0")
     got = torch.from_numpy(llama_logits(tmp_path / "f32.gguf", ids[0].tolist()))
     assert _rel(got, want) <= F32_TOLERANCE
+    if "biased" in family:  # llama.cpp adds the biases: without them the logits are far off
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.bias = None
+            layer.mlp.down_proj.bias = None
+        assert _rel(got, _logits(model, ids)) > 100 * F32_TOLERANCE
     q8 = torch.from_numpy(llama_logits(tmp_path / "q8.gguf", ids[0].tolist()))
     assert 0 < _rel(q8, want)
     assert _ppl(q8, ids) / _ppl(want, ids) <= Q8_PPL_RATIO

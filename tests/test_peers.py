@@ -275,8 +275,37 @@ def test_quick_run_rows_are_finite_consistent_and_resume(tmp_path):
         assert r["sizes"]["flops_per_token"] < base["sizes"]["flops_per_token"]
         if r["method"] in ("flap", "wanda-sp", "llm-pruner"):
             assert r["removed_nonembedding_params"] == r["info"]["planned_removed"]
+        assert r["tool"] == ("headprune" if r["method"].startswith("headprune") else r["method"])
+        assert math.isclose(r["removed_share"], removed / total, rel_tol=1e-12)
+        assert math.isfinite(r["selection_perplexity"]) and r["selection_perplexity"] > 1
+    ok = [r for r in data["rows"] if r["status"] == "ok"]
+    assert len(data["results"]) == sum(len(r["perplexity"]) for r in ok)
+    for e in data["results"]:
+        assert {"tool", "method", "removed_share", "window", "perplexity"} <= set(e)
+    mine = [r for r in ok if r["tool"] == "headprune"]
+    chosen = min(mine, key=lambda r: r["selection_perplexity"])
+    assert data["selected"] == {"0.3": chosen["method"]}
+    peers = [r for r in ok if r["tool"] != "headprune"]
+    for window, v in data["verdicts"]["0.3"].items():
+        assert v["lower_than_every_peer"] == all(chosen["perplexity"][window] < r["perplexity"][window] for r in peers)
+        best_peer = min(peers, key=lambda r: r["perplexity"][window])
+        assert v["best_peer"] == best_peer["method"]
+        assert v["interval_below_best_peer"] == (chosen["ratio_ci95"][window][1] < best_peer["ratio"][window])
     again = bench.main(["--quick", "--budgets", "0.3", "--tp-timeout", "5", "--output", str(output)])
     assert again["rows"] == out["rows"]  # resumed: nothing recomputed
+    # a changed configuration reruns its own rows only
+    changed = next(iter(bench.CONFIGURATIONS))
+    monkey = dict(bench.CONFIGURATIONS[changed], compensate="none" if bench.CONFIGURATIONS[changed]["compensate"] != "none"
+                  else "bias")
+    original = bench.CONFIGURATIONS[changed]
+    bench.CONFIGURATIONS[changed] = monkey
+    try:
+        third = bench.main(["--quick", "--budgets", "0.3", "--tp-timeout", "5", "--output", str(output)])
+    finally:
+        bench.CONFIGURATIONS[changed] = original
+    kept = {r["method"]: r for r in third["rows"]}
+    assert kept[changed]["config"] == monkey
+    assert all(kept[r["method"]] == r for r in out["rows"] if r["method"] != changed)
     page = tmp_path / "peers.md"
     page.write_text((ROOT / "docs" / "peers.md").read_text())
     report.write_docs(page, data)

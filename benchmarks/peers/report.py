@@ -51,10 +51,29 @@ def docs_section(data: dict, figure: str = FIGURE) -> str:
         flops = f"{sz['flops_per_token']:.3g}" if "flops_per_token" in sz else "-"
         kv = f"{sz['kv_cache_bytes_per_token']:,}" if "kv_cache_bytes_per_token" in sz else "-"
         speed = f"{row['decode']['speedup']:.2f}" if "decode" in row else "-"
-        lines.append(f"| {row['method']} | {row['budget']:.0%} | {_removed(row, base):.1%} | " + " | ".join(cells)
+        name = row["method"] + (" (selected)" if data.get("selected", {}).get(str(row["budget"])) == row["method"] else "")
+        lines.append(f"| {name} | {row['budget']:.0%} | {_removed(row, base):.1%} | " + " | ".join(cells)
                      + f" | {flops} | {kv} | {speed} | {row['prune_seconds']:.1f} |")
+    lines += ["", "\"(selected)\": per budget, the headprune configuration with the lowest perplexity on the "
+              f"{s.get('select_blocks', 0)} held-out calibration blocks; it is the one judged against the peers.", ""]
+    lines += verdict_lines(data)
     lines += ["", f"![Perplexity ratio against the share of non-embedding parameters removed]({figure})", "", MARK[1]]
     return "\n".join(lines)
+
+
+def verdict_lines(data: dict) -> list[str]:
+    """One bullet per budget and protocol: the selected headprune configuration against the best peer."""
+    lines = []
+    for budget, per in sorted(data.get("verdicts", {}).items(), key=lambda kv: float(kv[0])):
+        for p, v in per.items():
+            lo, hi = v["ratio_ci95"]
+            lower = "lower than every peer's" if v["lower_than_every_peer"] else "**not** lower than every peer's"
+            ci = ("its interval's upper end is below" if v["interval_below_best_peer"]
+                  else "its interval's upper end is **not** below")
+            lines.append(f"- {float(budget):.0%}, {p}: {v['headprune']} x{v['ratio']:.3f} [{lo:.3f}, {hi:.3f}] "
+                         f"vs the best peer {v['best_peer']} x{v['best_peer_ratio']:.3f}: perplexity {lower} "
+                         f"({len(v['peers_compared'])} peers run); {ci} the best peer's point estimate.")
+    return lines
 
 
 def _machine(data: dict) -> str:

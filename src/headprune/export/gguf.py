@@ -264,6 +264,10 @@ def _transformers_check(path: Path, layout: Layout, twin: nn.Module, want: torch
     if layout.arch not in TRANSFORMERS_ARCHS:
         return {"checked": False, "reason": f"architecture {layout.arch!r} (per-layer shapes): transformers builds "
                                             "every layer from one config; llama.cpp checks it instead"}
+    biases = sorted(t for t in layout.tensors if t.endswith(("attn_output.bias", "ffn_down.bias")))
+    if biases:
+        return {"checked": False, "reason": f"{len(biases)} output-projection biases (bias compensation): transformers' "
+                                            f"{layout.arch} config gives every projection a bias or none"}
     if layout.arch != "llama" and layout.per_layer("n_head") * layout.head_dim != layout.hidden:
         return {"checked": False, "reason": f"{layout.arch} with heads x head_dim != hidden size: transformers' "
                                             f"{layout.arch} GGUF reader derives head_dim from the hidden size"}

@@ -16,6 +16,11 @@ Families (``config.model_type`` -> llama.cpp architecture):
 - ``qwen2`` (q/k/v biases) and ``qwen3`` (per-head q/k RMSNorm) -> ``qwen2`` / ``qwen3``, same heads
   and FFN width in every layer only: llama.cpp builds those layers from one head count.
 
+Output-projection biases added by bias compensation (``compensate='bias'``: Llama's ``o_proj`` and
+``down_proj`` gain one) are written as ``attn_output.bias`` / ``ffn_down.bias``, which llama.cpp's ``llama``
+and ``deci`` loaders read when present; other architectures, and a layer that lost every head but keeps a
+bias, are refused.
+
 A llama-family layer with no heads left is written as deci's attention-free layer (head counts 0, no
 attention tensors: the layer adds nothing, as the pruned model's removed attention does). Refused: a
 layer with no FFN neurons left (deci would drop its attention output too), a qwen layer with no heads, repeated key/value heads (a grouped-query
@@ -37,6 +42,8 @@ from ..errors import UnsupportedModelError
 
 FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 PER_LAYER_ARCH = {"llama": "deci"}  # the architecture that reads per-layer shapes, by uniform architecture
+# llama.cpp architectures whose loaders read optional attn_output.bias and ffn_down.bias (bias compensation)
+BIASED_ARCHS = {"llama", "deci"}
 PERMUTED = {"llama", "deci"}  # llama.cpp rotates interleaved pairs (rope "norm"): q/k rows permuted
 
 
@@ -140,19 +147,24 @@ def _check_config(config, family: str) -> None:
     if getattr(config, "mlp_bias", False):
         raise GGUFShapeError(f"{family} with mlp_bias=True: not written to GGUF; allowed: False")
     biased = list(getattr(config, ADDED_BIASES_KEY, None) or [])
-    if biased:  # output / down projection biases that the GGUF writer does not carry
+    if biased and FAMILIES[family] not in BIASED_ARCHS:  # llama.cpp's loader would find tensors it does not read
         raise GGUFShapeError(f"output projection biases added by bias compensation ({', '.join(biased[:3])}"
-                             f"{' ...' if len(biased) > 3 else ''}): not written to GGUF; allowed: a model compressed "
-                             "without compensate='bias' (e.g. --compensate reconstruct or none)")
+                             f"{' ...' if len(biased) > 3 else ''}): llama.cpp's {FAMILIES[family]} reads no "
+                             f"attn_output / ffn_down bias; allowed: {', '.join(sorted(BIASED_ARCHS))} families, or a "
+                             "model compressed without compensate='bias' (e.g. --compensate reconstruct or none)")
 
 
 def _layer_shape(i: int, layer: nn.Module, head_dim: int, family: str) -> LayerShape:
     attn = getattr(layer, "self_attn", None)
     q = getattr(attn, "q_proj", None)
     if not isinstance(q, nn.Linear) or q.out_features == 0:
-        if family not in PER_LAYER_ARCH or getattr(getattr(attn, "headprune_out", None), "bias", None) is not None:
+        if family not in PER_LAYER_ARCH:
             raise GGUFShapeError(f"layer {i} has no attention heads left: llama.cpp's {family} layers always attend; "
                                  "keep at least one head (group) per layer (llama-family models export it as deci)")
+        if getattr(getattr(attn, "headprune_out", None), "bias", None) is not None:
+            raise GGUFShapeError(f"layer {i} has no attention heads left but adds a bias (bias compensation): deci's "
+                                 "attention-free layer adds nothing, so the file would differ; allowed: at least one "
+                                 "head (group) kept in that layer, or compensate without 'bias'")
         return LayerShape(n_head=0, n_head_kv=0, n_ff=_ffn_width(i, layer))
     k, v = getattr(attn, "k_proj", None), getattr(attn, "v_proj", None)
     if not (isinstance(k, nn.Linear) and isinstance(v, nn.Linear)):
@@ -238,3 +250,5 @@ def _fill_ffn(out: dict[str, np.ndarray], p: str, layer: nn.Module) -> None:
     out[p + "ffn_gate.weight"] = _array(layer.mlp.gate_proj.weight)
     out[p + "ffn_up.weight"] = _array(layer.mlp.up_proj.weight)
     out[p + "ffn_down.weight"] = _array(layer.mlp.down_proj.weight)
+    if layer.mlp.down_proj.bias is not None:  # added by bias compensation (_check_config allows it per arch)
+        out[p + "ffn_down.bias"] = _array(layer.mlp.down_proj.bias)
