@@ -209,3 +209,56 @@ def test_latency_prices_are_the_measured_slopes_and_a_noisy_table_is_refused():
     table["seconds"]["heads_half"] = table["seconds"]["full"] * 1.01
     with pytest.raises(ConfigError, match="did not make the model faster"):
         latency_prices(model, table)
+
+
+def test_min_per_site_equals_brute_force_over_plans_keeping_a_head_everywhere():
+    g = torch.Generator().manual_seed(3)
+    hs = {"encoder.0.self": torch.rand(3, generator=g, dtype=torch.float64) * 0.01,  # a site worth emptying
+          "encoder.1.self": torch.rand(2, generator=g, dtype=torch.float64)}
+    ns = {"encoder.0.ffn": torch.rand(4, generator=g, dtype=torch.float64), "encoder.1.ffn": torch.rand(3, generator=g, dtype=torch.float64)}
+    costs = UnitCosts({k: torch.full_like(v, 5.0) for k, v in hs.items()},
+                      {k: torch.full_like(v, 2.0) for k, v in ns.items()}, "flops")
+    units = [("h", k, i, float(v[i]), 5.0) for k, v in hs.items() for i in range(v.numel())] + \
+            [("n", k, i, float(v[i]), 2.0) for k, v in ns.items() for i in range(v.numel())]
+    total = sum(u[4] for u in units)
+    emptied_without = False
+    for share in (0.35, 0.5, 0.7):
+        best = max(sum(u[3] for u in keep) for r in range(len(units) + 1)
+                   for keep in itertools.combinations(units, r) if sum(u[4] for u in keep) <= share * total
+                   and all(any(u[0] == "h" and u[1] == site for u in keep) for site in hs))
+        dh, dn, summary = select_units(hs, ns, costs, share, min_per_site=1)
+        kept = sum(float(v.sum()) for v in hs.values()) + sum(float(v.sum()) for v in ns.values()) - \
+            sum(float(hs[k][v].sum()) for k, v in dh.items()) - sum(float(ns[k][v].sum()) for k, v in dn.items())
+        assert abs(kept - best) <= 1e-9 and summary["price_kept"] <= share * total + 1e-9
+        assert all(len(dh.get(site, [])) < hs[site].numel() for site in hs)
+        plain, _, _ = select_units(hs, ns, costs, share)
+        emptied_without |= any(len(plain.get(site, [])) == hs[site].numel() for site in hs)
+    assert emptied_without  # the constraint was binding somewhere
+    with pytest.raises(ConfigError, match="min_per_site=2"):  # two heads per site cost 20 of 59
+        select_units(hs, ns, costs, 0.3, min_per_site=2)
+
+
+def test_min_per_site_on_grouped_query_attention_keeps_whole_steps_and_the_pool_path_accepts_it():
+    from headprune.selection.gqa import kv_groups
+
+    model = build("llama")
+    groups = kv_groups(model)
+    costs = unit_costs(model, "params")
+    gen = torch.Generator().manual_seed(0)
+    heads = {s: torch.rand(len(gr), generator=gen, dtype=torch.float64) for s, gr in groups.items()}
+    first = next(iter(heads))
+    heads[first] = heads[first] * 1e-6  # without the floor, this site goes first
+    neurons = {k: torch.rand(v.numel(), generator=gen, dtype=torch.float64) for k, v in costs.neurons.items()}
+    n_kv = {s: len(set(gr)) for s, gr in groups.items()}
+    dh, _, summary = select_units(heads, neurons, costs, 0.3, groups=groups, min_per_site=1)
+    for site, gr in groups.items():
+        left = len(gr) - len(dh.get(site, []))
+        assert left >= n_kv[site] and left % n_kv[site] == 0  # whole steps: one head of every group at least
+    plain, _, _ = select_units(heads, neurons, costs, 0.3, groups=groups)
+    assert len(plain.get(first, [])) == len(groups[first])  # the floor was binding
+    assert summary["kept"]["heads"] == sum(len(gr) - len(dh.get(s, [])) for s, gr in groups.items())
+    settings = hp.PruneSettings(units="both", price="params", share=0.3, scores="fluctuation", compensate="bias",
+                                min_per_site=1)
+    result = hp.compress(model, _batches("llama"), settings)
+    for site in hp.find_sites(result.model):
+        assert site.num_heads >= 1

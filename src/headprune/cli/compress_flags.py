@@ -88,8 +88,8 @@ def settings_from_former(*, units: str, keep, keep_heads, flops, kv, method, pri
     pool = units != "heads" or (price is not None and price != "flops") or method == "fisher+reconstruct" or \
         pool_inputs
     if pool:
-        heads_only = [f for f, given in (("--kv", kv is not None), ("--same-per-site", common["same_per_site"]),
-                                         ("--min-per-site", common["min_per_site"] != 0)) if given]
+        heads_only = [f for f, given in (("--kv", kv is not None), ("--same-per-site", common["same_per_site"]))
+                      if given]
         if heads_only:
             raise ConfigError(f"{heads_only[0]} with --units {units} / --price {price or 'flops'} / --val-data / "
                               f"--method {method}; allowed: only on the heads-only path (--units heads, --price flops, "
@@ -114,7 +114,7 @@ def settings_from_former(*, units: str, keep, keep_heads, flops, kv, method, pri
         flag, share = next(iter(given.items()))
         if not 0.0 <= share <= 1.0:  # typer gives a float; NaN fails this too
             raise ConfigError(f"{flag} {share}; allowed: a number 0.0..1.0 (the share of the units' {price} kept)")
-        pool_fields = {k: v for k, v in common.items() if k not in ("min_per_site", "same_per_site", "max_scale")}
+        pool_fields = {k: v for k, v in common.items() if k not in ("same_per_site", "max_scale")}
         with in_cli_terms():  # the former checks and messages
             UnitSettings(share=share, units=units, price=price, compensate=POOL_METHODS[method], **pool_fields)
         if method_given:

@@ -59,7 +59,7 @@ class PruneSettings:
     # for the head plan with Fisher scores, none with other scores; for the budget over heads and neurons
     # reconstruct, or bias with scores='fluctuation'; set on creation)
     gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (headprune.selection.gqa)
-    min_per_site: int = 0  # the head plan: keep at least this many heads in every site
+    min_per_site: int = 0  # keep at least this many heads in every site (both paths)
     same_per_site: bool = False  # the head plan: the same heads kept in every site (a stock config describes it)
     seq_len: int = 128  # tokens per example for FLOP prices (encoder / decoder-only)
     tgt_len: int | None = None  # decoder tokens of encoder-decoders (None: seq_len)
@@ -113,8 +113,8 @@ class PruneSettings:
                                   "'uniform' or 'groups' with a head count budget (n_keep, or share of price='count')")
             return
         why = self._pool_reason()
-        refused = [f"{k}={v!r}" for k, v in (("n_keep", self.n_keep), ("min_per_site", self.min_per_site or None),
-                                             ("same_per_site", self.same_per_site or None)) if v is not None]
+        refused = [f"{k}={v!r}" for k, v in (("n_keep", self.n_keep), ("same_per_site", self.same_per_site or None))
+                   if v is not None]
         if self.price not in POOL_PRICES:
             refused.append(f"price={self.price!r}")
         if self.compensate in ("rearrange", "tune"):

@@ -81,6 +81,7 @@ class UnitSettings:
     val_share: float = 0.25  # without val_batches: share of the calibration batches held out (spread) for the guard
     guard: bool = True  # keep the reconstruction only where it lowers the validation loss
     gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (see headprune.selection.gqa)
+    min_per_site: int = 0  # every site keeps at least this many heads (paid from the budget first)
     distill_epochs: int = 0  # passes of distillation over the fit batches after the refit (0: none)
     distill_lr: float = 2e-5  # its peak learning rate (AdamW, linear decay to 0; benchmarks/distill_selection.py)
     seed: int = 0  # order of the distillation batches
@@ -96,6 +97,7 @@ class UnitSettings:
         check_number("damping", self.damping, low=0)
         check_choice("target", self.target, TARGETS)
         check_share("val_share", self.val_share, one=False)
+        check_int("min_per_site", self.min_per_site, 0)
         check_choice("gqa", self.gqa, GQA_MODES)
         check_int("distill_epochs", self.distill_epochs, 0)
         check_number("distill_lr", self.distill_lr, low=0, strict=True)
@@ -200,7 +202,8 @@ def compress_pool(
     head_scores, neuron_scores, stats = _scores(model, calib, settings, costs, loss_fn, progress)
     seconds["score"] = time.perf_counter() - start
     drop_h, drop_n, selection = select_units(head_scores, neuron_scores, costs, settings.share, units=settings.units,
-                                             groups=kv_groups(model), gqa=settings.gqa)
+                                             groups=kv_groups(model), gqa=settings.gqa,
+                                             min_per_site=settings.min_per_site)
     t = time.perf_counter()
     pruned = copy.deepcopy(model)
     stages = {"select": "kept"}

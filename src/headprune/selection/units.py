@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 import torch
 
-from ..checks import check_choice, check_share
+from ..checks import check_choice, check_int, check_share
 from ..core.unit_cost import UnitCosts
 from ..errors import ConfigError
 from .gqa import GQA_MODES, gqa_steps, warn_kv_growth
@@ -47,25 +47,41 @@ def select_units(
     units: str = "both",
     groups: Mapping[str, list[int]] | None = None,
     gqa: str = "uniform",
+    min_per_site: int = 0,
 ) -> tuple[dict[str, list[int]], dict[str, list[int]], dict]:
     """(heads to drop {site: indices}, neurons to drop {ffn: indices}, summary) keeping at most ``share``
     of the pool's price. ``units``: which kinds are in the pool (the others are all kept and not counted).
-    ``groups``: {site: the key/value head each query head reads} (:func:`.gqa.kv_groups`; None: no GQA)."""
+    ``groups``: {site: the key/value head each query head reads} (:func:`.gqa.kv_groups`; None: no GQA).
+    ``min_per_site``: every site keeps at least this many heads (all it has, if fewer): its best head units
+    (under ``uniform``, its last steps) are kept first and paid from the budget; the rest is searched."""
     check_choice("units", units, UNITS)
     check_share("share", share)
     check_choice("gqa", gqa, GQA_MODES)
+    check_int("min_per_site", min_per_site, 0)
     head_prices, steps = costs.heads, None
     if groups is not None and gqa != "free" and units != "neurons" and head_scores:
         head_scores, head_prices, steps = gqa_steps(head_scores, costs.heads, groups, gqa)
     pools = {"heads": (head_scores, head_prices), "neurons": (neuron_scores, costs.neurons)}
     kinds = ["heads", "neurons"] if units == "both" else [units]
-    ranked = {}
+    forced: dict[str, dict[str, set[int]]] = {"heads": {}, "neurons": {}}
+    if min_per_site and "heads" in kinds:
+        forced["heads"] = _kept_first(head_scores, head_prices, steps, min_per_site)
+    ranked, total, forced_price = {}, 0.0, 0.0
     for kind in kinds:
         scores, prices = pools[kind]
         if not scores:
             raise ConfigError(f"units={units!r}: the model has no {kind} to prune")
-        ranked[kind] = _ranked(kind, scores, prices)
-    budget = share * sum(float(r[1].sum()) for r in ranked.values())
+        ranked[kind] = _ranked(kind, scores, prices, skip=forced[kind])
+        total += float(ranked[kind][1].sum())
+        for name, idx in forced[kind].items():
+            paid = float(torch.as_tensor(prices[name], dtype=torch.float64).flatten()[sorted(idx)].sum()) if idx else 0.0
+            total += paid
+            forced_price += paid
+    budget = share * total - forced_price
+    if budget < -1e-12 * total:
+        raise ConfigError(f"min_per_site={min_per_site} keeps {forced_price / total:.3g} of the pool's price, more than "
+                          f"share={share}; allowed: a larger share or a smaller min_per_site")
+    budget = max(budget, 0.0)
     if "heads" in ranked and "neurons" in ranked:
         keep = _enumerate(ranked["heads"], ranked["neurons"], budget)
     else:
@@ -73,9 +89,10 @@ def select_units(
         keep = {kind: _prefix(r[1], budget)}
     kept_sets = {kind: set(keep[kind]) for kind in ranked}
     spent = sum(float(ranked[k][1][list(v)].sum()) for k, v in kept_sets.items() if v)
+    budget_all, spent = budget + forced_price, spent + forced_price
     for kind, (_, price, score) in ranked.items():  # fill what is left with anything that fits, best first
         for i in torch.argsort(score / price.clamp_min(1e-300), descending=True, stable=True).tolist():
-            if i not in kept_sets[kind] and spent + float(price[i]) <= budget * (1 + 1e-12):
+            if i not in kept_sets[kind] and spent + float(price[i]) <= budget_all * (1 + 1e-12):
                 kept_sets[kind].add(i)
                 spent += float(price[i])
     drops = {kind: _drops(ranked[kind][0], kept_sets[kind]) for kind in ranked}
@@ -84,9 +101,10 @@ def select_units(
                           for site, d in drops["heads"].items()}
     elif groups is not None and "heads" in drops and gqa == "free":
         warn_kv_growth(drops["heads"], groups)
-    total = sum(float(r[1].sum()) for r in ranked.values())
+    n_forced = {k: sum(len(v) for v in forced[k].values()) for k in ranked}
     summary = {"units": units, "share": share, "price_kept": spent, "price_total": total,
-               "kept": {k: len(v) for k, v in kept_sets.items()}, "of": {k: len(r[0]) for k, r in ranked.items()},
+               "kept": {k: len(v) + n_forced[k] for k, v in kept_sets.items()},
+               "of": {k: len(r[0]) + n_forced[k] for k, r in ranked.items()}, "min_per_site": min_per_site,
                "score_dropped": sum(float(r[2].sum()) - float(r[2][list(kept_sets[k])].sum()) if kept_sets[k] else
                                     float(r[2].sum()) for k, r in ranked.items())}
     if steps is not None:  # counted in heads, not in the steps the search ranked
@@ -95,9 +113,32 @@ def select_units(
     return drops.get("heads", {}), drops.get("neurons", {}), summary
 
 
-def _ranked(kind: str, scores: Mapping[str, torch.Tensor], prices: Mapping[str, torch.Tensor]):
-    """(ids [(name, index)], price [n], score [n]) of one kind, in ranking order (score per price)."""
+def _kept_first(scores: Mapping[str, torch.Tensor], prices: Mapping[str, torch.Tensor], steps, min_per_site: int):
+    """{site: head units kept before the search} so that every site keeps ``min_per_site`` heads: under GQA
+    steps, the last steps (a site drops its steps in order); otherwise its best units by score per price."""
+    out = {}
+    for site, sc in scores.items():
+        sc = torch.as_tensor(sc, dtype=torch.float64).flatten()
+        if steps is not None:
+            sizes = [len(step) for step in steps[site]]  # heads each step drops, in drop order
+            left, need, d = sum(sizes), min(min_per_site, sum(sizes)), 0
+            while d < len(sizes) and left - sizes[d] >= need:
+                left -= sizes[d]
+                d += 1
+            out[site] = set(range(d, len(sizes)))
+        else:
+            pr = torch.as_tensor(prices[site], dtype=torch.float64).flatten()
+            order = torch.argsort(sc / pr.clamp_min(1e-300), descending=True, stable=True)
+            out[site] = set(order[: min(min_per_site, sc.numel())].tolist())
+    return out
+
+
+def _ranked(kind: str, scores: Mapping[str, torch.Tensor], prices: Mapping[str, torch.Tensor],
+            skip: Mapping[str, set[int]] | None = None):
+    """(ids [(name, index)], price [n], score [n]) of one kind, in ranking order (score per price); the units
+    in ``skip`` ({name: indices}, kept before the search) left out."""
     ids, p, s = [], [], []
+    skip = skip or {}
     for name, sc in scores.items():
         if name not in prices:
             raise ConfigError(f"{kind}: no price for {name!r}")
@@ -106,9 +147,10 @@ def _ranked(kind: str, scores: Mapping[str, torch.Tensor], prices: Mapping[str, 
         if sc.shape != pr.shape or not bool(torch.isfinite(sc).all()) or bool((pr <= 0).any()):
             raise ConfigError(f"{kind}[{name!r}]: scores {tuple(sc.shape)} and prices {tuple(pr.shape)} must match, "
                               "be finite, prices > 0")
-        ids += [(name, i) for i in range(sc.numel())]
-        p.append(pr)
-        s.append(sc)
+        free = [i for i in range(sc.numel()) if i not in skip.get(name, ())]
+        ids += [(name, i) for i in free]
+        p.append(pr[free])
+        s.append(sc[free])
     price, score = torch.cat(p), torch.cat(s)
     order = torch.argsort(score / price, descending=True, stable=True)
     return [ids[i] for i in order.tolist()], price[order], score[order]
