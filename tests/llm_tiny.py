@@ -30,7 +30,8 @@ def tiny_decoder(family: str = "llama", *, layers: int = 3, seed: int = 0, tied:
     """A random ``family`` causal LM: hidden 64, 4 query heads over 2 key/value heads (head_dim 16), FFN 128."""
     torch.manual_seed(seed)
     config = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-              "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[family](
+              "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+              "gemma": transformers.GemmaConfig}[family](
         vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=layers, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, max_position_embeddings=256, tie_word_embeddings=tied,
         rms_norm_eps=1e-5, **({"sliding_window": None} if family == "mistral" else {}))

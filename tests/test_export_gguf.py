@@ -264,3 +264,50 @@ def test_smollm2_pruned_unevenly_runs_in_llama_cpp(tmp_path):
     ids = tok(" ".join(TEXTS), return_tensors="pt")["input_ids"]
     got = torch.from_numpy(llama_logits(tmp_path / "s.gguf", ids[0].tolist()))
     assert _rel(got, _logits(model, ids)) <= F32_TOLERANCE
+
+
+def _gemma():
+    """A tiny Gemma (tied output, GELU-tanh) with random norm weights (Gemma's are zeros at init: x * (1 + 0)),
+    pruned alike in every layer (llama.cpp's gemma has one head count and FFN width)."""
+    model = tiny_decoder("gemma", tied=True)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(0.0, 0.3)
+    headprune.prune_heads(model, {s.name: [0, 2] for s in headprune.find_sites(model)})  # one per key/value group
+    headprune.prune_neurons(model, {f.name: list(range(0, 64, 2)) for f in headprune.find_ffns(model)})
+    return model
+
+
+def test_gemma_norms_written_as_one_plus_w_and_uneven_gemma_refused(tmp_path):
+    model, tok = _gemma(), bpe_tokenizer()
+    report = export_gguf(model, tmp_path / "g.gguf", tokenizer=tok)
+    assert report["arch"] == "gemma" and report["head_count"] == 2 and report["feed_forward_length"] == 96
+    arrays, _, _ = read_gguf_tensors(tmp_path / "g.gguf")
+    np.testing.assert_allclose(arrays["blk.0.attn_norm.weight"], 1 + model.model.layers[0].input_layernorm.weight.detach().numpy(), rtol=0, atol=1e-7)
+    np.testing.assert_allclose(arrays["output_norm.weight"], 1 + model.model.norm.weight.detach().numpy(), rtol=0, atol=1e-7)
+    assert report["check"]["logits_relative"] <= 1e-6  # the file's weights, norms shifted back, compute the model
+    uneven = tiny_decoder("gemma", tied=True)
+    headprune.prune_neurons(uneven, {headprune.find_ffns(uneven)[0].name: list(range(32))})
+    with pytest.raises(GGUFShapeError, match="gemma"):
+        export_gguf(uneven, tmp_path / "u.gguf", tokenizer=tok)
+    biased = tiny_decoder("gemma", tied=True)
+    _compensate(biased)
+    with pytest.raises(GGUFShapeError, match="bias"):
+        export_gguf(biased, tmp_path / "b.gguf", tokenizer=tok)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.gguf", "g.gguf.json"]
+
+
+GELU_TOLERANCE = 5e-4  # llama.cpp's GELU reads a float16 table (ggml's GGML_GELU_FP16); 1.0e-4 measured here
+
+
+@needs_llama_cpp
+def test_gemma_logits_in_llama_cpp_match_pytorch(tmp_path):
+    from headprune.export.llamacpp import llama_logits
+
+    model, tok = _gemma(), bpe_tokenizer()
+    ids = _ids(tok)
+    want = _logits(model, ids)
+    export_gguf(model, tmp_path / "g.gguf", tokenizer=tok)
+    got = torch.from_numpy(llama_logits(tmp_path / "g.gguf", ids[0].tolist()))
+    assert _rel(got, want) <= GELU_TOLERANCE

@@ -239,6 +239,7 @@ def _with_weights(model: nn.Module, layout: Layout, arrays: dict[str, np.ndarray
             a = arrays[tname]
             if tname in layout.permuted:
                 a = rope_unpermute(a, layout.permuted[tname])
+            a = a - layout.shifted.get(tname, 0.0)
             p = params[pname]
             p.copy_(torch.from_numpy(np.ascontiguousarray(a)).to(p.dtype))
     return twin.eval()

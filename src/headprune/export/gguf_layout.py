@@ -15,6 +15,9 @@ Families (``config.model_type`` -> llama.cpp architecture):
   rope rotates (what ``convert_hf_to_gguf.py`` does for Llama).
 - ``qwen2`` (q/k/v biases) and ``qwen3`` (per-head q/k RMSNorm) -> ``qwen2`` / ``qwen3``, same heads
   and FFN width in every layer only: llama.cpp builds those layers from one head count.
+- ``gemma`` (Gemma 1: GELU-tanh FFN, embeddings scaled by sqrt(hidden), RMSNorm ``x * (1 + w)``, tied
+  output) -> ``gemma``, same shapes in every layer only; norm weights are written as ``1 + w`` (what
+  ``convert_hf_to_gguf.py`` does), rope rows unpermuted (llama.cpp's gemma rotates halves, as HF does).
 
 Output-projection biases added by bias compensation (``compensate='bias'``: Llama's ``o_proj`` and
 ``down_proj`` gain one) are written as ``attn_output.bias`` / ``ffn_down.bias``, which llama.cpp's ``llama``
@@ -40,7 +43,10 @@ from torch import nn
 from ..core.records import ADDED_BIASES_KEY
 from ..errors import UnsupportedModelError
 
-FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma"}
+# the FFN activation llama.cpp's architecture applies, by family (gemma: GELU, tanh approximation)
+ACTIVATIONS = {"gemma": ("gelu_pytorch_tanh",)}
+NORM_PLUS_ONE = {"gemma"}  # RMSNorm computes x * (1 + w): llama.cpp multiplies by the stored weight, so w + 1
 PER_LAYER_ARCH = {"llama": "deci"}  # the architecture that reads per-layer shapes, by uniform architecture
 # llama.cpp architectures whose loaders read optional attn_output.bias and ffn_down.bias (bias compensation)
 BIASED_ARCHS = {"llama", "deci"}
@@ -76,6 +82,7 @@ class Layout:
     tied: bool
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     permuted: dict[str, int] = field(default_factory=dict)  # {gguf name: heads} of rows permuted for rope
+    shifted: dict[str, float] = field(default_factory=dict)  # {gguf name: constant added} (gemma's norms: + 1)
 
     @property
     def uniform(self) -> bool:
@@ -140,8 +147,14 @@ def _check_config(config, family: str) -> None:
                              "attends to the whole context; allowed: sliding_window None")
     if family in ("qwen2", "qwen3") and getattr(config, "use_sliding_window", False):
         raise GGUFShapeError(f"{family} with use_sliding_window=True: not written to GGUF; allowed: False")
-    if getattr(config, "hidden_act", "silu") != "silu":
-        raise GGUFShapeError(f"hidden_act {config.hidden_act!r}: llama.cpp's {family} FFN is SiLU-gated")
+    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
+    allowed = ACTIVATIONS.get(family, ("silu",))
+    if act not in allowed:
+        raise GGUFShapeError(f"hidden_act {act!r}: llama.cpp's {FAMILIES[family]} FFN applies {allowed[0]}; "
+                             f"allowed: {', '.join(allowed)}")
+    if family == "gemma" and not getattr(config, "tie_word_embeddings", True):
+        raise GGUFShapeError("gemma with tie_word_embeddings=False: llama.cpp's gemma reads the output layer from the "
+                             "token embeddings; allowed: tied")
     if getattr(config, "attention_bias", False) and family in ("llama", "mistral"):
         raise GGUFShapeError(f"{family} with attention_bias=True: not written to GGUF; allowed: False")
     if getattr(config, "mlp_bias", False):
@@ -221,9 +234,9 @@ def _fill_tensors(layout: Layout, model: nn.Module, layers: list[nn.Module]) -> 
     for i, (layer, shape) in enumerate(zip(layers, layout.layers, strict=True)):
         attn, p = layer.self_attn, f"blk.{i}."
         if shape.n_head == 0:  # no heads left: deci runs no attention (and reads no attention tensors) here
-            _fill_ffn(out, p, layer)
+            _fill_ffn(layout, p, layer)
             continue
-        out[p + "attn_norm.weight"] = _array(layer.input_layernorm.weight)
+        _norm(layout, p + "attn_norm.weight", layer.input_layernorm.weight)
         for src, dst, heads in (("q_proj", "attn_q", shape.n_head), ("k_proj", "attn_k", shape.n_head_kv),
                                 ("v_proj", "attn_v", None), ("o_proj", "attn_output", None)):
             lin = getattr(attn, src)
@@ -239,14 +252,22 @@ def _fill_tensors(layout: Layout, model: nn.Module, layers: list[nn.Module]) -> 
         if layout.family == "qwen3":
             out[p + "attn_q_norm.weight"] = _array(attn.q_norm.weight)
             out[p + "attn_k_norm.weight"] = _array(attn.k_norm.weight)
-        _fill_ffn(out, p, layer)
-    out["output_norm.weight"] = _array(body.norm.weight)
+        _fill_ffn(layout, p, layer)
+    _norm(layout, "output_norm.weight", body.norm.weight)
     if not layout.tied:
         out["output.weight"] = _array(model.lm_head.weight)
 
 
-def _fill_ffn(out: dict[str, np.ndarray], p: str, layer: nn.Module) -> None:
-    out[p + "ffn_norm.weight"] = _array(layer.post_attention_layernorm.weight)
+def _norm(layout: Layout, name: str, weight: torch.Tensor) -> None:
+    """An RMSNorm weight as llama.cpp multiplies by it (gemma's ``1 + w``, recorded in ``layout.shifted``)."""
+    if layout.family in NORM_PLUS_ONE:
+        layout.shifted[name] = 1.0
+    layout.tensors[name] = _array(weight) + layout.shifted.get(name, 0.0)
+
+
+def _fill_ffn(layout: Layout, p: str, layer: nn.Module) -> None:
+    out = layout.tensors
+    _norm(layout, p + "ffn_norm.weight", layer.post_attention_layernorm.weight)
     out[p + "ffn_gate.weight"] = _array(layer.mlp.gate_proj.weight)
     out[p + "ffn_up.weight"] = _array(layer.mlp.up_proj.weight)
     out[p + "ffn_down.weight"] = _array(layer.mlp.down_proj.weight)
