@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import math
 import sys
 from pathlib import Path
@@ -217,3 +218,79 @@ def test_kwon_refuses_a_decoder():
                                              num_key_value_heads=2, intermediate_size=37, vocab_size=64))
     with pytest.raises(hp.UnsupportedModelError):
         kwon.encoder_layers(model)
+
+
+def _bench():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("encoder_peers", ROOT / "benchmarks" / "encoder_peers.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_quick_run_rows_are_consistent_resume_and_fill_the_docs(tmp_path):
+    bench = _bench()
+    output = tmp_path / "q.json"
+    flags = ["--quick", "--budgets", "0.5", "--speed-rounds", "1", "--output", str(output)]
+    out = bench.main(flags)
+    data = json.loads(output.read_text())
+    assert data["rows"] == json.loads(json.dumps(out["rows"], default=float))
+    assert {"machine", "versions", "command", "settings", "unpruned", "unpruned_sizes"} <= set(data)
+    assert {(r["method"], r["budget"]) for r in data["rows"]} == {(m, 0.5) for m in bench.METHODS}
+    base, n = data["unpruned"], data["unpruned"]["n"]
+    assert math.isclose(base["accuracy"], sum(base["correct"]) / n, rel_tol=1e-12)
+    pool = data["unpruned_sizes"]["pool_flops"]
+    for r in data["rows"]:
+        if r["method"] == "torch-pruning" and r["status"] != "ok":
+            assert r["status"] in ("failed", "timeout", "unavailable") and r["error"]
+            continue
+        assert r["status"] == "ok", r
+        assert math.isclose(r["accuracy"], sum(r["correct"]) / n, rel_tol=1e-12)
+        assert math.isclose(r["delta"], r["accuracy"] - base["accuracy"], abs_tol=1e-12)
+        lo, hi = r["ci95"]
+        assert lo - 1e-12 <= r["delta"] <= hi + 1e-12 and 0 <= r["p"] <= 1
+        only_base = sum(a and not b for a, b in zip(base["correct"], r["correct"], strict=True))
+        only_row = sum(b and not a for a, b in zip(base["correct"], r["correct"], strict=True))
+        assert math.isclose(r["delta"], (only_row - only_base) / n, abs_tol=1e-12)
+        if only_base + only_row == 0:
+            assert r["p"] == 1.0
+        assert math.isclose(r["flops_kept"], r["sizes"]["pool_flops"] / pool, rel_tol=1e-12)
+        assert r["flops_kept"] <= 0.5 + 1e-9  # no method keeps more than the target
+        if r["tool"] != "torch-pruning":
+            assert r["flops_kept"] > 0.45  # ... and the unit-level methods spend it, to within a few units
+        assert r["sizes"]["total_flops"] < data["unpruned_sizes"]["total_flops"]
+        assert r["speedup"] > 0 and len(r["speed"]["seconds"]["pruned"]) == 1
+    assert len(data["results"]) == sum(r["status"] == "ok" for r in data["rows"])
+    for e in data["results"]:
+        assert {"tool", "method", "flops_kept", "accuracy", "delta", "ci95", "p"} <= set(e)
+    again = bench.main(flags)
+    assert again["rows"] == data["rows"]  # resumed: nothing recomputed
+    page = tmp_path / "peers.md"
+    page.write_text((ROOT / "docs" / "peers.md").read_text())
+    bench.report.write_docs(page, data)
+    text = page.read_text()
+    assert "<!-- llm_peers:begin -->" in text  # the other block is left alone
+    for r in data["rows"]:
+        if r["status"] == "ok":
+            assert f"| {r['method']} | 50% | {r['flops_kept']:.3f} |" in text and f"{r['accuracy']:.4f}" in text
+
+
+@pytest.mark.parametrize("flags, named", [(["--methods", "kwon,sparsegpt"], "--methods"),
+                                          (["--budgets", "0.5,1.2"], "--budgets"),
+                                          (["--speed-rounds", "0"], "--speed-rounds")])
+def test_bad_flags_exit_with_one_line_naming_the_flag(flags, named, tmp_path):
+    with pytest.raises(SystemExit, match=named) as err:
+        _bench().main(["--quick", *flags, "--output", str(tmp_path / "q.json")])
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "q.json").exists()
+
+
+def test_docs_block_without_results_is_a_note(tmp_path):
+    from peers import encoder_report
+
+    page = tmp_path / "peers.md"
+    page.write_text((ROOT / "docs" / "peers.md").read_text())
+    encoder_report.write_docs(page, None)
+    text = page.read_text()
+    assert "encoder_peers.json` does not exist yet" in text and "## The protocol" in text
