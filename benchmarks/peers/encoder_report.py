@@ -29,8 +29,8 @@ def docs_section(data: dict) -> str:
              f"{s['budget']}. Machine: {m.get('processor')}, {s['threads']} torch thread(s)"
              + (f", load average {m['loadavg_at_start'][0]:.1f} at start" if m.get("loadavg_at_start") else "")
              + f". Command: `{data['command']}`.", "",
-             f"Unpruned accuracy {base['accuracy']:.4f}; {data['unpruned_sizes']['pool_flops'] / 1e9:.3f} GFLOPs of "
-             f"heads and neurons (pool) and {data['unpruned_sizes']['total_flops'] / 1e9:.3f} GFLOPs in all per "
+             f"Unpruned accuracy {base['accuracy']:.4f}; {data['unpruned_sizes']['pool_flops'] / 1e9:.4f} GFLOPs of "
+             f"heads and neurons (pool) and {data['unpruned_sizes']['total_flops'] / 1e9:.4f} GFLOPs in all per "
              f"example at {s['seq_len']} tokens.", "",
              "| method | budget | pool FLOPs kept | all FLOPs kept | params kept | heads / neurons | accuracy | "
              "difference (95% CI) | McNemar mid-p | speed-up | prune s |",
