@@ -1,0 +1,74 @@
+"""The encoder table of ``docs/peers.md``, generated from a results JSON of ``benchmarks/encoder_peers.py`` and
+nothing else (every number in the block is read from it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MARK = ("<!-- encoder_peers:begin -->", "<!-- encoder_peers:end -->")
+
+
+def row_line(row: dict) -> str:
+    """One console line per finished row."""
+    if row.get("status") != "ok":
+        return f"{row['method']} at {row['budget']:.0%}: {row.get('status')} -- {row.get('error')}"
+    lo, hi = row["ci95"]
+    return (f"{row['method']} at {row['budget']:.0%}: accuracy {row['accuracy']:.4f} ({row['delta']:+.4f}, 95% CI "
+            f"[{lo:+.4f}, {hi:+.4f}], p {row['p']:.3g}), FLOPs kept {row['flops_kept']:.3f}, "
+            f"speed-up x{row['speedup']:.2f}, pruned in {row['prune_seconds']:.1f} s")
+
+
+def docs_section(data: dict) -> str:
+    s, base = data["settings"], data["unpruned"]
+    m = data["machine"]
+    lines = [MARK[0], "", "!!! note \"Generated\"",
+             "    Every number below is read from `benchmarks/results/encoder_peers.json` by "
+             "`python benchmarks/encoder_peers.py --write-docs docs/peers.md`; nothing is typed by hand.", "",
+             f"Model: `{s['model']}`. Calibration: {s['calib_examples']} examples of `{s['calib']}` with their labels. "
+             f"Evaluation: `{s['eval']}` ({base['n']} examples), read after every plan was made. Budget: "
+             f"{s['budget']}. Machine: {m.get('processor')}, {s['threads']} torch thread(s)"
+             + (f", load average {m['loadavg_at_start'][0]:.1f} at start" if m.get("loadavg_at_start") else "")
+             + f". Command: `{data['command']}`.", "",
+             f"Unpruned accuracy {base['accuracy']:.4f}; {data['unpruned_sizes']['pool_flops'] / 1e9:.4f} GFLOPs of "
+             f"heads and neurons (pool) and {data['unpruned_sizes']['total_flops'] / 1e9:.4f} GFLOPs in all per "
+             f"example at {s['seq_len']} tokens.", "",
+             "| method | budget | pool FLOPs kept | all FLOPs kept | params kept | heads / neurons | accuracy | "
+             "difference (95% CI) | McNemar mid-p | speed-up | prune s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in sorted(data["rows"], key=lambda r: (-r["budget"], r["tool"] != "headprune", r["method"])):
+        if row.get("status") != "ok":
+            why = str(row.get("error", "")).replace("|", "/").splitlines()[0][:160] if row.get("error") else ""
+            phase = row.get("torch_pruning", {}).get("phase_reached")
+            lines.append(f"| {row['method']} | {row['budget']:.0%} | {row.get('status')}"
+                         + (f" (phase {phase})" if phase else "") + f": {why} |" + " |" * 8)
+            continue
+        lo, hi = row["ci95"]
+        sz = row["sizes"]
+        lines.append(f"| {row['method']} | {row['budget']:.0%} | {row['flops_kept']:.3f} | {row['total_flops_kept']:.3f} "
+                     f"| {row['params_kept']:.3f} | {sz['heads']} / {sz['neurons']} | {row['accuracy']:.4f} | "
+                     f"{row['delta']:+.4f} ({lo:+.4f}, {hi:+.4f}) | {row['p']:.3g} | {row['speedup']:.2f} | "
+                     f"{row['prune_seconds']:.1f} |")
+    lines += ["", "Speed-up: median wall time of a batched forward pass over the evaluation set, unpruned / pruned, "
+              f"{s['speed_rounds']} alternating rounds each, batch size {s['batch_size']}, on the CPU.", ""]
+    for budget, b in sorted(data.get("best", {}).items(), key=lambda kv: -float(kv[0])):
+        lines.append(f"- {float(budget):.0%}: most accurate headprune row {b['headprune']} {b['headprune_accuracy']:.4f}; "
+                     f"most accurate peer {b['peer']} {b['peer_accuracy']:.4f}.")
+    lines += ["", MARK[1]]
+    return "\n".join(lines)
+
+
+def write_docs(page: str | Path, data: dict | None) -> None:
+    """Replace the encoder block of ``page`` with the table from ``data`` (or a note that no run exists yet)."""
+    page = Path(page)
+    text = page.read_text()
+    if MARK[0] not in text or MARK[1] not in text:
+        raise SystemExit(f"{page}: no {MARK[0]} ... {MARK[1]} block to fill")
+    if data is None:
+        block = "\n".join([MARK[0], "", "!!! note \"No committed run yet\"",
+                           "    `benchmarks/results/encoder_peers.json` does not exist yet: run "
+                           "`python benchmarks/encoder_peers.py --threads 1`, commit the JSON, then "
+                           "`python benchmarks/encoder_peers.py --write-docs docs/peers.md`.", "", MARK[1]])
+    else:
+        block = docs_section(data)
+    head, rest = text.split(MARK[0], 1)
+    page.write_text(head + block + rest.split(MARK[1], 1)[1])
