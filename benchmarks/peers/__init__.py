@@ -11,4 +11,10 @@ shares one mechanism and one parameter count.
     headprune_rows headprune through its public API: a list of PruneSettings configurations
 
 Budgets are a share of the model's non-embedding parameters removed (:mod:`peers.plan`).
+
+For encoders, ``benchmarks/encoder_peers.py`` (MiniLM on SST-2 at a share of the prunable FLOPs kept):
+
+    kwon           Kwon et al. (NeurIPS 2022): mask Fisher, FLOPs-constrained search, rearrangement, mask tuning
+    tp_encoder     Torch-Pruning 1.6.1's BERT recipe, bisected to the FLOPs target, in a child process
+    encoder_report the generated block of docs/peers.md for the encoder rows
 """
