@@ -51,6 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import encoder_report as report  # noqa: E402
+from peers import results_io  # noqa: E402
 from peers.kwon import kwon_prune  # noqa: E402
 from peers.torch_pruning_run import installed_version  # noqa: E402
 from peers.tp_encoder import torch_pruning_encoder  # noqa: E402
@@ -240,7 +241,7 @@ def main(argv=None) -> dict | None:
                 "budget": f"share of the prunable FLOPs kept: heads and FFN neurons (headprune's price='flops' pool) "
                           f"at {args.seq_len} tokens per example",
                 "test": "McNemar mid-p of paired correctness, 95% interval of the same test (headprune compare)"}
-    out = _resume(output, settings)
+    out = results_io.resume(output, settings, config_of)
     given = sys.argv[1:] if argv is None else list(argv)
     out.update({"name": "encoder_peers", "command": shlex.join(["python", "benchmarks/encoder_peers.py", *given]),
                 "machine": machine_info() | {"loadavg_at_start": loadavg()},
@@ -264,10 +265,10 @@ def main(argv=None) -> dict | None:
             row = finish(row, pruned, model, base, base_eval, evaluator, speed_batches, args)
         out["rows"].append(row)
         summarise(out)
-        _save(output, out)
+        results_io.save(output, out)
         print("  " + report.row_line(row), flush=True)
     summarise(out)
-    _save(output, out)
+    results_io.save(output, out)
     print(f"wrote {output}")
     return out
 
@@ -300,23 +301,6 @@ def summarise(out: dict) -> None:
             a, b = max(mine, key=lambda r: r["accuracy"]), max(peers, key=lambda r: r["accuracy"])
             out["best"][str(budget)] = {"headprune": a["method"], "headprune_accuracy": a["accuracy"],
                                         "peer": b["method"], "peer_accuracy": b["accuracy"]}
-
-
-def _resume(output: Path, settings: dict) -> dict:
-    """The rows of an earlier run with the same shared settings whose method configuration is unchanged."""
-    if output.is_file():
-        old = json.loads(output.read_text())
-        if old.get("settings") == json.loads(json.dumps(settings)):
-            old["rows"] = [r for r in old["rows"] if r.get("config") == json.loads(json.dumps(config_of(r["method"])))]
-            return old
-    return {"rows": []}
-
-
-def _save(output: Path, out: dict) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=1, default=float) + "\n")
-    os.replace(tmp, output)
 
 
 if __name__ == "__main__":

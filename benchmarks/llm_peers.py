@@ -38,7 +38,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import protocol, report  # noqa: E402
+from peers import protocol, report, results_io  # noqa: E402
 from peers.flap import flap_plan  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, headprune_row  # noqa: E402
 from peers.llm_pruner import llm_pruner_plan  # noqa: E402
@@ -192,7 +192,7 @@ def main(argv=None) -> dict | None:
                 "tp_timeout_s": args.tp_timeout, "quick": args.quick, "seed": 0, "device": args.device,
                 "budget": "share of non-embedding parameters removed",
                 "bootstrap": "95% percentile, 1000 resamples of windows, paired, seed 0"}
-    out = _resume(output, settings)
+    out = results_io.resume(output, settings, config_of)
     given = sys.argv[1:] if argv is None else list(argv)
     out.update({"name": "llm_peers", "command": shlex.join([sys.executable, "benchmarks/llm_peers.py", *given]),
                 "machine": machine_info() | {"loadavg_at_start": loadavg()},
@@ -211,7 +211,7 @@ def main(argv=None) -> dict | None:
         out["unpruned"] = {"sizes": protocol.sizes(model), "evaluation": evaluate(model),
                            "selection_perplexity": select(model), "seconds": time.perf_counter() - start}
         out["unpruned"]["perplexity"] = {k: protocol.perplexity(v) for k, v in out["unpruned"]["evaluation"].items()}
-        _save(output, out)
+        results_io.save(output, out)
     done = {(r["method"], r["budget"]) for r in out["rows"]}
     for budget in budgets:
         for method in methods:
@@ -229,7 +229,7 @@ def main(argv=None) -> dict | None:
                 row = run_row(method, model, batches, budget, evaluate, select, out["unpruned"], args)
             out["rows"].append(row)
             summarise(out)
-            _save(output, out)
+            results_io.save(output, out)
             print("  " + report.row_line(row), flush=True)
     print(f"wrote {output}")
     return out
@@ -337,23 +337,6 @@ def summarise(out: dict) -> None:
                 "lower_than_every_peer": all(best["perplexity"][p] < r["perplexity"][p] for r in peers),
                 "interval_below_best_peer": best["ratio_ci95"][p][1] < rival["ratio"][p],
                 "peers_compared": sorted(r["method"] for r in peers)}
-
-
-def _resume(output: Path, settings: dict) -> dict:
-    """The rows of an earlier run with the same shared settings whose method configuration is unchanged."""
-    if output.is_file():
-        old = json.loads(output.read_text())
-        if old.get("settings") == json.loads(json.dumps(settings)):
-            old["rows"] = [r for r in old["rows"] if r.get("config") == json.loads(json.dumps(config_of(r["method"])))]
-            return old
-    return {"rows": []}
-
-
-def _save(output: Path, out: dict) -> None:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=1) + "\n")
-    os.replace(tmp, output)
 
 
 if __name__ == "__main__":

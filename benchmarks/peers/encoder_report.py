@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import results_io
+
 MARK = ("<!-- encoder_peers:begin -->", "<!-- encoder_peers:end -->")
 
 
@@ -63,16 +65,5 @@ def docs_section(data: dict) -> str:
 
 def write_docs(page: str | Path, data: dict | None) -> None:
     """Replace the encoder block of ``page`` with the table from ``data`` (or a note that no run exists yet)."""
-    page = Path(page)
-    text = page.read_text()
-    if MARK[0] not in text or MARK[1] not in text:
-        raise SystemExit(f"{page}: no {MARK[0]} ... {MARK[1]} block to fill")
-    if data is None:
-        block = "\n".join([MARK[0], "", "!!! note \"No committed run yet\"",
-                           "    `benchmarks/results/encoder_peers.json` does not exist yet: run "
-                           "`python benchmarks/encoder_peers.py --threads 1`, commit the JSON, then "
-                           "`python benchmarks/encoder_peers.py --write-docs docs/peers.md`.", "", MARK[1]])
-    else:
-        block = docs_section(data)
-    head, rest = text.split(MARK[0], 1)
-    page.write_text(head + block + rest.split(MARK[1], 1)[1])
+    results_io.replace_block(page, MARK, docs_section(data) if data is not None else None,
+                             "benchmarks/results/encoder_peers.json", "python benchmarks/encoder_peers.py --threads 1")

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import results_io
+
 MARK = ("<!-- llm_peers:begin -->", "<!-- llm_peers:end -->")
 FIGURE = "peers.png"
 
@@ -126,17 +128,7 @@ def plot(data: dict, path: str | Path) -> Path:
 def write_docs(page: str | Path, data: dict | None) -> None:
     """Replace the generated block of ``page`` (kept: the protocol around it) with the table and figure from
     ``data``, or with a note that no committed run exists yet."""
-    page = Path(page)
-    text = page.read_text()
-    if MARK[0] not in text or MARK[1] not in text:
-        raise SystemExit(f"{page}: no {MARK[0]} ... {MARK[1]} block to fill")
-    if data is None:
-        block = "\n".join([MARK[0], "", "!!! note \"No committed run yet\"",
-                           "    `benchmarks/results/llm_peers.json` does not exist yet: run "
-                           "`python benchmarks/llm_peers.py`, commit the JSON, then "
-                           "`python benchmarks/llm_peers.py --write-docs docs/peers.md`.", "", MARK[1]])
-    else:
-        plot(data, page.parent / FIGURE)
-        block = docs_section(data)
-    head, rest = text.split(MARK[0], 1)
-    page.write_text(head + block + rest.split(MARK[1], 1)[1])
+    if data is not None:
+        plot(data, Path(page).parent / FIGURE)
+    results_io.replace_block(page, MARK, docs_section(data) if data is not None else None,
+                             "benchmarks/results/llm_peers.json", "python benchmarks/llm_peers.py")
