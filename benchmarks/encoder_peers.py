@@ -87,6 +87,9 @@ def parse(argv=None):
     p.add_argument("--data", type=Path, default=SHARED / "sst2" / "dev.tsv", help="Evaluation data (read last).")
     p.add_argument("--calib-data", type=Path, default=SHARED / "sst2" / "train.tsv")
     p.add_argument("--calib-limit", type=int, default=512, help="Calibration examples (the first N).")
+    p.add_argument("--select-limit", type=int, default=512,
+                   help="The next N examples of --calib-data, seen by no method: headprune's configuration per "
+                        "budget is the most accurate on them (the evaluation data is read for no choice).")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="Shares of the prunable FLOPs kept.")
     p.add_argument("--seq-len", type=int, default=128, help="Tokens per example at which FLOPs are priced.")
@@ -110,7 +113,8 @@ def _choices(args) -> tuple[list[str], list[float]]:
         budgets = []
     if not budgets or not all(0 < b < 1 for b in budgets):
         raise SystemExit(f"--budgets {args.budgets!r}; allowed: comma-separated shares of the prunable FLOPs in (0, 1)")
-    for flag, value, low in (("--calib-limit", args.calib_limit, 1), ("--speed-rounds", args.speed_rounds, 1),
+    for flag, value, low in (("--calib-limit", args.calib_limit, 1), ("--select-limit", args.select_limit, 1),
+                             ("--speed-rounds", args.speed_rounds, 1),
                              ("--seq-len", args.seq_len, 1), ("--batch-size", args.batch_size, 1)):
         if value < low:
             raise SystemExit(f"{flag} {value}; allowed: an integer >= {low}")
@@ -118,14 +122,15 @@ def _choices(args) -> tuple[list[str], list[float]]:
 
 
 def load(args):
-    """(model, calibration batches, a function building the evaluator, described), the evaluation data unread."""
+    """(model, calibration batches, the selection evaluator, a function building the evaluator, described), the
+    evaluation data unread."""
     if args.quick:
         import method_comparison
 
         model, evaluator, calib, sig = method_comparison.quick_setup(argparse.Namespace(task="classification"))
-        return model.eval(), calib, lambda: evaluator, {
+        return model.eval(), calib, _BatchEvaluator(calib), lambda: evaluator, {
             "model": sig["model"], "calib": sig["calib_data"], "eval": sig["data"] + ", labels = the unpruned "
-            "model's own predictions"}
+            "model's own predictions", "select": "the calibration batches themselves (--quick: no held-out split)"}
     from headprune.core.io import load_model, load_tokenizer
     from headprune.evaluation import Classification
     from headprune.evaluation.data import load_classification, same_data
@@ -136,17 +141,40 @@ def load(args):
         if not path.exists():
             raise SystemExit(f"{flag} {path}: not found")
     model, tok = load_model(args.model), load_tokenizer(args.model)
-    train = load_classification(str(args.calib_data), limit=args.calib_limit)
-    calib = Classification(tok, (train.texts, train.labels), config=model.config, batch_size=args.batch_size)
+    train = load_classification(str(args.calib_data), limit=args.calib_limit + args.select_limit)
+    n = args.calib_limit
+    if len(train.texts) < n + args.select_limit:
+        raise SystemExit(f"--calib-data {args.calib_data}: {len(train.texts)} examples; --calib-limit {n} + "
+                         f"--select-limit {args.select_limit} needed")
+    calib = Classification(tok, (train.texts[:n], train.labels[:n]), config=model.config, batch_size=args.batch_size)
+    select = Classification(tok, (train.texts[n:], train.labels[n:]), config=model.config, batch_size=args.batch_size)
 
     def evaluator():
         return Classification(tok, load_classification(str(args.data)), config=model.config,
                               batch_size=args.batch_size)
 
-    return model.eval(), list(calib.batches()), evaluator, {
-        "model": str(args.model), "model_sha256": file_sha256(args.model / "model.safetensors"),
-        "calib": f"{args.calib_data.name} rows 0..{len(calib) - 1}", "calib_sha256": file_sha256(args.calib_data),
+    return model.eval(), list(calib.batches()), select, evaluator, {
+        "model": args.model.name if args.model.name != "final" else f"{args.model.parent.name}/final",
+        "model_sha256": file_sha256(args.model / "model.safetensors"),
+        "calib": f"{args.calib_data.name} rows 0..{n - 1}", "calib_sha256": file_sha256(args.calib_data),
+        "select": f"{args.calib_data.name} rows {n}..{n + args.select_limit - 1}",
         "eval": args.data.name, "eval_sha256": file_sha256(args.data)}
+
+
+class _BatchEvaluator:
+    """Accuracy on labelled batches (``--quick``'s selection set: its calibration batches)."""
+
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    @torch.no_grad()
+    def evaluate(self, model):
+        right = total = 0
+        for b in self.batches:
+            logits = model(**{k: v for k, v in b.items() if k != "labels"}).logits
+            right += int((logits.argmax(-1) == b["labels"]).sum())
+            total += int(b["labels"].numel())
+        return argparse.Namespace(score=right / total)
 
 
 def sizes(model, seq_len: int) -> dict:
@@ -233,7 +261,7 @@ def main(argv=None) -> dict | None:
         args.tp_timeout = min(args.tp_timeout, 60.0)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model, batches, make_evaluator, described = load(args)
+    model, batches, selector, make_evaluator, described = load(args)
     base = sizes(model, args.seq_len)
     settings = {**described, "calib_examples": sum(int(b["input_ids"].shape[0]) for b in batches),
                 "batch_size": args.batch_size, "seq_len": args.seq_len, "speed_rounds": args.speed_rounds,
@@ -253,6 +281,8 @@ def main(argv=None) -> dict | None:
     for method, budget in todo:  # every plan before the evaluation data is read
         print(f"{method} keeping {budget:.0%} of the prunable FLOPs", flush=True)
         pruned, row = prune(method, model, batches, budget, base, args)
+        if pruned is not None:
+            row["selection_accuracy"] = selector.evaluate(pruned).score
         planned.append((pruned, row))
         print(f"  {row['status']}" + (f" in {row['prune_seconds']:.1f} s" if row["status"] == "ok" else
                                       f": {row.get('error')}"), flush=True)
@@ -288,19 +318,34 @@ def config_of(method: str) -> dict:
 
 def summarise(out: dict) -> None:
     """``results``: one flat entry per finished row (tool, method, budget, flops_kept, accuracy, delta, ci95, p,
-    speedup); ``best``: per budget, the most accurate row of headprune and of the peers."""
+    speedup); ``selected``: per budget, the headprune configuration most accurate on the held-out selection
+    examples; ``verdicts``: per budget, that row against the peer most accurate *on the evaluation set* (a choice
+    that favours the peers), McNemar mid-p of the two rows' paired correctness with its 95% interval."""
+    from headprune.evaluation.exact_tests import mcnemar_midp
+
     ok = [r for r in out["rows"] if r.get("status") == "ok"]
-    out["results"] = [{k: r[k] for k in ("tool", "method", "budget", "flops_kept", "total_flops_kept", "accuracy",
-                                         "delta", "ci95", "p", "speedup", "prune_seconds")} for r in ok]
-    out["best"] = {}
+    out["results"] = [{k: r.get(k) for k in ("tool", "method", "budget", "flops_kept", "total_flops_kept", "accuracy",
+                                             "delta", "ci95", "p", "speedup", "prune_seconds", "selection_accuracy")}
+                      for r in ok]
+    out.pop("best", None)
+    out["selected"], out["verdicts"] = {}, {}
     for budget in sorted({r["budget"] for r in ok}):
         here = [r for r in ok if r["budget"] == budget]
-        mine = [r for r in here if r["tool"] == "headprune"]
+        mine = [r for r in here if r["tool"] == "headprune" and "selection_accuracy" in r]
         peers = [r for r in here if r["tool"] != "headprune"]
-        if mine and peers:
-            a, b = max(mine, key=lambda r: r["accuracy"]), max(peers, key=lambda r: r["accuracy"])
-            out["best"][str(budget)] = {"headprune": a["method"], "headprune_accuracy": a["accuracy"],
-                                        "peer": b["method"], "peer_accuracy": b["accuracy"]}
+        if not mine:
+            continue
+        chosen = max(mine, key=lambda r: r["selection_accuracy"])  # ties: the first configuration run
+        out["selected"][str(budget)] = chosen["method"]
+        if not peers:
+            continue
+        rival = max(peers, key=lambda r: r["accuracy"])
+        test = mcnemar_midp(rival["correct"], chosen["correct"])
+        out["verdicts"][str(budget)] = {
+            "headprune": chosen["method"], "accuracy": chosen["accuracy"], "best_peer": rival["method"],
+            "best_peer_accuracy": rival["accuracy"], "difference": chosen["accuracy"] - rival["accuracy"],
+            "ci95": [test.ci_low, test.ci_high], "p": test.p_value, "test": "McNemar mid-p, headprune vs the peer",
+            "higher_than_every_peer": all(chosen["accuracy"] > r["accuracy"] for r in peers)}
 
 
 if __name__ == "__main__":

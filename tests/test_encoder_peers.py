@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.stats
 import torch
 import transformers as T
 
@@ -264,6 +265,20 @@ def test_quick_run_rows_are_consistent_resume_and_fill_the_docs(tmp_path):
     assert len(data["results"]) == sum(r["status"] == "ok" for r in data["rows"])
     for e in data["results"]:
         assert {"tool", "method", "flops_kept", "accuracy", "delta", "ci95", "p"} <= set(e)
+    mine = [r for r in data["rows"] if r["tool"] == "headprune" and r["status"] == "ok"]
+    peers = [r for r in data["rows"] if r["tool"] != "headprune" and r["status"] == "ok"]
+    chosen = max(mine, key=lambda r: r["selection_accuracy"])  # chosen before the evaluation set is read
+    assert data["selected"] == {"0.5": chosen["method"]}
+    v = data["verdicts"]["0.5"]
+    rival = max(peers, key=lambda r: r["accuracy"])
+    assert v["best_peer"] == rival["method"] and v["higher_than_every_peer"] == all(
+        chosen["accuracy"] > r["accuracy"] for r in peers)
+    only_hp = sum(a and not b for a, b in zip(chosen["correct"], rival["correct"], strict=True))
+    only_peer = sum(b and not a for a, b in zip(chosen["correct"], rival["correct"], strict=True))
+    assert math.isclose(v["difference"], (only_hp - only_peer) / n, abs_tol=1e-12)
+    assert v["ci95"][0] - 1e-12 <= v["difference"] <= v["ci95"][1] + 1e-12
+    exact = scipy.stats.binomtest(only_hp, only_hp + only_peer).pvalue if only_hp + only_peer else 1.0
+    assert 0 < v["p"] <= exact + 1e-12  # the mid-p is never above the exact McNemar p
     again = bench.main(flags)
     assert again["rows"] == data["rows"]  # resumed: nothing recomputed
     page = tmp_path / "peers.md"
@@ -273,7 +288,8 @@ def test_quick_run_rows_are_consistent_resume_and_fill_the_docs(tmp_path):
     assert "<!-- llm_peers:begin -->" in text  # the other block is left alone
     for r in data["rows"]:
         if r["status"] == "ok":
-            assert f"| {r['method']} | 50% | {r['flops_kept']:.3f} |" in text and f"{r['accuracy']:.4f}" in text
+            name = r["method"] + (" (selected)" if r["method"] == chosen["method"] else "")
+            assert f"| {name} | 50% | {r['flops_kept']:.3f} |" in text and f"{r['accuracy']:.4f}" in text
 
 
 @pytest.mark.parametrize("flags, named", [(["--methods", "kwon,sparsegpt"], "--methods"),

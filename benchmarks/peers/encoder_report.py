@@ -46,19 +46,23 @@ def docs_section(data: dict) -> str:
             continue
         lo, hi = row["ci95"]
         sz = row["sizes"]
-        lines.append(f"| {row['method']} | {row['budget']:.0%} | {row['flops_kept']:.3f} | {row['total_flops_kept']:.3f} "
+        name = row["method"] + (" (selected)" if data.get("selected", {}).get(str(row["budget"])) == row["method"] else "")
+        lines.append(f"| {name} | {row['budget']:.0%} | {row['flops_kept']:.3f} | {row['total_flops_kept']:.3f} "
                      f"| {row['params_kept']:.3f} | {sz['heads']} / {sz['neurons']} | {row['accuracy']:.4f} | "
                      f"{row['delta']:+.4f} ({lo:+.4f}, {hi:+.4f}) | {row['p']:.3g} | {row['speedup']:.2f} | "
                      f"{row['prune_seconds']:.1f} |")
     lines += ["", "Speed-up: median wall time of a batched forward pass over the evaluation set, unpruned / pruned, "
               f"{s['speed_rounds']} alternating rounds each, batch size {s['batch_size']}, on the CPU.", ""]
-    if data.get("best"):
-        lines += ["Most accurate rows, read off the evaluation set **after the fact** (no headprune configuration was "
-                  "chosen before it was scored, so this is not a held-out selection, and the two rows are not tested "
-                  "against each other):", ""]
-    for budget, b in sorted(data.get("best", {}).items(), key=lambda kv: -float(kv[0])):
-        lines.append(f"- {float(budget):.0%}: headprune {b['headprune']} {b['headprune_accuracy']:.4f}; "
-                     f"peer {b['peer']} {b['peer_accuracy']:.4f}.")
+    if data.get("verdicts"):
+        lines += ["\"(selected)\": per budget, the headprune configuration most accurate on the held-out "
+                  f"selection examples ({data['settings'].get('select', '-')}); it alone is compared with the peer "
+                  "most accurate on the evaluation set (McNemar mid-p of the two rows, 95% interval of the "
+                  "difference):", ""]
+    for budget, v in sorted(data.get("verdicts", {}).items(), key=lambda kv: -float(kv[0])):
+        lo, hi = v["ci95"]
+        lines.append(f"- {float(budget):.0%}: {v['headprune']} {v['accuracy']:.4f} vs {v['best_peer']} "
+                     f"{v['best_peer_accuracy']:.4f}: {v['difference']:+.4f} [{lo:+.4f}, {hi:+.4f}], p = {v['p']:.3g}"
+                     + ("" if v["higher_than_every_peer"] else " (**not** above every peer)") + ".")
     lines += ["", MARK[1]]
     return "\n".join(lines)
 
