@@ -156,7 +156,10 @@ def eval_sets(tok, text: str, args, sizes: list[int]) -> dict[str, torch.Tensor]
 def main(argv=None) -> dict | None:
     args = parse(argv)
     if args.write_docs:
-        report.write_docs(args.write_docs, json.loads(OUTPUT.read_text()) if OUTPUT.is_file() else None)
+        data = json.loads(OUTPUT.read_text()) if OUTPUT.is_file() else None
+        if data is not None:
+            summarise(data)  # the derived tables from the rows, by today's code
+        report.write_docs(args.write_docs, data)
         return None
     methods = _methods(args.methods)
     budgets = _numbers(args.budgets, "--budgets", float, lambda v: 0 < v < 1, "comma-separated numbers in (0, 1)")
@@ -337,6 +340,10 @@ def summarise(out: dict) -> None:
                 "lower_than_every_peer": all(best["perplexity"][p] < r["perplexity"][p] for r in peers),
                 "interval_below_best_peer": best["ratio_ci95"][p][1] < rival["ratio"][p],
                 "peers_compared": sorted(r["method"] for r in peers)}
+            tokens = out["unpruned"]["evaluation"][p]["tokens"]
+            r, lo, hi = protocol.ratio_interval({"nll_sum": rival["nll_sum"][p], "tokens": tokens},
+                                                {"nll_sum": best["nll_sum"][p], "tokens": tokens})
+            out["verdicts"][str(budget)][p] |= {"ratio_to_best_peer": r, "ratio_to_best_peer_ci95": [lo, hi]}
 
 
 if __name__ == "__main__":

@@ -291,6 +291,11 @@ def test_quick_run_rows_are_finite_consistent_and_resume(tmp_path):
         best_peer = min(peers, key=lambda r: r["perplexity"][window])
         assert v["best_peer"] == best_peer["method"]
         assert v["interval_below_best_peer"] == (chosen["ratio_ci95"][window][1] < best_peer["ratio"][window])
+        direct = math.exp((sum(chosen["nll_sum"][window]) - sum(best_peer["nll_sum"][window]))
+                          / sum(base["evaluation"][window]["tokens"]))
+        assert math.isclose(v["ratio_to_best_peer"], direct, rel_tol=1e-9)
+        assert math.isclose(direct, chosen["perplexity"][window] / best_peer["perplexity"][window], rel_tol=1e-9)
+        assert v["ratio_to_best_peer_ci95"][0] <= direct <= v["ratio_to_best_peer_ci95"][1]
     again = bench.main(["--quick", "--budgets", "0.3", "--tp-timeout", "5", "--output", str(output)])
     assert again["rows"] == out["rows"]  # resumed: nothing recomputed
     # a changed configuration reruns its own rows only

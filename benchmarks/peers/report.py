@@ -72,9 +72,14 @@ def verdict_lines(data: dict) -> list[str]:
             lower = "lower than every peer's" if v["lower_than_every_peer"] else "**not** lower than every peer's"
             ci = ("its interval's upper end is below" if v["interval_below_best_peer"]
                   else "its interval's upper end is **not** below")
+            direct = ""
+            if "ratio_to_best_peer" in v:
+                a, b = v["ratio_to_best_peer_ci95"]
+                direct = (f" Paired, headprune / {v['best_peer']}: x{v['ratio_to_best_peer']:.3f} [{a:.3f}, {b:.3f}]"
+                          + (" (below 1)." if b < 1 else " (includes 1)." if a <= 1 else " (above 1)."))
             lines.append(f"- {float(budget):.0%}, {p}: {v['headprune']} x{v['ratio']:.3f} [{lo:.3f}, {hi:.3f}] "
                          f"vs the best peer {v['best_peer']} x{v['best_peer_ratio']:.3f}: perplexity {lower} "
-                         f"({len(v['peers_compared'])} peers run); {ci} the best peer's point estimate.")
+                         f"({len(v['peers_compared'])} peers run); {ci} the best peer's point estimate.{direct}")
     return lines
 
 
