@@ -78,3 +78,31 @@ def test_compress_units_on_gqa_never_grows_the_cache_and_free_warns():
         grew = _cache_bytes(pruned) > before
         assert grew == (mode == "free"), (mode, drop)  # this plan grows the cache only when heads go freely
         assert grew == any(issubclass(w.category, KVCacheWarning) for w in caught)
+
+
+@pytest.mark.parametrize("gqa", ["uniform", "groups"])
+@pytest.mark.parametrize("price", ["params", "flops"])
+def test_gqa_steps_are_priced_as_surgery_removes_them(gqa, price):
+    """A step that leaves its key/value heads costs only its query heads; the step that empties a group pays
+    the key/value head too: the priced removal equals what the pruned model measures (params, or FLOPs)."""
+    from headprune.core.cost import flop_breakdown
+    from headprune.core.prune import prune_neurons
+
+    model = build("llama")
+    groups = kv_groups(model)
+    costs = unit_costs(model, price, seq_len=16)
+    gen = torch.Generator().manual_seed(1)
+    heads = {s: torch.rand(len(g), generator=gen, dtype=torch.float64) for s, g in groups.items()}
+    neurons = {k: torch.rand(v.numel(), generator=gen, dtype=torch.float64) for k, v in costs.neurons.items()}
+
+    def measure(m):
+        return float(sum(p.numel() for p in m.parameters())) if price == "params" else flop_breakdown(m, 16)["total"]
+
+    before = measure(model)
+    for share in (0.2, 0.45, 0.8):
+        drop_h, drop_n, summary = select_units(heads, neurons, costs, share, groups=groups, gqa=gqa)
+        pruned = copy.deepcopy(model)
+        hp.prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)
+        prune_neurons(pruned, {k: v for k, v in drop_n.items() if v})
+        removed = before - measure(pruned)
+        assert abs(removed - (summary["price_total"] - summary["price_kept"])) <= 1e-9 * before, (share, gqa)

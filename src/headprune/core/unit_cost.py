@@ -33,6 +33,9 @@ class UnitCosts:
     heads: dict[str, torch.Tensor]
     neurons: dict[str, torch.Tensor]
     unit: str  # flops | params | seconds
+    # {site: price of one key/value head}, shared out evenly in ``heads``; paid in full only when its group of
+    # query heads empties (None: unknown, e.g. measured seconds). Lets a GQA search price its steps exactly.
+    kv: dict[str, float] | None = None
 
     def total(self) -> float:
         return float(sum(v.sum() for v in (*self.heads.values(), *self.neurons.values())))
@@ -44,18 +47,30 @@ def unit_costs(model: nn.Module, price: str = "flops", *, seq_len: int = 128, tg
     check_choice("price", price, PRICES)
     model = unwrap(model)
     if price == "flops":
-        heads = head_costs(model, seq_len, tgt_len=tgt_len).per_head()
+        hc = head_costs(model, seq_len, tgt_len=tgt_len)
+        heads = hc.per_head()
         rows = linear_rows(model, seq_len, tgt_len=tgt_len)
         neurons = {}
         for f in find_ffns(model, skip_moe=True):
             macs = sum(rows.get(compute_module(u), 0) * in_features(u) for u in f.ups)
             macs += rows.get(f.down, 0) * out_features(f.down)
             neurons[f.name] = torch.full((f.width,), 2.0 * macs, dtype=torch.float64)
-        return UnitCosts(heads, neurons, "flops")
+        return UnitCosts(heads, neurons, "flops", kv={k: float(v) for k, v in hc.kv.items()})
+    sites = find_sites(model)
     heads = {s.name: torch.full((s.num_heads,), site_params(s) / max(s.num_heads, 1), dtype=torch.float64)
-             for s in find_sites(model)}  # bias of the output projection shared out: a small overestimate
+             for s in sites}  # bias of the output projection shared out: a small overestimate
+    kv = {s.name: _kv_head_params(s) for s in sites}
     neurons = {}
     for f in find_ffns(model, skip_moe=True):
         per = sum(in_features(u) + (1 if getattr(u, "bias", None) is not None else 0) for u in f.ups)
         neurons[f.name] = torch.full((f.width,), float(per + out_features(f.down)), dtype=torch.float64)
-    return UnitCosts(heads, neurons, "params")
+    return UnitCosts(heads, neurons, "params", kv=kv)
+
+
+def _kv_head_params(site) -> float:
+    """Parameters of one key/value head: its key and value rows (and biases); 0 for a fused projection, whose
+    rows the per-head share already counts."""
+    k, v = site.k.module, site.v.module
+    if k is site.q.module or v is site.q.module or k is v or site.num_kv_heads == 0:
+        return 0.0
+    return float(sum(p.numel() for m in (k, v) for p in m.parameters())) / site.num_kv_heads

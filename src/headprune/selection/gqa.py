@@ -177,20 +177,38 @@ def _units(pool: dict[str, torch.Tensor], groups: dict[str, list[int]], mode: st
     return out
 
 
-def gqa_steps(scores: Mapping[str, torch.Tensor], prices: Mapping[str, torch.Tensor], groups: Groups, mode: str):
+def gqa_steps(scores: Mapping[str, torch.Tensor], prices: Mapping[str, torch.Tensor], groups: Groups, mode: str,
+              kv: Mapping[str, float] | None = None):
     """Head units of a one-budget search (:func:`.units.select_units`) under ``mode`` (``uniform`` or ``groups``):
     ({site: step scores [S]}, {site: step prices [S]}, {site: steps, each the heads it drops, in drop order}).
 
-    A step's score and price are the sums over its heads. Under ``uniform`` a site's steps must go in
-    order, so its score per price is made non-decreasing along that order (a running maximum, which a
-    ranking by score per price then respects); whole groups (``groups``) go in any order.
+    A step's score and price are the sums over its heads. With ``kv`` ({site: price of one key/value head},
+    shared out evenly in ``prices``), a step is priced as surgery removes it: its query heads' own part, plus
+    every key/value head whose group it empties. Under ``uniform`` a site's steps must go in order, so its
+    score per price is made non-decreasing along that order (a running maximum, which a ranking by score per
+    price then respects); whole groups (``groups``) go in any order.
     """
     pool = {k: torch.as_tensor(v, dtype=torch.float64).flatten() for k, v in scores.items()}
-    units = _units(pool, _check_groups(groups, pool), mode)
+    checked = _check_groups(groups, pool)
+    units = _units(pool, checked, mode)
     out_s, out_p = {}, {}
     for site, steps in units.items():
         price = torch.as_tensor(prices[site], dtype=torch.float64).flatten()
-        p = torch.stack([price[hs].sum() for hs in steps])
+        if kv is not None and site in kv:
+            g = checked[site]
+            n_groups = len(set(g))
+            own = price - kv[site] * n_groups / price.numel()  # the key/value share taken out of every head
+            left = {x: g.count(x) for x in set(g)}
+            p_list = []
+            for hs in steps:
+                emptied = 0
+                for h in hs:
+                    left[g[h]] -= 1
+                    emptied += left[g[h]] == 0
+                p_list.append(own[hs].sum() + kv[site] * emptied)
+            p = torch.stack(p_list)
+        else:
+            p = torch.stack([price[hs].sum() for hs in steps])
         s = torch.stack([pool[site][hs].sum() for hs in steps])
         if mode == "uniform":
             s = torch.cummax(s / p, 0).values * p

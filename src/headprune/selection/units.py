@@ -60,7 +60,11 @@ def select_units(
     check_int("min_per_site", min_per_site, 0)
     head_prices, steps = costs.heads, None
     if groups is not None and gqa != "free" and units != "neurons" and head_scores:
-        head_scores, head_prices, steps = gqa_steps(head_scores, costs.heads, groups, gqa)
+        head_scores, head_prices, steps = gqa_steps(head_scores, costs.heads, groups, gqa, kv=costs.kv)
+        # ranked last step first: among equal score per price a site keeps its later steps, so that what is
+        # kept is always a suffix of its steps (priced exactly: the last one also removes the key/value heads)
+        head_scores = {k: v.flip(0) for k, v in head_scores.items()}
+        head_prices = {k: v.flip(0) for k, v in head_prices.items()}
     pools = {"heads": (head_scores, head_prices), "neurons": (neuron_scores, costs.neurons)}
     kinds = ["heads", "neurons"] if units == "both" else [units]
     forced: dict[str, dict[str, set[int]]] = {"heads": {}, "neurons": {}}
@@ -90,9 +94,17 @@ def select_units(
     kept_sets = {kind: set(keep[kind]) for kind in ranked}
     spent = sum(float(ranked[k][1][list(v)].sum()) for k, v in kept_sets.items() if v)
     budget_all, spent = budget + forced_price, spent + forced_price
-    for kind, (_, price, score) in ranked.items():  # fill what is left with anything that fits, best first
+    for kind, (ids, price, score) in ranked.items():  # fill what is left with anything that fits, best first
+        position = {unit: j for j, unit in enumerate(ids)}
+
+        def in_order(j: int, kind=kind, ids=ids, position=position) -> bool:  # steps: the later one is kept
+            if kind != "heads" or steps is None or ids[j][1] == 0:
+                return True
+            before = (ids[j][0], ids[j][1] - 1)
+            return before[1] in forced[kind].get(before[0], ()) or position.get(before, -1) in kept_sets[kind]
+
         for i in torch.argsort(score / price.clamp_min(1e-300), descending=True, stable=True).tolist():
-            if i not in kept_sets[kind] and spent + float(price[i]) <= budget_all * (1 + 1e-12):
+            if i not in kept_sets[kind] and spent + float(price[i]) <= budget_all * (1 + 1e-12) and in_order(i):
                 kept_sets[kind].add(i)
                 spent += float(price[i])
     drops = {kind: _drops(ranked[kind][0], kept_sets[kind]) for kind in ranked}
@@ -125,7 +137,7 @@ def _kept_first(scores: Mapping[str, torch.Tensor], prices: Mapping[str, torch.T
             while d < len(sizes) and left - sizes[d] >= need:
                 left -= sizes[d]
                 d += 1
-            out[site] = set(range(d, len(sizes)))
+            out[site] = {len(sizes) - 1 - j for j in range(d, len(sizes))}  # steps are ranked last first
         else:
             pr = torch.as_tensor(prices[site], dtype=torch.float64).flatten()
             order = torch.argsort(sc / pr.clamp_min(1e-300), descending=True, stable=True)
