@@ -253,7 +253,10 @@ def main(argv=None) -> dict | None:
     args = parse(argv)
     output = args.output or (OUTPUT.with_name("encoder_peers_quick.json") if args.quick else OUTPUT)
     if args.write_docs:
-        report.write_docs(args.write_docs, json.loads(OUTPUT.read_text()) if OUTPUT.is_file() else None)
+        data = json.loads(OUTPUT.read_text()) if OUTPUT.is_file() else None
+        if data is not None:
+            summarise(data)  # the derived tables from the rows, by today's code
+        report.write_docs(args.write_docs, data)
         return None
     methods, budgets = _choices(args)
     if args.quick:
@@ -346,6 +349,12 @@ def summarise(out: dict) -> None:
             "best_peer_accuracy": rival["accuracy"], "difference": chosen["accuracy"] - rival["accuracy"],
             "ci95": [test.ci_low, test.ci_high], "p": test.p_value, "test": "McNemar mid-p, headprune vs the peer",
             "higher_than_every_peer": all(chosen["accuracy"] > r["accuracy"] for r in peers)}
+    if out["verdicts"]:  # one comparison per budget: Holm over the budgets
+        from headprune.evaluation.multiplicity import holm
+
+        keys = sorted(out["verdicts"])
+        for k, adjusted in zip(keys, holm([out["verdicts"][k]["p"] for k in keys]), strict=True):
+            out["verdicts"][k]["p_holm"] = float(adjusted)
 
 
 if __name__ == "__main__":

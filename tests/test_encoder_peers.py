@@ -279,6 +279,7 @@ def test_quick_run_rows_are_consistent_resume_and_fill_the_docs(tmp_path):
     assert v["ci95"][0] - 1e-12 <= v["difference"] <= v["ci95"][1] + 1e-12
     exact = scipy.stats.binomtest(only_hp, only_hp + only_peer).pvalue if only_hp + only_peer else 1.0
     assert 0 < v["p"] <= exact + 1e-12  # the mid-p is never above the exact McNemar p
+    assert v["p_holm"] == v["p"]  # one budget: nothing to adjust
     again = bench.main(flags)
     assert again["rows"] == data["rows"]  # resumed: nothing recomputed
     page = tmp_path / "peers.md"

@@ -62,6 +62,7 @@ def docs_section(data: dict) -> str:
         lo, hi = v["ci95"]
         lines.append(f"- {float(budget):.0%}: {v['headprune']} {v['accuracy']:.4f} vs {v['best_peer']} "
                      f"{v['best_peer_accuracy']:.4f}: {v['difference']:+.4f} [{lo:+.4f}, {hi:+.4f}], p = {v['p']:.3g}"
+                     + (f" (Holm over the {len(data['verdicts'])} budgets: {v['p_holm']:.3g})" if "p_holm" in v else "")
                      + ("" if v["higher_than_every_peer"] else " (**not** above every peer)") + ".")
     lines += ["", MARK[1]]
     return "\n".join(lines)
