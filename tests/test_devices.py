@@ -51,6 +51,9 @@ def _close(got: dict, want: dict, rel: float = 1e-5):
     assert got.keys() == want.keys()
     for name in want:
         g, w = got[name].detach().cpu().double(), want[name].detach().cpu().double()
+        assert g.shape == w.shape, name
+        if w.numel() == 0:  # e.g. an FFN the plan emptied
+            continue
         assert (g - w).abs().max().item() <= rel * max(w.abs().max().item(), 1e-12), (name, g, w)
 
 
