@@ -164,6 +164,9 @@ def main(argv=None) -> dict | None:
     methods = _methods(args.methods)
     budgets = _numbers(args.budgets, "--budgets", float, lambda v: 0 < v < 1, "comma-separated numbers in (0, 1)")
     sizes = _numbers(args.windows, "--windows", int, lambda v: v >= 2, "comma-separated window lengths >= 2")
+    for flag, value in (("--calib-blocks", args.calib_blocks), ("--select-blocks", args.select_blocks)):
+        if value < 1:
+            raise SystemExit(f"{flag} {value}; allowed: an integer >= 1")
     torch.set_num_threads(args.threads)
     output = args.output or (OUTPUT.with_name("llm_peers_quick.json") if args.quick else OUTPUT)
     if args.quick:

@@ -129,6 +129,9 @@ def gguf_layout(model: nn.Module) -> Layout:
         arch = PER_LAYER_ARCH[arch]
     emb = body.embed_tokens.weight
     tied = model.lm_head.weight is emb or model.lm_head.weight.data_ptr() == emb.data_ptr()
+    if family == "gemma" and not tied:  # the tensors decide, not the config's flag
+        raise GGUFShapeError("gemma whose output layer is not its token embeddings: llama.cpp's gemma reads the output "
+                             "layer from the token embeddings; allowed: tied")
     layout = Layout(arch=arch, family=family, hidden=hidden, head_dim=head_dim, layers=shapes,
                     context_length=int(getattr(config, "max_position_embeddings", 2048)),
                     rms_eps=float(config.rms_norm_eps), rope_theta=_rope_theta(config),
@@ -152,10 +155,7 @@ def _check_config(config, family: str) -> None:
     if act not in allowed:
         raise GGUFShapeError(f"hidden_act {act!r}: llama.cpp's {FAMILIES[family]} FFN applies {allowed[0]}; "
                              f"allowed: {', '.join(allowed)}")
-    if family == "gemma" and not getattr(config, "tie_word_embeddings", True):
-        raise GGUFShapeError("gemma with tie_word_embeddings=False: llama.cpp's gemma reads the output layer from the "
-                             "token embeddings; allowed: tied")
-    if getattr(config, "attention_bias", False) and family in ("llama", "mistral"):
+    if getattr(config, "attention_bias", False) and family in ("llama", "mistral", "gemma"):
         raise GGUFShapeError(f"{family} with attention_bias=True: not written to GGUF; allowed: False")
     if getattr(config, "mlp_bias", False):
         raise GGUFShapeError(f"{family} with mlp_bias=True: not written to GGUF; allowed: False")
