@@ -278,4 +278,7 @@ def test_reconstruction_and_distillation_on_the_model_device(device):
         # rounds differently on the GPU near zero can move a weight the other way: at most 2 lr per step
         bound = 2 * 1e-3 * len(want_losses)
         for name, w in want.items():
-            assert (got_params[name].detach().cpu() - w.detach()).abs().max() <= bound, name
+            got_w = got_params[name].detach().cpu()
+            assert got_w.shape == w.shape, name
+            if w.numel():  # a tensor the plan emptied (an FFN with no neurons left) has nothing to compare
+                assert (got_w - w.detach()).abs().max() <= bound, name
