@@ -65,8 +65,10 @@ def compress_command(
                                    "the weights; the default for heads), reconstruct (least-squares refit of every "
                                    "pruned projection, kept only if the validation loss drops; the default with "
                                    "neurons), bias (removed units held at their calibration means, folded into the "
-                                   "output projections' biases; the default with --scores fluctuation*) or "
-                                   "bias+reconstruct."),
+                                   "output projections' biases; the default with --scores fluctuation*), linear "
+                                   "(removed units replaced by their least-squares affine prediction from the kept "
+                                   "ones, folded into the kept columns and the biases; same single pass), "
+                                   "bias+reconstruct or linear+reconstruct."),
     gqa: str = GQA,
     same_per_site: bool = typer.Option(False, "--same-per-site", help="Keep the same number of heads in every site "
                                        "(with --gqa uniform or groups, a head budget): the saved model then has a "

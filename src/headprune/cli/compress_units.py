@@ -48,7 +48,7 @@ def compress_pool_command(prune, *, model_dir: Path, task: str, data: str, data2
                           "of calibration examples the fit also reads; allowed: give --val-data (disjoint data)")
     if fit_limit is not None and not settings.compensate.endswith("reconstruct") and not settings.distill_epochs:
         raise ConfigError(f"--fit-limit with {compensate_flag}; allowed: only with a reconstruction (--compensate "
-                          "reconstruct or bias+reconstruct) or --distill-epochs")
+                          "reconstruct, bias+reconstruct or linear+reconstruct) or --distill-epochs")
     bars = show_progress(quiet, progress)
     t = TaskSetup(model_dir, task, flags)
     model, tok = t.model, t.tokenizer

@@ -38,9 +38,10 @@ from .units import UnitSettings
 
 PRICES = ("count", "flops", "params", "kv", "latency")
 SCORES = ("ih", "fisher", "random", "fluctuation", "fluctuation-raw")
-COMPENSATIONS = ("none", "rearrange", "tune", "reconstruct", "bias", "bias+reconstruct")
+COMPENSATIONS = ("none", "rearrange", "tune", "reconstruct", "bias", "bias+reconstruct", "linear",
+                 "linear+reconstruct")
 POOL_SCORES = ("fisher", "fluctuation", "fluctuation-raw")  # what the budget over heads and neurons can score with
-POOL_COMPENSATIONS = ("none", "reconstruct", "bias", "bias+reconstruct")
+POOL_COMPENSATIONS = ("none", "reconstruct", "bias", "bias+reconstruct", "linear", "linear+reconstruct")
 HEAD_PLAN_PRICES = ("count", "flops", "kv")  # what the head plan can budget
 POOL_PRICES = ("flops", "params", "latency")  # what the budget over heads and neurons can
 
@@ -55,7 +56,8 @@ class PruneSettings:
     price: str = "flops"  # what share measures: count | flops (at seq_len) | params | kv (cache bytes) | latency
     scores: str = "fisher"  # ih | fisher | random | fluctuation (FLAP: one forward, no labels, no gradients;
     # standardised per kind) | fluctuation-raw (the same, not standardised: heads and neurons traded by price)
-    compensate: str | None = None  # none | rearrange | tune | reconstruct | bias | bias+reconstruct (None: tune
+    compensate: str | None = None  # none | rearrange | tune | reconstruct | bias | linear | bias+reconstruct |
+    # linear+reconstruct (None: tune
     # for the head plan with Fisher scores, none with other scores; for the budget over heads and neurons
     # reconstruct, or bias with scores='fluctuation'; set on creation)
     gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (headprune.selection.gqa)
@@ -136,8 +138,7 @@ class PruneSettings:
         for reason, applies in ((f"units={self.units!r}", self.units != "heads"),
                                 (f"price={self.price!r}", self.price not in HEAD_PLAN_PRICES),
                                 (f"scores={self.scores!r}", self.scores.startswith("fluctuation")),
-                                (f"compensate={self.compensate!r}", self.compensate in ("reconstruct", "bias",
-                                                                                        "bias+reconstruct")),
+                                (f"compensate={self.compensate!r}", self.compensate in POOL_COMPENSATIONS[1:]),
                                 (f"distill_epochs={self.distill_epochs}", self.distill_epochs > 0)):
             if applies:
                 return reason

@@ -46,6 +46,7 @@ from ..core.ffn import find_ffns
 from ..core.kept import kept_neurons
 from ..core.prune import prune_heads, prune_neurons
 from ..core.sites import find_sites
+from ..core.standins import linear_standins
 from ..core.surgery import kept_heads
 from ..core.unit_cost import PRICES, UnitCosts, unit_costs
 from ..core.verify import verify_surgery
@@ -60,7 +61,7 @@ from .distill import distill
 from .reconstruct import reconstruct
 from .tuning import TARGETS
 
-COMPENSATIONS = ("none", "reconstruct", "bias", "bias+reconstruct")
+COMPENSATIONS = ("none", "reconstruct", "bias", "bias+reconstruct", "linear", "linear+reconstruct")
 SCORES = ("fisher", "fluctuation", "fluctuation-raw")
 
 
@@ -73,7 +74,8 @@ class UnitSettings:
     price: str = "flops"  # flops (at seq_len / tgt_len) | params | latency (needs prices=)
     seq_len: int = 128
     tgt_len: int | None = None
-    compensate: str = "reconstruct"  # none | reconstruct | bias (removed units held at their mean) | bias+reconstruct
+    compensate: str = "reconstruct"  # none | reconstruct | bias (removed units held at their mean) | linear (their
+    # best affine prediction from the kept units, core.standins) | bias+reconstruct | linear+reconstruct
     scores: str = "fisher"  # fisher (mask gradients, labelled) | fluctuation (FLAP: one forward, no labels) |
     # fluctuation-raw (the same, not standardised per kind)
     damping: float = 1e-2  # ridge of the refit towards the pruned weights, relative to the mean input power
@@ -207,12 +209,18 @@ def compress_pool(
     t = time.perf_counter()
     pruned = copy.deepcopy(model)
     stages = {"select": "kept"}
-    if settings.compensate.startswith("bias") and (any(drop_h.values()) or any(drop_n.values())):
-        if stats is None:  # before the cut, which keeps an output projection's bias
+    standin = settings.compensate.split("+")[0]
+    if standin in ("bias", "linear") and (any(drop_h.values()) or any(drop_n.values())):
+        if stats is None or (standin == "linear" and stats.second is None):  # before the cut, which keeps biases
             stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
-                                  progress=progress)
-        shift_biases(pruned, mean_shifts(model, stats.mean, drop_h, drop_n))
-        stages["bias"] = "kept (unguarded: removed units held at their calibration means)"
+                                  gram=standin == "linear", progress=progress)
+        if standin == "bias":
+            shift_biases(pruned, mean_shifts(model, stats.mean, drop_h, drop_n))
+            stages["bias"] = "kept (unguarded: removed units held at their calibration means)"
+        else:
+            linear_standins(pruned, stats.mean, stats.second, drop_h, drop_n, damping=settings.damping)
+            stages["linear"] = ("kept (unguarded: removed units replaced by their least-squares affine prediction "
+                                "from the kept ones on the calibration tokens)")
     prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
     if any(drop_n.values()):
         prune_neurons(pruned, {k: v for k, v in drop_n.items() if v}, verify=verify)  # its own trial
@@ -272,7 +280,8 @@ def _scores(model: nn.Module, calib: list, settings: UnitSettings, costs: UnitCo
     if settings.scores == "fisher":
         fisher = unit_fisher(model, calib, loss_fn=loss_fn, heads=heads, neurons=neurons, progress=progress)
         return fisher.heads, fisher.neurons, None
-    found = fluctuation_scores(model, calib, heads=heads, neurons=neurons, progress=progress)
+    found = fluctuation_scores(model, calib, heads=heads, neurons=neurons, gram=settings.compensate.startswith("linear"),
+                               progress=progress)
     if settings.scores == "fluctuation-raw":  # additive (squared output change), per price like the Fisher
         return {k: found.raw[k] for k in found.heads}, {k: found.raw[k] for k in found.neurons}, found.stats
     floor = min(float(v.min()) for v in (*found.heads.values(), *found.neurons.values()))

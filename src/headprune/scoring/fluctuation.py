@@ -44,6 +44,7 @@ class ChannelStats:
     mean: dict[str, torch.Tensor]  # [C]
     var: dict[str, torch.Tensor]  # [C]
     tokens: dict[str, int]
+    second: dict[str, torch.Tensor] | None = None  # [C, C] E[x x^T] (``gram=True``: linear stand-ins)
 
 
 @dataclass
@@ -58,10 +59,11 @@ class Fluctuation:
 
 
 def channel_stats(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *, heads: bool = True,
-                  neurons: bool = True, progress: bool = False) -> ChannelStats:
+                  neurons: bool = True, gram: bool = False, progress: bool = False) -> ChannelStats:
     """Mean and variance of the input features of every site's output projection (``heads``) and every FFN's
     down projection (``neurons``) over the real tokens of ``batches``: one forward per batch, no labels read
-    (an encoder-decoder's labels build its decoder inputs and say which decoder positions are real)."""
+    (an encoder-decoder's labels build its decoder inputs and say which decoder positions are real).
+    ``gram``: also their second moments ``E[x x^T]`` (``C^2`` float64 numbers per projection)."""
     sites = find_sites(model) if heads else []
     ffns = find_ffns(model) if neurons else []
     targets = [(s.name, s.kind, s.o) for s in sites] + [(f.name, f.name.split(".")[0], f.down) for f in ffns]
@@ -76,10 +78,13 @@ def channel_stats(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]
             rows = real_rows(model, current, kind, z.shape)
             x = z.reshape(-1, z.shape[-1])
             x = (x if rows is None else x[rows.to(x.device)]).to(accumulator_device(x.device), torch.float64)
-            s = sums.setdefault(name, [0, 0.0, 0.0])
+            s = sums.setdefault(name, [0, 0.0, 0.0, 0.0])
             s[0] += x.shape[0]
             s[1] = s[1] + x.sum(0)
             s[2] = s[2] + (x * x).sum(0)
+            if gram:  # one batch's products in float32 (a few thousand terms each), summed over batches in float64
+                x32 = x.to(torch.float32)
+                s[3] = s[3] + (x32.T @ x32).to(torch.float64)
         return pre
 
     handles = [module.register_forward_pre_hook(hook(name, kind)) for name, kind, module in targets]
@@ -102,7 +107,8 @@ def channel_stats(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]
     if bad:
         raise DataError(f"activations of {bad[:3]} are NaN or inf: the model's weights or the batches' values are not "
                         "finite")
-    return ChannelStats(mean=mean, var=var, tokens={k: int(s[0]) for k, s in sums.items()})
+    second = {k: (s[3] / s[0]).cpu() for k, s in sums.items()} if gram else None
+    return ChannelStats(mean=mean, var=var, tokens={k: int(s[0]) for k, s in sums.items()}, second=second)
 
 
 def column_norms(projection: nn.Module) -> torch.Tensor:
@@ -155,12 +161,13 @@ def feature_fluctuation(model: nn.Module, stats: ChannelStats) -> tuple[dict[str
 
 
 def fluctuation_scores(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *, heads: bool = True,
-                       neurons: bool = True, progress: bool = False) -> Fluctuation:
-    """FLAP's scores of ``model``'s heads and / or FFN neurons on ``batches`` (see the module doc)."""
+                       neurons: bool = True, gram: bool = False, progress: bool = False) -> Fluctuation:
+    """FLAP's scores of ``model``'s heads and / or FFN neurons on ``batches`` (see the module doc); ``gram``: the
+    statistics keep the features' second moments too (for linear stand-ins, the same pass)."""
     if neurons and not find_ffns(model):
         raise ConfigError(f"{type(model).__name__} has no feed-forward block headprune can find; neurons cannot "
                           "be scored (allowed: units=heads)")
-    stats = channel_stats(model, batches, heads=heads, neurons=neurons, progress=progress)
+    stats = channel_stats(model, batches, heads=heads, neurons=neurons, gram=gram, progress=progress)
     raw_h, raw_n = unit_fluctuation(model, stats)
     z = standardise(*feature_fluctuation(model, stats))
     return Fluctuation(heads={k: z[k] for k in raw_h}, neurons={k: z[k] for k in raw_n}, raw=raw_h | raw_n,
