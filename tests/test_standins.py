@@ -7,6 +7,7 @@ statistics' one pass, meets the budget, and the result saves and loads to the sa
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -186,3 +187,33 @@ def test_linear_settings_are_checked():
     site = hp.find_sites(model)[0].name
     with pytest.raises(PlanError, match="moments"):
         linear_standins(model, stats.mean, {}, {site: [0]}, {})
+
+
+def test_the_cli_runs_linear_stand_ins_and_the_saved_model_loads_as_another_model_than_the_bias_one(tmp_path):
+    from typer.testing import CliRunner
+
+    from headprune.cli import app
+    from tiny import word_tokenizer
+
+    texts = ["a good film", "a bad film", "the plot was thin", "wonderful acting", "dull and long", "loved it"]
+    model = build("bert")
+    model.config.id2label, model.config.label2id = {0: "0", 1: "1", 2: "2"}, {"0": 0, "1": 1, "2": 2}
+    hp.save_pruned(model, tmp_path / "model", tokenizer=word_tokenizer(texts))
+    for name, rows in (("dev.tsv", texts), ("train.tsv", texts[::-1] * 2)):
+        (tmp_path / name).write_text("\n".join(["sentence\tlabel"] + [f"{t}\t{i % 2}" for i, t in enumerate(rows)]) + "\n")
+    base = ["compress", str(tmp_path / "model"), "--task", "classification", "--data", str(tmp_path / "dev.tsv"),
+            "--calib-data", str(tmp_path / "train.tsv"), "--seq-len", "8", "--batch-size", "4", "--no-bench",
+            "--units", "both", "--share", "0.6", "--price", "params", "--scores", "fluctuation"]
+    runner = CliRunner()
+    runs = {}
+    for compensate, damping in (("linear", "0.3"), ("bias", "0.3")):
+        out = tmp_path / compensate
+        result = runner.invoke(app, [*base, "--compensate", compensate, "--damping", damping, "-o", str(out)])
+        assert result.exit_code == 0, result.output
+        record = json.loads((out / "compress.json").read_text())
+        assert record["settings"]["compensate"] == compensate and record["stages"][compensate].startswith("kept")
+        runs[compensate] = hp.load_pruned(out)
+    probe = inputs("bert", batch=2, seed=5)
+    with torch.no_grad():
+        got, held = runs["linear"](**probe).logits, runs["bias"](**probe).logits
+    assert bool(torch.isfinite(got).all()) and float((got - held).abs().max()) > 1e-4 * float(held.abs().max())

@@ -78,7 +78,8 @@ def compress_command(
                                 f"{DEFAULT_SEQ_LEN}, at most the model's positions)."),
     tgt_len: int = typer.Option(None, "--tgt-len", help="Encoder-decoders: decoder tokens (default: --seq-len)."),
     damping: float = typer.Option(1e-2, "--damping", help="tune / reconstruct: ridge towards the unpruned solution "
-                                  "(relative)."),
+                                  "(relative); linear: ridge towards the mean stand-in (relative to the kept "
+                                  "features' mean variance)."),
     max_scale: float = typer.Option(10.0, "--max-scale", help="tune: scales outside [-max, max] are refused (unit "
                                     "scales kept)."),
     target: str = typer.Option(None, "--target", help="tune / reconstruct: what each site reproduces: residual (the "
