@@ -75,6 +75,12 @@ CONFIGURATIONS: dict[str, dict] = {
     "headprune-fluctuation+bias": {"units": "both", "price": "flops", "scores": "fluctuation", "compensate": "bias"},
     "headprune-fluctuation+bias+reconstruct": {"units": "both", "price": "flops", "scores": "fluctuation",
                                                "compensate": "bias+reconstruct"},
+    # removed units replaced by their least-squares affine prediction from the kept ones (headprune.core.standins);
+    # damping as chosen for SmolLM2 on its held-out calibration text (benchmarks/peers/headprune_rows.py)
+    "headprune-fisher+linear": {"units": "both", "price": "flops", "scores": "fisher", "compensate": "linear",
+                                "damping": 0.3},
+    "headprune-fluctuation+linear": {"units": "both", "price": "flops", "scores": "fluctuation",
+                                     "compensate": "linear", "damping": 0.3},
 }
 PEERS = {"kwon": {"peer": "kwon", "rearranged": True, "tuned": True},
          "kwon-no-tuning": {"peer": "kwon", "rearranged": True, "tuned": False}}

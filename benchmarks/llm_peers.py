@@ -237,6 +237,8 @@ def main(argv=None) -> dict | None:
             summarise(out)
             results_io.save(output, out)
             print("  " + report.row_line(row), flush=True)
+    summarise(out)
+    results_io.save(output, out)  # also when every row was already there: the command recorded is this one
     print(f"wrote {output}")
     return out
 

@@ -338,3 +338,21 @@ def test_docs_block_without_results_is_a_note(tmp_path):
     text = page.read_text()
     assert "No committed run yet" in text and "## The protocol" in text
     assert not (tmp_path / report.FIGURE).exists()
+
+
+def test_linear_damping_sweep_on_held_out_calibration_and_a_huge_damping_is_the_bias(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("linear_damping", ROOT / "benchmarks" / "linear_damping.py")
+    sweep = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sweep)
+    out = sweep.main(["--quick", "--threads", "1", "--dampings", "0.3,1e12", "--output", str(tmp_path / "d.json")])
+    assert json.loads((tmp_path / "d.json").read_text())["rows"] == json.loads(json.dumps(out["rows"]))
+    bias, linear, huge = out["rows"]
+    assert (bias["compensate"], linear["damping"], huge["damping"]) == ("bias", 0.3, 1e12)
+    assert all(math.isfinite(r["held_out_perplexity"]) for r in out["rows"])
+    # a ridge that large leaves the mean stand-in: the same model as FLAP's bias, so the same perplexity
+    assert huge["held_out_perplexity"] == pytest.approx(bias["held_out_perplexity"], rel=1e-5)
+    assert linear["held_out_perplexity"] != pytest.approx(bias["held_out_perplexity"], rel=1e-5)
+    assert out["best_damping"] in (0.3, 1e12)
+    assert not any(k.startswith("eval") for k in out["settings"])  # the comparison's evaluation text is not named

@@ -1,0 +1,85 @@
+"""How ``compensate="linear"``'s damping was chosen for the peer comparison: on held-out *calibration* text only.
+
+    python benchmarks/linear_damping.py                    # SmolLM2-135M, 20% of non-embedding params (~15 min)
+    python benchmarks/linear_damping.py --quick            # a tiny random GQA Llama (seconds)
+
+The same model, calibration batches (32 blocks of 256 tokens of the WMT21 de-en English references) and held-out
+blocks (the next 8, which no method sees) as ``benchmarks/llm_peers.py``; headprune's fluctuation scores with
+the mean stand-in (``compensate="bias"``, FLAP's) and with linear stand-ins at each ``--dampings`` value; per row
+the perplexity on the held-out blocks. The evaluation text of the peer comparison is not read. Writes
+``benchmarks/results/linear_damping.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import llm_peers  # noqa: E402
+from peers import protocol, results_io  # noqa: E402
+from peers.headprune_rows import CONFIGURATIONS, settings_for  # noqa: E402
+
+from headprune import compress  # noqa: E402
+from headprune.bench.machine import loadavg, machine_info  # noqa: E402
+from headprune.evaluation.lm import LanguageModelling  # noqa: E402
+from headprune.provenance import versions  # noqa: E402
+
+OUTPUT = Path(__file__).resolve().parent / "results" / "linear_damping.json"
+BASE = {"units": "both", "price": "params", "scores": "fluctuation"}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget", type=float, default=0.2, help="Share of non-embedding parameters removed.")
+    p.add_argument("--dampings", default="0.001,0.01,0.1,0.3,1,3")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--output", type=Path, default=None)
+    args = p.parse_args(argv)
+    try:
+        dampings = [float(v) for v in args.dampings.split(",") if v.strip()]
+    except ValueError:
+        dampings = []
+    if not dampings or any(d < 0 for d in dampings):
+        raise SystemExit(f"--dampings {args.dampings!r}; allowed: comma-separated numbers >= 0")
+    if not 0 < args.budget < 1:
+        raise SystemExit(f"--budget {args.budget}; allowed: a number in (0, 1)")
+    torch.set_num_threads(args.threads)
+    peers_args = llm_peers.parse(["--quick"] if args.quick else [])
+    model, tok, calib_text, _, described = llm_peers.load(peers_args)
+    block, n_calib, n_held = (64, 8, 8) if args.quick else (256, 32, 8)
+    calib = LanguageModelling(tok, [calib_text], block_size=block, max_blocks=n_calib + n_held, batch_size=4)
+    batches, held = list(calib.batches(limit=n_calib)), calib.blocks[n_calib:]
+    unpruned = protocol.perplexity(protocol.window_nll(model, held))
+    rows = []
+    for name, extra in [("bias", {"compensate": "bias"}),
+                        *((f"linear {d:g}", {"compensate": "linear", "damping": d}) for d in dampings)]:
+        CONFIGURATIONS["_sweep"] = BASE | extra
+        settings = settings_for("_sweep", model, args.budget)
+        start = time.perf_counter()
+        pruned = compress(model, batches, settings).model
+        seconds = time.perf_counter() - start
+        ppl = protocol.perplexity(protocol.window_nll(pruned, held))
+        rows.append({"compensate": extra["compensate"], "damping": extra.get("damping"), "held_out_perplexity": ppl,
+                     "ratio": ppl / unpruned, "prune_seconds": seconds})
+        print(f"{name}: held-out perplexity {ppl:.3f} (x{ppl / unpruned:.4f}), {seconds:.0f} s", flush=True)
+    best = min((r for r in rows if r["compensate"] == "linear"), key=lambda r: r["held_out_perplexity"])
+    out = {"name": "linear_damping", "command": shlex.join([sys.executable, "benchmarks/linear_damping.py",
+                                                           *(sys.argv[1:] if argv is None else argv)]),
+           "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions(),
+           "settings": {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget, "calib_block": block, "calib_blocks": n_calib,
+                        "held_out_blocks": n_held, "scores": "fluctuation", "quick": args.quick},
+           "unpruned_held_out_perplexity": unpruned, "rows": rows, "best_damping": best["damping"]}
+    results_io.save(args.output or (OUTPUT.with_name("linear_damping_quick.json") if args.quick else OUTPUT), out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
