@@ -250,10 +250,8 @@ def test_fluctuation_defaults_to_bias_and_bias_plus_reconstruct_refits_the_added
                                          for r in result.reconstruction)
 
 
-def test_cli_flags_map_to_the_settings_one_to_one(tmp_path):
-    from typer.testing import CliRunner
-
-    from headprune.cli import app
+def cli_fixture(tmp_path):
+    """A tiny BERT classifier saved with its tokenizer, dev / train TSVs, and the common compress arguments."""
     from tiny import word_tokenizer
 
     texts = ["a good film", "a bad film", "the plot was thin", "wonderful acting", "dull and long", "loved it"]
@@ -262,9 +260,17 @@ def test_cli_flags_map_to_the_settings_one_to_one(tmp_path):
     hp.save_pruned(model, tmp_path / "model", tokenizer=word_tokenizer(texts))
     for name, rows in (("dev.tsv", texts), ("train.tsv", texts[::-1] * 2)):
         (tmp_path / name).write_text("\n".join(["sentence\tlabel"] + [f"{t}\t{i % 2}" for i, t in enumerate(rows)]) + "\n")
-    base = ["compress", str(tmp_path / "model"), "--task", "classification", "--data", str(tmp_path / "dev.tsv"),
+    return ["compress", str(tmp_path / "model"), "--task", "classification", "--data", str(tmp_path / "dev.tsv"),
             "--calib-data", str(tmp_path / "train.tsv"), "--seq-len", "8", "--batch-size", "4", "--no-bench",
             "--units", "both", "--share", "0.6", "--price", "params", "--scores", "fluctuation"]
+
+
+def test_cli_flags_map_to_the_settings_one_to_one(tmp_path):
+    from typer.testing import CliRunner
+
+    from headprune.cli import app
+
+    base = cli_fixture(tmp_path)
     runner = CliRunner()
     result = runner.invoke(app, [*base, "--compensate", "bias", "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output

@@ -19,7 +19,7 @@ from headprune.core.biases import mean_shifts, shift_biases
 from headprune.core.standins import affine_standin, linear_standins
 from headprune.errors import ConfigError, PlanError
 from headprune.scoring.fluctuation import channel_stats
-from test_fluctuation import _batches, _real_inputs, _units, _weight
+from test_fluctuation import _batches, _real_inputs, _units, _weight, cli_fixture
 from tiny import SEQ2SEQ, build, inputs, labels
 
 
@@ -193,17 +193,7 @@ def test_the_cli_runs_linear_stand_ins_and_the_saved_model_loads_as_another_mode
     from typer.testing import CliRunner
 
     from headprune.cli import app
-    from tiny import word_tokenizer
-
-    texts = ["a good film", "a bad film", "the plot was thin", "wonderful acting", "dull and long", "loved it"]
-    model = build("bert")
-    model.config.id2label, model.config.label2id = {0: "0", 1: "1", 2: "2"}, {"0": 0, "1": 1, "2": 2}
-    hp.save_pruned(model, tmp_path / "model", tokenizer=word_tokenizer(texts))
-    for name, rows in (("dev.tsv", texts), ("train.tsv", texts[::-1] * 2)):
-        (tmp_path / name).write_text("\n".join(["sentence\tlabel"] + [f"{t}\t{i % 2}" for i, t in enumerate(rows)]) + "\n")
-    base = ["compress", str(tmp_path / "model"), "--task", "classification", "--data", str(tmp_path / "dev.tsv"),
-            "--calib-data", str(tmp_path / "train.tsv"), "--seq-len", "8", "--batch-size", "4", "--no-bench",
-            "--units", "both", "--share", "0.6", "--price", "params", "--scores", "fluctuation"]
+    base = cli_fixture(tmp_path)
     runner = CliRunner()
     runs = {}
     for compensate, damping in (("linear", "0.3"), ("bias", "0.3")):
