@@ -346,6 +346,7 @@ def summarise(out: dict) -> None:
             continue
         chosen = max(mine, key=lambda r: r["selection_accuracy"])  # ties: the first configuration run
         out["selected"][str(budget)] = chosen["method"]
+        tied = [r["method"] for r in mine if r is not chosen and r["selection_accuracy"] == chosen["selection_accuracy"]]
         if not peers:
             continue
         rival = max(peers, key=lambda r: r["accuracy"])
@@ -354,7 +355,8 @@ def summarise(out: dict) -> None:
             "headprune": chosen["method"], "accuracy": chosen["accuracy"], "best_peer": rival["method"],
             "best_peer_accuracy": rival["accuracy"], "difference": chosen["accuracy"] - rival["accuracy"],
             "ci95": [test.ci_low, test.ci_high], "p": test.p_value, "test": "McNemar mid-p, headprune vs the peer",
-            "higher_than_every_peer": all(chosen["accuracy"] > r["accuracy"] for r in peers)}
+            "higher_than_every_peer": all(chosen["accuracy"] > r["accuracy"] for r in peers),
+            "tied_on_selection": tied}
     if out["verdicts"]:  # one comparison per budget: Holm over the budgets
         from headprune.evaluation.multiplicity import holm
 

@@ -63,7 +63,9 @@ def docs_section(data: dict) -> str:
         lines.append(f"- {float(budget):.0%}: {v['headprune']} {v['accuracy']:.4f} vs {v['best_peer']} "
                      f"{v['best_peer_accuracy']:.4f}: {v['difference']:+.4f} [{lo:+.4f}, {hi:+.4f}], p = {v['p']:.3g}"
                      + (f" (Holm over the {len(data['verdicts'])} budgets: {v['p_holm']:.3g})" if "p_holm" in v else "")
-                     + ("" if v["higher_than_every_peer"] else " (**not** above every peer)") + ".")
+                     + ("" if v["higher_than_every_peer"] else " (**not** above every peer)")
+                     + (f"; on the selection examples it tied with {', '.join(v['tied_on_selection'])}, and the "
+                        "configuration run first wins a tie" if v.get("tied_on_selection") else "") + ".")
     lines += ["", MARK[1]]
     return "\n".join(lines)
 
