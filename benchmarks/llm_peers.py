@@ -244,7 +244,8 @@ def main(argv=None) -> dict | None:
 
 
 def run_row(method, model, batches, budget, evaluate, select, base, args) -> dict:
-    row = {"method": method, "tool": tool_of(method), "config": config_of(method), "budget": budget}
+    row = {"method": method, "tool": tool_of(method), "config": config_of(method), "budget": budget,
+           "loadavg_before": loadavg()}
     device = next(model.parameters()).device
     if method == "torch-pruning":
         example = batches[0]["input_ids"][:1, :8]
@@ -325,7 +326,7 @@ def summarise(out: dict) -> None:
                        "removed_share": r.get("removed_share"), "window": p, "perplexity": r["perplexity"][p],
                        "ratio": r["ratio"][p], "ratio_ci95": r["ratio_ci95"][p]}
                       for r in ok for p in r["perplexity"]]
-    out["selected"], out["verdicts"] = {}, {}
+    out["selected"], out["verdicts"], out["prune_time"] = {}, {}, {}
     for budget in sorted({r["budget"] for r in ok}):
         mine = [r for r in ok if r["budget"] == budget and r["method"] in CONFIGURATIONS and "selection_perplexity" in r]
         peers = [r for r in ok if r["budget"] == budget and r["method"] not in CONFIGURATIONS]
@@ -336,6 +337,12 @@ def summarise(out: dict) -> None:
         if not peers:
             continue
         out["verdicts"][str(budget)] = {}
+        flap = next((r for r in peers if r["method"] == "flap"), None)
+        if flap is not None:  # the pruning-time goal: at most 3x FLAP's (rows may come from different invocations)
+            out["prune_time"][str(budget)] = {
+                "headprune": best["method"], "headprune_seconds": best["prune_seconds"],
+                "flap_seconds": flap["prune_seconds"], "ratio_to_flap": best["prune_seconds"] / flap["prune_seconds"],
+                "loadavg_before": {"headprune": best.get("loadavg_before"), "flap": flap.get("loadavg_before")}}
         for p in best["perplexity"]:
             rival = min(peers, key=lambda r: r["perplexity"][p])
             out["verdicts"][str(budget)][p] = {

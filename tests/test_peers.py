@@ -296,6 +296,10 @@ def test_quick_run_rows_are_finite_consistent_and_resume(tmp_path):
         assert math.isclose(v["ratio_to_best_peer"], direct, rel_tol=1e-9)
         assert math.isclose(direct, chosen["perplexity"][window] / best_peer["perplexity"][window], rel_tol=1e-9)
         assert v["ratio_to_best_peer_ci95"][0] <= direct <= v["ratio_to_best_peer_ci95"][1]
+    flap_row = next(r for r in peers if r["method"] == "flap")
+    timed = data["prune_time"]["0.3"]
+    assert timed["headprune"] == chosen["method"]
+    assert math.isclose(timed["ratio_to_flap"], chosen["prune_seconds"] / flap_row["prune_seconds"], rel_tol=1e-12)
     again = bench.main(["--quick", "--budgets", "0.3", "--tp-timeout", "5", "--output", str(output)])
     assert again["rows"] == out["rows"]  # resumed: nothing recomputed
     # a changed configuration reruns its own rows only

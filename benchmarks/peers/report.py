@@ -59,6 +59,7 @@ def docs_section(data: dict, figure: str = FIGURE) -> str:
     lines += ["", "\"(selected)\": per budget, the headprune configuration with the lowest perplexity on the "
               f"{s.get('select_blocks', 0)} held-out calibration blocks; it is the one judged against the peers.", ""]
     lines += verdict_lines(data)
+    lines += prune_time_lines(data)
     lines += ["", f"![Perplexity ratio against the share of non-embedding parameters removed]({figure})", "", MARK[1]]
     return "\n".join(lines)
 
@@ -80,6 +81,21 @@ def verdict_lines(data: dict) -> list[str]:
             lines.append(f"- {float(budget):.0%}, {p}: {v['headprune']} x{v['ratio']:.3f} [{lo:.3f}, {hi:.3f}] "
                          f"vs the best peer {v['best_peer']} x{v['best_peer_ratio']:.3f}: perplexity {lower} "
                          f"({len(v['peers_compared'])} peers run); {ci} the best peer's point estimate.{direct}")
+    return lines
+
+
+def prune_time_lines(data: dict) -> list[str]:
+    """Per budget: the selected headprune configuration's pruning time against FLAP's (the goal: at most x3)."""
+    times = data.get("prune_time", {})
+    if not times:
+        return []
+    lines = ["", "Pruning time, the selected headprune configuration against FLAP (goal: at most x3; rows of "
+             "different invocations ran at different machine loads, given where recorded):", ""]
+    for budget, t in sorted(times.items(), key=lambda kv: float(kv[0])):
+        loads = {k: v[0] for k, v in (t.get("loadavg_before") or {}).items() if v}
+        load = f" (load {loads['headprune']:.1f} / {loads['flap']:.1f})" if len(loads) == 2 else ""
+        lines.append(f"- {float(budget):.0%}: {t['headprune']} {t['headprune_seconds']:.0f} s, FLAP "
+                     f"{t['flap_seconds']:.0f} s: x{t['ratio_to_flap']:.2f}{load}.")
     return lines
 
 
