@@ -356,6 +356,17 @@ def summarise(out: dict) -> None:
             r, lo, hi = protocol.ratio_interval({"nll_sum": rival["nll_sum"][p], "tokens": tokens},
                                                 {"nll_sum": best["nll_sum"][p], "tokens": tokens})
             out["verdicts"][str(budget)][p] |= {"ratio_to_best_peer": r, "ratio_to_best_peer_ci95": [lo, hi]}
+    # simultaneous intervals over every (budget, protocol) comparison: Bonferroni, 10,000 resamples each
+    family = [(b, p) for b, per in out["verdicts"].items() for p in per]
+    for b, p in family:
+        v = out["verdicts"][b][p]
+        rival = next(r for r in ok if r["budget"] == float(b) and r["method"] == v["best_peer"])
+        best = next(r for r in ok if r["budget"] == float(b) and r["method"] == v["headprune"])
+        tokens = out["unpruned"]["evaluation"][p]["tokens"]
+        _, lo, hi = protocol.ratio_interval({"nll_sum": rival["nll_sum"][p], "tokens": tokens},
+                                            {"nll_sum": best["nll_sum"][p], "tokens": tokens},
+                                            resamples=10_000, level=1 - 0.05 / len(family))
+        v |= {"ratio_to_best_peer_ci_simultaneous": [lo, hi], "simultaneous_over": len(family)}
 
 
 if __name__ == "__main__":

@@ -296,6 +296,15 @@ def test_quick_run_rows_are_finite_consistent_and_resume(tmp_path):
         assert math.isclose(v["ratio_to_best_peer"], direct, rel_tol=1e-9)
         assert math.isclose(direct, chosen["perplexity"][window] / best_peer["perplexity"][window], rel_tol=1e-9)
         assert v["ratio_to_best_peer_ci95"][0] <= direct <= v["ratio_to_best_peer_ci95"][1]
+        lo, hi = v["ratio_to_best_peer_ci_simultaneous"]
+        assert lo <= direct <= hi and v["simultaneous_over"] == len(data["verdicts"]["0.3"])
+        # the Bonferroni level (1 - 0.05 / 3 here) lies between the same bootstrap's 99.9% and 50% intervals
+        tokens = base["evaluation"][window]["tokens"]
+        pair = ({"nll_sum": best_peer["nll_sum"][window], "tokens": tokens},
+                {"nll_sum": chosen["nll_sum"][window], "tokens": tokens})
+        wide = bench.protocol.ratio_interval(*pair, resamples=10_000, level=0.999)
+        narrow = bench.protocol.ratio_interval(*pair, resamples=10_000, level=0.5)
+        assert wide[1] <= lo <= narrow[1] <= narrow[2] <= hi <= wide[2]  # same draws: the levels nest
     flap_row = next(r for r in peers if r["method"] == "flap")
     timed = data["prune_time"]["0.3"]
     assert timed["headprune"] == chosen["method"]

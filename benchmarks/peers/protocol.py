@@ -52,9 +52,10 @@ def perplexity(result: dict) -> float:
     return math.exp(sum(result["nll_sum"]) / sum(result["tokens"]))
 
 
-def ratio_interval(base: dict, pruned: dict, *, resamples: int = 1000, seed: int = 0) -> tuple[float, float, float]:
-    """Perplexity ratio pruned / unpruned over the same windows, and its 95% paired percentile bootstrap
-    interval (windows resampled with replacement, the same windows for both models)."""
+def ratio_interval(base: dict, pruned: dict, *, resamples: int = 1000, seed: int = 0,
+                   level: float = 0.95) -> tuple[float, float, float]:
+    """Perplexity ratio pruned / unpruned over the same windows, and its paired percentile bootstrap interval at
+    ``level`` (windows resampled with replacement, the same windows for both models)."""
     b, p = np.asarray(base["nll_sum"]), np.asarray(pruned["nll_sum"])
     t = np.asarray(base["tokens"])
     if not np.array_equal(t, np.asarray(pruned["tokens"])):
@@ -66,7 +67,8 @@ def ratio_interval(base: dict, pruned: dict, *, resamples: int = 1000, seed: int
     rng = np.random.default_rng(seed)
     k = len(b)
     boots = [ratio(rng.integers(0, k, k)) for _ in range(resamples)]
-    return ratio(np.arange(k)), float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))
+    tail = 50 * (1 - level)
+    return ratio(np.arange(k)), float(np.percentile(boots, tail)), float(np.percentile(boots, 100 - tail))
 
 
 def sizes(model: nn.Module, seq_len: int = 128) -> dict:

@@ -77,7 +77,13 @@ def verdict_lines(data: dict) -> list[str]:
             if "ratio_to_best_peer" in v:
                 a, b = v["ratio_to_best_peer_ci95"]
                 direct = (f" Paired, headprune / {v['best_peer']}: x{v['ratio_to_best_peer']:.3f} [{a:.3f}, {b:.3f}]"
-                          + (" (below 1)." if b < 1 else " (includes 1)." if a <= 1 else " (above 1)."))
+                          + (" (below 1)" if b < 1 else " (includes 1)" if a <= 1 else " (above 1)"))
+                if "ratio_to_best_peer_ci_simultaneous" in v:
+                    a, b = v["ratio_to_best_peer_ci_simultaneous"]
+                    direct += (f"; simultaneous over the {v['simultaneous_over']} comparisons (Bonferroni): "
+                               f"[{a:.3f}, {b:.3f}]" + (", below 1" if b < 1 else ", includes 1" if a <= 1 else
+                                                        ", above 1"))
+                direct += "."
             lines.append(f"- {float(budget):.0%}, {p}: {v['headprune']} x{v['ratio']:.3f} [{lo:.3f}, {hi:.3f}] "
                          f"vs the best peer {v['best_peer']} x{v['best_peer_ratio']:.3f}: perplexity {lower} "
                          f"({len(v['peers_compared'])} peers run); {ci} the best peer's point estimate.{direct}")
