@@ -35,7 +35,7 @@ CONFIGURATIONS: dict[str, dict] = {
                                                "compensate": "bias+reconstruct"},
     # FLAP's metric, each removed feature replaced by its least-squares affine prediction from the kept ones
     # (headprune.core.standins), in the statistics' one pass; damping 0.3 chosen on the held-out calibration blocks
-    # at 20% (held-out perplexity 61.9 / 61.4 / 60.1 / 59.6 / 60.0 at 0.001 / 0.01 / 0.1 / 0.3 / 1; bias: 65.8)
+    # at 20% (benchmarks/linear_damping.py -> benchmarks/results/linear_damping.json; no evaluation text read)
     "headprune-fluctuation+linear": {"units": "both", "price": "params", "scores": "fluctuation",
                                      "compensate": "linear", "damping": 0.3},
     # the same metric unstandardised: each unit's expected squared output change, traded by its price
