@@ -58,6 +58,14 @@ SHARED = Path(os.environ.get("HEADPRUNE_SHARED_DATA", "/work/shared/data"))
 PLANS = {"flap": flap_plan, "wanda-sp": wanda_sp_plan, "llm-pruner": llm_pruner_plan}
 METHODS = (*PLANS, "torch-pruning", *CONFIGURATIONS)
 BUDGETS = (0.1, 0.2, 0.3, 0.5)
+# What was added or changed after evaluation results were seen (recorded in the JSON; docs/peers.md says it too)
+CHANGED_AFTER_RESULTS = [
+    "headprune-fluctuation+linear was added after the 20% rows without it were known (FLAP and LLM-Pruner then "
+    "inside the interval of headprune-fluctuation+bias); its damping (0.3) was chosen on the held-out calibration "
+    "blocks at 20% (benchmarks/linear_damping.py), not on the evaluation text.",
+    "Steps under grouped-query attention are priced as surgery removes them (a key/value head paid by the step that "
+    "empties its group); the 20% headprune-fluctuation+bias row was rerun after this fix.",
+]
 OUTPUT = ROOT / "benchmarks" / "results" / "llm_peers.json"
 
 
@@ -203,7 +211,7 @@ def main(argv=None) -> dict | None:
     out.update({"name": "llm_peers", "command": shlex.join([sys.executable, "benchmarks/llm_peers.py", *given]),
                 "machine": machine_info() | {"loadavg_at_start": loadavg()},
                 "versions": versions() | {"python": platform.python_version(), "torch_pruning": installed_version()},
-                "settings": settings,
+                "settings": settings, "changed_after_results": CHANGED_AFTER_RESULTS,
                 "methods_run": sorted(set(out.get("methods_run", [])) | set(methods))})
 
     def evaluate(m):
