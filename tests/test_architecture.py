@@ -263,7 +263,7 @@ CORE_LAYERS = (
     ("records", {"records", "devices", "calls", "inputs", "gguf", "quiet"}),
     ("model", {"runtime", "layouts", "sites", "ffn", "kept", "cost", "unit_cost", "kvcache"}),
     ("masks", {"masking", "folding"}),
-    ("surgery", {"snapshot", "surgery", "neurons", "biases"}),
+    ("surgery", {"snapshot", "surgery", "neurons", "biases", "standins"}),
     ("io", {"checkpoint", "stock", "saving"}),
     ("verify", {"trial", "verify"}),
     ("public", {"prune", "io"}),
