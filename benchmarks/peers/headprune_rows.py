@@ -38,6 +38,9 @@ CONFIGURATIONS: dict[str, dict] = {
     # at 20% (benchmarks/linear_damping.py -> benchmarks/results/linear_damping.json; no evaluation text read)
     "headprune-fluctuation+linear": {"units": "both", "price": "params", "scores": "fluctuation",
                                      "compensate": "linear", "damping": 0.3},
+    # the Fisher's (loss-based) scores with the same stand-ins and damping
+    "headprune-fisher+linear": {"units": "both", "price": "params", "scores": "fisher", "compensate": "linear",
+                                "damping": 0.3},
     # the same metric unstandardised: each unit's expected squared output change, traded by its price
     "headprune-fluctuation-raw+bias": {"units": "both", "price": "params", "scores": "fluctuation-raw",
                                        "compensate": "bias"},

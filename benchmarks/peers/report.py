@@ -34,7 +34,9 @@ def docs_section(data: dict, figure: str = FIGURE) -> str:
              "by `python benchmarks/llm_peers.py --write-docs docs/peers.md`; nothing is typed by hand.", "",
              f"Model: {s['model']}. Calibration: {s['calib_blocks']} blocks of {s['calib_block']} tokens of "
              f"`{s['calib']}`. Evaluation: `{s['eval']}`. Machine: {_machine(data)}. "
-             f"Command: `{data['command']}`.", "",
+             f"Last invocation: `{data['command']}` (rows resume across invocations with the same settings and "
+             "each method's configuration unchanged; every row's method and budget can be run by `--methods` and "
+             "`--budgets`).", "",
              "Unpruned perplexity: " + ", ".join(f"{k} {v:.2f}" for k, v in base["perplexity"].items())
              + f"; {base['sizes']['nonembedding_params']:,} non-embedding parameters, "
              f"{base['sizes']['kv_cache_bytes_per_token']:,} KV-cache bytes per token.", "",
