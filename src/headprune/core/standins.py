@@ -55,7 +55,11 @@ def affine_standin(weight: torch.Tensor, mean: torch.Tensor, second: torch.Tenso
     power = float(c_kk.diagonal().clamp_min(0).mean())
     lam = damping * power if power > 0 else damping
     eye = torch.eye(kept.numel(), dtype=torch.float64)
-    a_t = torch.linalg.solve(c_kk + lam * eye if lam > 0 else c_kk, c_kr)  # [k, r] = A^T
+    try:
+        a_t = torch.linalg.solve(c_kk + lam * eye if lam > 0 else c_kk, c_kr)  # [k, r] = A^T
+    except torch.linalg.LinAlgError:  # kept features that are linearly dependent, with no ridge to separate them
+        raise PlanError(f"damping={damping}: the kept features' covariance is singular; allowed: a damping > 0 "
+                        "(e.g. the default 0.01)") from None
     delta = w_r @ a_t.T  # [d_out, k]
     return kept, delta, shift - delta @ mean[kept]
 
