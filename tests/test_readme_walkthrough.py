@@ -76,6 +76,10 @@ def test_readme_shell_blocks_run_as_written(readme_run):
     assert re.search(r"^demo:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
     ci = [line.split("#")[0].strip() for line in (ROOT / ".ci" / "run").read_text().splitlines()]
     assert "make test" in ci  # CI runs the README's command (then the oldest transformers: make test-oldest)
+    # ... and the README's first command's path on the real model: `make demo-check` shares `make demo`'s install
+    # and runs every step (issue 38: the demo broke while the tests stayed green)
+    assert "make demo-check" in ci and re.search(r"^demo-check: install-demo$", makefile, re.M)
+    assert re.search(r"^demo: install-demo$", makefile, re.M)
     commands = readme_run["commands"]
     assert list(commands) == ["sites", "demo", "importance", "prune", "compress"]
     for name, result in commands.items():

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from ..deprecation import deprecation_line
-from ..errors import HeadpruneError
+from ..errors import ConfigError, HeadpruneError
 from .app import app, echo_headline, friendly, json_arg, no_repeated_heads
 from .dataflags import argument_as_flag
 from .options import DEVICE, DTYPE, device_dtype
@@ -124,11 +124,16 @@ DEMO_HELP = (
 def demo(
     output: Path = typer.Option(Path("runs/demo"), "-o", "--output", help="Run directory."),
     quick: bool = typer.Option(False, "--quick", help="A tiny random model instead of the real one (seconds)."),
+    check: bool = typer.Option(False, "--check", help="The real model and every step on less text (a few "
+                               "minutes; CI runs it): a check that the pipeline works, not the demo's numbers."),
     fresh: bool = typer.Option(False, "--fresh", help="Start over in a run directory that holds a different run "
                                "(e.g. --quick after the real demo)."),
 ):
     """The built-in default (see DEMO_HELP)."""
     from ..experiments.demo import run_demo
 
-    path = run_demo(output, quick=quick, fresh=fresh)
+    if quick and check:
+        raise ConfigError("--quick and --check: choose one (--quick: a tiny random model; --check: the real one "
+                          "on less text)")
+    path = run_demo(output, mode="quick" if quick else "check" if check else "full", fresh=fresh)
     echo_headline(output, path)  # perplexities, parameters, speed-up: what the run found, then the report

@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import torch
 
 from ..errors import ConfigError
+
+
+class Batches(Iterator[Mapping[str, torch.Tensor]]):
+    """An iterator of batches that knows how many it yields in all (``len``), so every pass over it
+    (importance, Fisher, fluctuation, evaluation) shows its progress with a total."""
+
+    def __init__(self, batches: Iterator[Mapping[str, torch.Tensor]], count: int):
+        self._batches, self._count = batches, count
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> Mapping[str, torch.Tensor]:
+        return next(self._batches)
+
+    def __len__(self) -> int:
+        return self._count
 
 
 def length_buckets(lengths: Sequence[int], *, batch_size: int | None = None, max_tokens: int | None = None,

