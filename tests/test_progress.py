@@ -69,3 +69,18 @@ def test_the_gguf_conversion_bar_is_off_inside_headprune(tmp_path, capsys):
     from tqdm.auto import tqdm
 
     assert gguf_utils.tqdm is tqdm  # transformers' own module is as it was
+
+
+def test_task_batches_know_their_count_so_every_pass_shows_a_total(capsys):
+    """Issue 38: `importance: 0batch [00:15, ?batch/s]` in the demo -- a task's batches were a bare generator.
+    Their len is now what they yield (counted here by iterating), and the importance bar prints n/total."""
+    from headprune.evaluation.lm import LanguageModelling
+    from tiny import word_tokenizer
+
+    texts = ["the cat sat on the mat and then the dog came by " * 6] * 4
+    task = LanguageModelling(word_tokenizer(texts), texts, block_size=8, batch_size=3)
+    for limit in (None, 5):
+        assert len(task.batches(limit=limit)) == sum(1 for _ in task.batches(limit=limit))
+    model = build("llama").eval()
+    hp.head_importance(model, task.batches(limit=7), progress=True)
+    assert re.search(r"\b3/3 \[", capsys.readouterr().err)  # 7 blocks in batches of 3
