@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 import headprune as hp
 from headprune.cli import app
-from headprune.compression import CompressSettings, compress, plan_heads
+from headprune.compression import PruneSettings, compress, plan_heads
 from headprune.compression.tuning import residual_norms, scale_mask, tune_scales
 from headprune.core.cost import flop_breakdown, head_costs
 from headprune.core.folding import fold_scales
@@ -133,10 +133,10 @@ def test_selection_honours_head_and_flop_budgets_exactly():
         select_heads(scores, keep=0.5, flops=0.5, costs=costs)
     with pytest.raises(ConfigError, match="flops= needs costs"):
         select_heads(scores, flops=0.5)
-    with pytest.raises(ConfigError, match=r"keep=1.5; allowed"):
-        CompressSettings(keep=1.5)
-    with pytest.raises(ConfigError, match="method='magic'; allowed"):
-        CompressSettings(keep=0.5, method="magic")
+    with pytest.raises(ConfigError, match=r"share=1.5; allowed"):
+        PruneSettings(share=1.5)
+    with pytest.raises(ConfigError, match="scores='magic'; allowed"):
+        PruneSettings(share=0.5, scores="magic")
 
 
 # ---------------------------------------------------------------- rearrangement
@@ -247,7 +247,7 @@ def test_guard_turns_down_a_stage_that_raises_the_calibration_loss(monkeypatch):
     compress_module = sys.modules["headprune.compression.plan"]  # where plan_heads looks tune_scales up
     model = build("bert")
     calib = _batches("bert", seeds=(1, 2, 3))
-    settings = CompressSettings(keep=0.5, method="fisher+tune", seq_len=8)
+    settings = PruneSettings(share=0.5, price="count", compensate="tune", seq_len=8)
     plan = plan_heads(model, calib, settings)
     assert list(plan.calib_loss)[0] == "selected"
     kept_stages = [k for k in plan.calib_loss if k not in plan.rejected]
@@ -261,7 +261,8 @@ def test_guard_turns_down_a_stage_that_raises_the_calibration_loss(monkeypatch):
     bad = plan_heads(model, calib, settings)
     assert "tuned" in bad.rejected and bad.scales is None
     assert bad.calib_loss["tuned"] > min(v for k, v in bad.calib_loss.items() if k != "tuned")
-    unguarded = plan_heads(model, calib, CompressSettings(keep=0.5, method="fisher+tune", seq_len=8, guard=False))
+    unguarded = plan_heads(model, calib, PruneSettings(share=0.5, price="count", compensate="tune", seq_len=8,
+                                                       guard=False))
     assert unguarded.scales is not None and not unguarded.rejected and not unguarded.calib_loss
 
 
@@ -292,11 +293,11 @@ def test_folding_equals_the_scales_as_a_mask(family):
 def test_compressed_model_saves_and_reloads_with_the_same_logits(family, tmp_path):
     model = build(family)
     calib = _batches(family, seeds=(1, 2, 3))
-    result = compress(model, calib, keep=0.5, method="fisher+tune", seq_len=8, tgt_len=5)
+    result = compress(model, calib, PruneSettings(share=0.5, price="count", compensate="tune", seq_len=8, tgt_len=5))
     assert result.sizes["after"]["heads"] == result.sizes["before"]["heads"] // 2
     assert result.sizes["after"]["flops"] < result.sizes["before"]["flops"]
     assert sum(s.num_heads for s in hp.find_sites(model)) == result.sizes["before"]["heads"]  # a copy was pruned
-    plan = plan_heads(model, calib, CompressSettings(keep=0.5, method="fisher+tune", seq_len=8, tgt_len=5))
+    plan = plan_heads(model, calib, PruneSettings(share=0.5, price="count", compensate="tune", seq_len=8, tgt_len=5))
     x = inputs(family, seed=7)
     with torch.no_grad(), hp.masked(model, plan.mask(model)):
         want = model(**x).logits
@@ -315,7 +316,8 @@ def test_flop_budget_is_met_exactly_under_gqa_after_rearrangement(share):
     model = build("llama")
     costs = head_costs(model, 8)
     with pytest.warns(KVCacheWarning) if share == 0.7 else contextlib.nullcontext():  # the free knapsack, uneven
-        result = compress(model, _batches("llama"), flops=share, method="fisher+rearrange", seq_len=8, gqa="free")
+        result = compress(model, _batches("llama"), PruneSettings(share=share, price="flops", compensate="rearrange",
+                                                                  seq_len=8, gqa="free"))
     before, after = result.sizes["before"]["attention_flops"], result.sizes["after"]["attention_flops"]
     assert 0 < after <= share * before
     dropped = result.dropped
@@ -351,11 +353,11 @@ def _cli(saved, out, *extra):
 
 def test_cli_compress_end_to_end(saved, tmp_path):
     out = tmp_path / "out"
-    result = _cli(saved, out, "--calib-data", str(saved / "train.tsv"), "--keep", "0.5", "--method", "fisher+tune",
-                  "--seq-len", "8", "--bench-batch", "2", "--bench-repeats", "1", "--batch-size", "4")
+    result = _cli(saved, out, "--calib-data", str(saved / "train.tsv"), "--share", "0.5", "--price", "count",
+                  "--compensate", "tune", "--seq-len", "8", "--bench-batch", "2", "--bench-repeats", "1", "--batch-size", "4")
     assert result.exit_code == 0, result.output
     record = json.loads((out / "compress.json").read_text())
-    assert record["sizes"]["after"]["heads"] == 4 and record["settings"]["method"] == "fisher+tune"
+    assert record["sizes"]["after"]["heads"] == 4 and record["settings"]["compensate"] == "tune"
     assert set(record["signature"]) >= {"model", "data", "split", "n", "method", "seed", "versions", "calib_data"}
     assert record["speed"]["speedups"][0]["batch"] == 2
     assert record["settings"]["target"] == "residual" and record["settings"]["guard"] is True
@@ -370,13 +372,13 @@ def test_cli_compress_end_to_end(saved, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--keep", "0.5", "--flops", "0.5"], "exactly one budget"),
-    (["--keep", "1.5"], "--keep 1.5; allowed"),
-    (["--keep", "0.5", "--method", "magic"], "--method 'magic'; allowed"),
-    (["--keep", "0.5", "--tune-target", "logits"], "--tune-target 'logits'; allowed: residual, output"),
-    (["--keep", "0.5", "--calib-data", "DEV"], "is the evaluation data"),
-    (["--keep", "0.5"], "is the evaluation data"),
-    (["--keep", "0.5", "--calib-data", "missing.tsv"], "does not exist"),
+    (["--share", "0.5", "--n-keep", "3"], "exactly one budget"),
+    (["--share", "1.5"], "--share 1.5; allowed"),
+    (["--share", "0.5", "--scores", "magic"], "--scores 'magic'; allowed"),
+    (["--share", "0.5", "--target", "logits"], "--target 'logits'; allowed: residual, output"),
+    (["--share", "0.5", "--calib-data", "DEV"], "is the evaluation data"),
+    (["--share", "0.5"], "is the evaluation data"),
+    (["--share", "0.5", "--calib-data", "missing.tsv"], "does not exist"),
 ])
 def test_cli_bad_input_exits_2_one_line_nothing_written(saved, tmp_path, args, message):
     args = [str(saved / "dev.tsv") if a == "DEV" else str(tmp_path / a) if a.endswith(".tsv") else a for a in args]

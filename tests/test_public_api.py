@@ -27,7 +27,7 @@ PUBLIC = [
     "compress", "PruneSettings", "CompressResult", "UnitResult", "score_heads", "Scores", "plan_heads", "CompressPlan",
     "text_batches",
 ]
-DEPRECATED = ["keep_heads", "compress_units", "CompressSettings", "UnitSettings"]  # importable, not listed
+DEPRECATED = ["keep_heads"]  # importable, not listed
 
 TASK = ["--task", "--data", "--data2", "--split", "--text-column", "--text-pair-column", "--label-column",
         "--source-column", "--target-column", "--label-map", "--limit", "--batch-size", "--metric", "--beams",
@@ -46,9 +46,7 @@ COMMANDS = {
                  "--min-per-site", "--seq-len", "--tgt-len", "--damping", "--max-scale", "--target", "--no-guard",
                  "--val-share", "--bench-batch", "--bench-repeats", "--no-bench", "--seed", "--val-data", "--val-data2",
                  "--val-split", "--val-limit", "--fit-limit", "--distill-epochs", "--distill-lr", "--output", "--quiet",
-                 "--progress", "--no-verify",
-                 # former flags (hidden, deprecated for one release)
-                 "--keep", "--keep-heads", "--flops", "--kv", "--method", "--tune-target", "--trust-unverified"],
+                 "--progress", "--no-verify"],
     "cross-domain": [*TASK, *SWEEP, "--data-b", "--data2-b", "--split-b", "--names", "--output", "--fresh", "--quiet",
                      "--progress"],
     "curve": [*TASK, "--calib-data", "--calib-data2", "--calib-split", "--calib-limit", "--gqa", "--kind",

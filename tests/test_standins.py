@@ -156,7 +156,7 @@ def test_compress_with_linear_stand_ins_meets_the_budget_in_one_statistics_pass(
         passes.append(kwargs.get("gram", False))
         return real(*args, **kwargs)
     monkeypatch.setattr(fl, "channel_stats", counted)
-    import headprune.compression.units as cu
+    import headprune.compression.pool as cu
     monkeypatch.setattr(cu, "channel_stats", counted)
     settings = PruneSettings(units="both", share=0.6, price="params", scores=scores, compensate="linear")
     result = compress(model, batches, settings)
@@ -177,8 +177,7 @@ def test_compress_with_linear_stand_ins_meets_the_budget_in_one_statistics_pass(
 
 
 def test_linear_settings_are_checked():
-    assert PruneSettings(units="both", share=0.5, price="params", compensate="linear").unit_settings().compensate \
-        == "linear"
+    assert PruneSettings(units="both", share=0.5, price="params", compensate="linear").compensate == "linear"
     assert not PruneSettings(units="heads", share=0.5, price="flops", compensate="linear+reconstruct").head_plan
     with pytest.raises(ConfigError, match="compensate"):
         PruneSettings(units="both", share=0.5, price="params", compensate="affine")

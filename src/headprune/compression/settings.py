@@ -26,15 +26,13 @@ what its pipeline can do, so nothing given is ignored.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from ..checks import check_choice, check_int, check_number, check_share
 from ..errors import ConfigError
 from ..selection.gqa import GQA_MODES
 from ..selection.units import UNITS
-from .plan import CompressSettings
 from .tuning import TARGETS
-from .units import UnitSettings
 
 PRICES = ("count", "flops", "params", "kv", "latency")
 SCORES = ("ih", "fisher", "random", "fluctuation", "fluctuation-raw")
@@ -144,18 +142,24 @@ class PruneSettings:
                 return reason
         return ""
 
-    def heads_settings(self) -> CompressSettings:
-        """The head plan's settings (``head_plan`` must hold): same-named fields copied, the budget and
-        ``scores`` + ``compensate`` in the plan's words (``keep`` / ``n_keep`` / ``flops`` / ``kv``, ``method``)."""
-        budget = {"n_keep": self.n_keep} if self.n_keep is not None else \
-            {{"count": "keep", "flops": "flops", "kv": "kv"}[self.price]: self.share}
-        method = self.scores if self.compensate == "none" else f"fisher+{self.compensate}"
-        return CompressSettings(**self._shared(CompressSettings, budget), **budget, method=method)
+    @property
+    def rearranges(self) -> bool:
+        """The head plan: Fisher swaps within sites after selection (rearrange, and tune, which implies it)."""
+        return self.compensate in ("rearrange", "tune")
 
-    def unit_settings(self) -> UnitSettings:
-        """The settings of the budget over heads and neurons (``head_plan`` must not hold): same-named fields."""
-        return UnitSettings(**self._shared(UnitSettings, {}))
+    @property
+    def tunes(self) -> bool:
+        """The head plan: per-site head scales fitted by least squares and folded into the weights."""
+        return self.compensate == "tune"
 
-    def _shared(self, cls, taken: dict) -> dict:
-        own = {f.name for f in fields(self)}
-        return {f.name: getattr(self, f.name) for f in fields(cls) if f.name in own and f.name not in taken}
+    @property
+    def method(self) -> str:
+        """Scores and compensation in one word for titles and records (``fisher+tune``, ``ih``, ``fisher+bias``)."""
+        return self.scores if self.compensate == "none" else f"{self.scores}+{self.compensate}"
+
+    def head_budget(self) -> dict:
+        """The head plan's budget as :func:`headprune.selection.gqa.select_gqa` keywords (``n_keep`` / ``keep``
+        / ``flops`` / ``kv``)."""
+        if self.n_keep is not None:
+            return {"n_keep": self.n_keep}
+        return {{"count": "keep", "flops": "flops", "kv": "kv"}[self.price]: self.share}

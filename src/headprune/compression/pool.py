@@ -1,4 +1,5 @@
-"""``compress_pool()``: heads and FFN neurons under one budget, then compensation judged on held-out data.
+"""``compress_pool()``: the pipeline of :func:`headprune.compression.compress` when
+:attr:`~.settings.PruneSettings.head_plan` does not hold -- heads and FFN neurons under one budget, then compensation judged on held-out data.
 
 Stages (each recorded; the summary says which were kept):
 
@@ -39,71 +40,26 @@ from dataclasses import asdict, dataclass, field, fields
 import torch
 from torch import nn
 
-from ..checks import check_choice, check_int, check_number, check_share
 from ..core.biases import mean_shifts, shift_biases
 from ..core.cost import flop_breakdown
 from ..core.ffn import find_ffns
 from ..core.kept import kept_neurons
+from ..core.kvcache import kv_cache_bytes
 from ..core.prune import prune_heads, prune_neurons
 from ..core.sites import find_sites
 from ..core.standins import linear_standins
 from ..core.surgery import kept_heads
-from ..core.unit_cost import PRICES, UnitCosts, unit_costs
+from ..core.unit_cost import UnitCosts, unit_costs
 from ..core.verify import verify_surgery
-from ..deprecation import deprecated
 from ..errors import ConfigError
 from ..scoring.fluctuation import channel_stats, fluctuation_scores, knapsack_scores
 from ..scoring.gradients import LossFn, mean_loss
 from ..scoring.units import unit_fisher
-from ..selection.gqa import GQA_MODES, kv_groups
-from ..selection.units import UNITS, select_units
+from ..selection.gqa import kv_groups
+from ..selection.units import select_units
 from .distill import distill
 from .reconstruct import reconstruct
-from .tuning import TARGETS
-
-COMPENSATIONS = ("none", "reconstruct", "bias", "bias+reconstruct", "linear", "linear+reconstruct")
-SCORES = ("fisher", "fluctuation", "fluctuation-raw")
-
-
-@dataclass
-class UnitSettings:
-    """One budget over heads and/or neurons and how to compensate (validated on creation)."""
-
-    share: float = 0.5  # share of the pool's price kept, 0..1
-    units: str = "both"  # heads | neurons | both
-    price: str = "flops"  # flops (at seq_len / tgt_len) | params | latency (needs prices=)
-    seq_len: int = 128
-    tgt_len: int | None = None
-    compensate: str = "reconstruct"  # none | reconstruct | bias (removed units held at their mean) | linear (their
-    # best affine prediction from the kept units, core.standins) | bias+reconstruct | linear+reconstruct
-    scores: str = "fisher"  # fisher (mask gradients, labelled) | fluctuation (FLAP: one forward, no labels) |
-    # fluctuation-raw (the same, not standardised per kind)
-    damping: float = 1e-2  # ridge of the refit towards the pruned weights, relative to the mean input power
-    target: str = "residual"  # what each layer reproduces: the residual stream after it, or its output
-    val_share: float = 0.25  # without val_batches: share of the calibration batches held out (spread) for the guard
-    guard: bool = True  # keep the reconstruction only where it lowers the validation loss
-    gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (see headprune.selection.gqa)
-    min_per_site: int = 0  # every site keeps at least this many heads (paid from the budget first)
-    distill_epochs: int = 0  # passes of distillation over the fit batches after the refit (0: none)
-    distill_lr: float = 2e-5  # its peak learning rate (AdamW, linear decay to 0; benchmarks/distill_selection.py)
-    seed: int = 0  # order of the distillation batches
-
-    def __post_init__(self):
-        check_share("share", self.share)
-        check_choice("units", self.units, UNITS)
-        check_choice("price", self.price, (*PRICES, "latency"))
-        check_int("seq_len", self.seq_len, 1)
-        check_int("tgt_len", self.tgt_len, 1, optional=True)
-        check_choice("compensate", self.compensate, COMPENSATIONS)
-        check_choice("scores", self.scores, SCORES)
-        check_number("damping", self.damping, low=0)
-        check_choice("target", self.target, TARGETS)
-        check_share("val_share", self.val_share, one=False)
-        check_int("min_per_site", self.min_per_site, 0)
-        check_choice("gqa", self.gqa, GQA_MODES)
-        check_int("distill_epochs", self.distill_epochs, 0)
-        check_number("distill_lr", self.distill_lr, low=0, strict=True)
-        check_int("seed", self.seed, 0)
+from .settings import PruneSettings
 
 
 @dataclass
@@ -138,24 +94,10 @@ class UnitResult:
                 f"stages: {stages}")
 
 
-def compress_units(model: nn.Module, calib_batches: Iterable[Mapping[str, torch.Tensor]],
-                   settings: UnitSettings | None = None, *, val_batches=None, fit_batches=None,
-                   prices: UnitCosts | None = None, loss_fn: LossFn | None = None, verify: bool = True,
-                   progress: bool = False, **overrides) -> UnitResult:
-    """Deprecated: :func:`headprune.compression.compress` with :class:`~.settings.PruneSettings` (``units``,
-    ``share``, ``price``, ``compensate``: the same names). Keyword ``overrides`` build the settings."""
-    deprecated("compress_units(model, batches, UnitSettings(...))",
-               "compress(model, batches, PruneSettings(units=..., share=..., price=..., compensate=...))")
-    if settings is not None and (overrides or not isinstance(settings, UnitSettings)):
-        raise ConfigError(f"settings: give a UnitSettings or keyword settings ({', '.join(overrides)}), not both")
-    return compress_pool(model, calib_batches, settings or UnitSettings(**overrides), val_batches=val_batches,
-                         fit_batches=fit_batches, prices=prices, loss_fn=loss_fn, verify=verify, progress=progress)
-
-
 def compress_pool(
     model: nn.Module,
     calib_batches: Iterable[Mapping[str, torch.Tensor]],
-    settings: UnitSettings,
+    settings: PruneSettings,
     *,
     val_batches: Iterable[Mapping[str, torch.Tensor]] | None = None,
     fit_batches: Iterable[Mapping[str, torch.Tensor]] | None = None,
@@ -174,8 +116,9 @@ def compress_pool(
     ``prices``: per-unit prices (e.g. measured seconds, :func:`headprune.bench.unit_latency.latency_prices`);
     required for ``price="latency"``.
     """
-    if not isinstance(settings, UnitSettings):
-        raise ConfigError(f"settings: {type(settings).__name__}; allowed: UnitSettings")
+    if not isinstance(settings, PruneSettings) or settings.head_plan:
+        raise ConfigError(f"settings={settings!r}; allowed: PruneSettings whose head_plan does not hold (neurons, "
+                          "a params / latency price, fluctuation scores, reconstruct / bias / linear, distillation)")
     if settings.price == "latency" and prices is None:
         raise ConfigError("price='latency' needs prices= (a latency table measured on the target machine)")
     batches = list(calib_batches)
@@ -272,7 +215,7 @@ def compress_pool(
                              "fit_batches": len(fit), "fit_examples": _examples(fit)})
 
 
-def _scores(model: nn.Module, calib: list, settings: UnitSettings, costs: UnitCosts, loss_fn, progress: bool):
+def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitCosts, loss_fn, progress: bool):
     """(head scores, neuron scores, channel statistics or None) for the one-budget search: Fisher diagonals,
     FLAP's standardised fluctuation made knapsack values (:func:`~headprune.scoring.fluctuation.knapsack_scores`),
     or the raw fluctuation (an additive score, like the Fisher's)."""
@@ -289,7 +232,7 @@ def _scores(model: nn.Module, calib: list, settings: UnitSettings, costs: UnitCo
             found.stats)
 
 
-def _split(batches: list, val_batches, settings: UnitSettings) -> tuple[list, list]:
+def _split(batches: list, val_batches, settings: PruneSettings) -> tuple[list, list]:
     """(calibration, validation) batches: ``val_batches`` as given, else the last share held out."""
     if val_batches is not None:
         val = list(val_batches)
@@ -307,7 +250,7 @@ def _split(batches: list, val_batches, settings: UnitSettings) -> tuple[list, li
     return [b for i, b in enumerate(batches) if i not in held], [batches[i] for i in sorted(held)]
 
 
-def _guarded(settings: UnitSettings) -> bool:
+def _guarded(settings: PruneSettings) -> bool:
     """Whether a compensation stage runs and is judged on validation data."""
     return settings.guard and (settings.compensate.endswith("reconstruct") or settings.distill_epochs > 0)
 
@@ -322,8 +265,13 @@ def _examples(batches: list) -> int:
     return sum(int(next(iter(b.values())).shape[0]) for b in batches)
 
 
-def sizes(model: nn.Module, settings: UnitSettings) -> dict:
+def sizes(model: nn.Module, settings: PruneSettings) -> dict:
+    """Heads, FFN neurons, parameters, FLOPs (all, and of attention) at ``settings``' lengths, KV-cache bytes per
+    token: what a compression record holds before and after."""
     flops = flop_breakdown(model, settings.seq_len, tgt_len=settings.tgt_len)
-    return {"heads": sum(s.num_heads for s in find_sites(model)), "neurons": sum(f.width for f in find_ffns(model, skip_moe=True)),
+    return {"heads": sum(s.num_heads for s in find_sites(model)),
+            "neurons": sum(f.width for f in find_ffns(model, skip_moe=True)),
             "params": sum(p.numel() for p in model.parameters()), "flops": flops["total"],
-            "seq_len": settings.seq_len, "tgt_len": settings.tgt_len}
+            "attention_flops": flops["projections"] + flops["attention"],
+            "seq_len": settings.seq_len, "tgt_len": settings.tgt_len,
+            "kv_cache_bytes_per_token": kv_cache_bytes(model)["per_token"]}
