@@ -357,7 +357,7 @@ def test_cli_compress_end_to_end(saved, tmp_path):
                   "--compensate", "tune", "--seq-len", "8", "--bench-batch", "2", "--bench-repeats", "1", "--batch-size", "4")
     assert result.exit_code == 0, result.output
     record = json.loads((out / "compress.json").read_text())
-    assert record["sizes"]["after"]["heads"] == 4 and record["settings"]["compensate"] == "tune"
+    assert record["sizes"]["after"]["heads"] == 4 and record["settings"]["compensate"] == ["tune"]
     assert set(record["signature"]) >= {"model", "data", "split", "n", "method", "seed", "versions", "calib_data"}
     assert record["speed"]["speedups"][0]["batch"] == 2
     assert record["settings"]["target"] == "residual" and record["settings"]["guard"] is True

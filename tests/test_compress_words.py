@@ -88,4 +88,4 @@ def test_the_run_records_the_settings_it_was_given(tiny, tmp_path):
     record = json.loads((tmp_path / "run" / "compress.json").read_text())
     assert sum(len(v) for v in record["dropped"].values()) == 4  # half of 2 x 4 heads
     assert {k: record["settings"][k] for k in ("share", "price", "scores", "compensate")} == \
-        {"share": 0.5, "price": "count", "scores": "ih", "compensate": "none"}
+        {"share": 0.5, "price": "count", "scores": "ih", "compensate": []}

@@ -35,6 +35,7 @@ TASK = ["--task", "--data", "--data2", "--split", "--text-column", "--text-pair-
 SWEEP = ["--sites", "--alpha", "--resamples", "--seed", "--correction", "--prefix-cache"]
 COMMANDS = {
     "ablate": [*TASK, *SWEEP, "--output", "--fresh", "--quiet", "--progress"],
+    "apply": ["--device", "--dtype", "--no-verify", "--output"],
     "all-but-one": [*TASK, *SWEEP, "--choose-data", "--choose-data2", "--choose-split", "--calib-limit", "--output",
                     "--fresh", "--quiet", "--progress"],
     "bench": ["--batch-sizes", "--decode", "--decode-batch", "--decode-new", "--decode-prompt", "--device", "--dtype",

@@ -68,7 +68,8 @@ class PruneFlags(Flags):
     scores: str = _option(None, "--scores", "How units are scored: ih (the paper's I_h), fisher (diagonal Fisher of "
                           "the mask; the default), random, fluctuation (FLAP: the variance of each unit's input times "
                           "its output weights, one forward pass, no labels; standardised per kind over all layers) or "
-                          "fluctuation-raw (the same, not standardised: heads and neurons traded by price).")
+                          "fluctuation-raw (the same, not standardised: heads and neurons traded by price); or a name "
+                          "added by headprune.scoring.registry.register_scorer.")
     compensate: str = _option(None, "--compensate", "How the loss of what is cut is made up for: none, rearrange "
                               "(Fisher swaps per site), tune (+ least-squares head scales folded into the weights; the "
                               "default for heads), reconstruct (least-squares refit of every pruned projection, kept "
@@ -76,7 +77,8 @@ class PruneFlags(Flags):
                               "at their calibration means, folded into the output projections' biases; the default "
                               "with --scores fluctuation*), linear (removed units replaced by their least-squares "
                               "affine prediction from the kept ones, folded into the kept columns and the biases; same "
-                              "single pass), bias+reconstruct or linear+reconstruct.")
+                              "single pass); or a name added by headprune.compression.register_compensation. Several: a "
+                              "comma list, run in order (e.g. bias,reconstruct: the refit then fits the bias too).")
     gqa: str = dataclasses.field(default=GQA)
     same_per_site: bool = _option(False, "--same-per-site", "Keep the same number of heads in every site (with --gqa "
                                   "uniform or groups, a head budget): the saved model then has a stock config that "
@@ -105,7 +107,10 @@ class PruneFlags(Flags):
         from ..compression.settings import PruneSettings
 
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "no_guard"}
-        fields.update(price=self.price or "flops", scores=self.scores or "fisher",
+        compensate = self.compensate
+        if compensate is not None and "," in compensate:  # several, run in order
+            compensate = [c.strip() for c in compensate.split(",") if c.strip()]
+        fields.update(price=self.price or "flops", scores=self.scores or "fisher", compensate=compensate,
                       seq_len=DEFAULT_SEQ_LEN if self.seq_len is None else self.seq_len, guard=not self.no_guard)
         with in_setting_terms():
             return PruneSettings(**fields)
@@ -151,7 +156,7 @@ class InputFlags(Flags):
         if settings.head_plan:
             unused = [f for f, v in (("--val-data", self.val_data), ("--fit-limit", self.fit_limit)) if v is not None]
             if unused:
-                raise ConfigError(f"{unused[0]} with --compensate {settings.compensate}; allowed: only with "
+                raise ConfigError(f"{unused[0]} with --compensate {_names(settings)}; allowed: only with "
                                   "--compensate reconstruct (or --units neurons|both)")
         else:
             self._check_pool(settings, data, split, calib, calib_split)
@@ -175,9 +180,9 @@ class InputFlags(Flags):
         if fit is not None and val is None:
             raise ConfigError(f"--fit-limit {fit} without --val-data: the guard's validation part would be held out "
                               "of calibration examples the fit also reads; allowed: give --val-data (disjoint data)")
-        if fit is not None and not settings.compensate.endswith("reconstruct") and not settings.distill_epochs:
-            raise ConfigError(f"--fit-limit with --compensate {settings.compensate}; allowed: only with a "
-                              "reconstruction (--compensate reconstruct, bias+reconstruct or linear+reconstruct) or "
+        if fit is not None and not settings.refits and not settings.distill_epochs:
+            raise ConfigError(f"--fit-limit with --compensate {_names(settings)}; allowed: only with a "
+                              "reconstruction (--compensate reconstruct, bias,reconstruct or linear,reconstruct) or "
                               "--distill-epochs")
 
 
@@ -193,6 +198,11 @@ class BenchFlags(Flags):
         if not self.no_bench and (self.bench_batch < 1 or self.bench_repeats < 1):
             raise ConfigError(f"--bench-batch {self.bench_batch} --bench-repeats {self.bench_repeats}; allowed: "
                               "integers >= 1")
+
+
+def _names(settings) -> str:
+    """The compensations as ``--compensate`` takes them."""
+    return ",".join(settings.compensation_names) or "none"
 
 
 @contextmanager

@@ -54,7 +54,7 @@ def compress(
         _refuse("the head plan", val_batches=val_batches, fit_batches=fit_batches, prices=prices)
         return compress_heads(model, calib_batches, settings, sites=sites, loss_fn=loss_fn,
                               inplace=inplace, verify=verify, progress=progress)
-    _refuse(f"units={settings.units!r}, price={settings.price!r}, compensate={settings.compensate!r}",
+    _refuse(f"units={settings.units!r}, price={settings.price!r}, compensate={list(settings.compensation_names)}",
             sites=sites, inplace=inplace or None)
     return compress_pool(model, calib_batches, settings, val_batches=val_batches,
                          fit_batches=fit_batches, prices=prices, loss_fn=loss_fn, verify=verify, progress=progress)

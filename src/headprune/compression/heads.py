@@ -9,7 +9,7 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -23,6 +23,7 @@ from ..errors import ConfigError
 from ..scoring.gradients import LossFn
 from .plan import plan_heads
 from .pool import sizes
+from .replay import Plan, floats
 from .settings import PruneSettings
 
 
@@ -41,9 +42,10 @@ class CompressResult:
     calib_loss: dict[str, float]  # measured mean calibration loss after each stage (the guard's)
     rejected: list[str]  # stages the guard turned down
     seconds: dict[str, float]
+    plan: Plan | None = None  # what was removed and folded in (plan.json; headprune apply replays it)
 
     def to_dict(self) -> dict:
-        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "model"}
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("model", "plan")}
         return out | {"model_class": type(self.model).__name__}
 
 
@@ -89,10 +91,12 @@ def compress_heads(
     seconds = {**plan.seconds, "apply": time.perf_counter() - apply_start}
     after = sizes(pruned, settings)
     seconds["total"] = time.perf_counter() - start
-    return CompressResult(model=pruned, settings=asdict(settings), dropped=plan.drop, kept=kept_heads(pruned),
+    return CompressResult(model=pruned, settings=settings.to_dict(), dropped=plan.drop, kept=kept_heads(pruned),
                           scales=scales, sizes={"before": before, "after": after},
                           loss_estimate=plan.loss_estimate, tuning=plan.tuning, calib_loss=plan.calib_loss,
-                          rejected=plan.rejected, seconds=seconds)
+                          rejected=plan.rejected, seconds=seconds,
+                          plan=Plan(dropped_heads=plan.drop, scales=floats(plan.scales),
+                                    sizes={"before": before, "after": after}))
 
 
 def check_head_count(model: nn.Module, n_keep: int | None, sites: list[str] | None) -> None:

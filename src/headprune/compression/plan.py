@@ -33,18 +33,16 @@ from torch import nn
 from ..core.cost import HeadCosts, head_costs
 from ..core.kvcache import kv_head_bytes
 from ..core.masking import HeadMask
-from ..core.sites import find_sites
 from ..core.surgery import DroppedHeads
 from ..errors import ConfigError
-from ..scoring.fisher import Fisher, fisher_information
+from ..scoring.fisher import Fisher
 from ..scoring.gradients import LossFn, mean_loss
-from ..scoring.importance import head_importance
+from ..scoring.registry import get_scorer, scorer_names
+from ..scoring.scorer import Scorer, ScoreRequest
 from ..selection.gqa import kv_groups, select_gqa
 from ..selection.rearrange import rearrange
 from .settings import PruneSettings
 from .tuning import scale_mask, tune_scales
-
-SCORE_METHODS = ("ih", "fisher", "random")  # what score_heads computes
 
 
 @dataclass
@@ -76,22 +74,18 @@ class CompressPlan:
         return scale_mask(model, self.drop, self.scales)
 
 
-def score_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], method: str, *,
+def score_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], method: str | Scorer, *,
                 loss_fn: LossFn | None = None, seed: int = 0, progress: bool = False) -> Scores:
-    """Scores for ``method`` over calibration ``batches`` (I_h, Fisher, or seeded random)."""
-    if method not in SCORE_METHODS:
-        raise ConfigError(f"method={method!r}; allowed: {', '.join(SCORE_METHODS)}")
+    """Head scores of ``method`` (a registered scorer's name -- ``ih``, ``fisher``, ``random`` -- or a
+    :class:`~headprune.scoring.scorer.Scorer` that can feed the head plan) over calibration ``batches``."""
+    scorer = get_scorer(method)
+    if not scorer.plan:
+        allowed = ", ".join(n for n in scorer_names() if get_scorer(n).plan)
+        raise ConfigError(f"method={scorer.name!r} scores no heads for the head plan; allowed: {allowed}")
     start = time.perf_counter()
-    if method == "ih":
-        scores, fisher = head_importance(model, batches, loss_fn=loss_fn, progress=progress), None
-    elif method == "random":
-        g = torch.Generator().manual_seed(seed)
-        scores, fisher = {s.name: torch.rand(s.num_heads, generator=g, dtype=torch.float64)
-                          for s in find_sites(model)}, None
-    else:
-        fisher = fisher_information(model, batches, loss_fn=loss_fn, progress=progress)
-        scores = dict(fisher.diag)
-    return Scores(method, scores, fisher, time.perf_counter() - start)
+    found = scorer.score(model, list(batches), ScoreRequest(units="heads", head_plan=True, loss_fn=loss_fn, seed=seed,
+                                                            progress=progress))
+    return Scores(scorer.name, dict(found.heads), found.fisher if scorer.fisher else None, time.perf_counter() - start)
 
 
 def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], settings: PruneSettings, *,
@@ -109,11 +103,11 @@ def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], 
         raise ConfigError(f"settings={settings!r}; allowed: PruneSettings whose head_plan holds (units='heads', "
                           "price count | flops | kv, compensate none | rearrange | tune)")
     batches = list(batches)
-    family = settings.scores
+    family = settings.scorer.name
     if scored is None:
-        scored = score_heads(model, batches, family, loss_fn=loss_fn, seed=settings.seed, progress=progress)
+        scored = score_heads(model, batches, settings.scorer, loss_fn=loss_fn, seed=settings.seed, progress=progress)
     elif scored.method != family:
-        raise ConfigError(f"scored: scores of method {scored.method!r}; scores={settings.scores!r} needs {family!r}")
+        raise ConfigError(f"scored: scores of method {scored.method!r}; scores={family!r} needs {family!r}")
     seconds = {"score": scored.seconds}
     start = time.perf_counter()
     budget = {"n_keep": n_keep} if n_keep is not None else settings.head_budget()

@@ -10,11 +10,11 @@ Stages (each recorded; the summary says which were kept):
    squared output change of holding each unit at its mean, traded against price), on the calibration batches;
 2. *select*: one global budget over the pool (``units``: heads, neurons or both), priced in FLOPs at
    ``seq_len``, parameters, or measured seconds (:mod:`headprune.selection.units`);
-3. *bias* (``compensate="bias"`` or ``"bias+reconstruct"``): every removed unit's input held at its calibration
+3. *bias* (``compensate="bias"`` or ``["bias", "reconstruct"]``): every removed unit's input held at its calibration
    mean, folded into its output projection's bias (:mod:`headprune.core.biases`; one added where there is none):
    exact mean replacement, so it is not guarded (FLAP's bias compensation);
 4. *remove*: physical surgery of heads and neurons (exactly what masking them computes);
-5. *reconstruct* (``compensate="reconstruct"`` or ``"bias+reconstruct"``, the bias then refitted too): least-squares refit of every output / down projection
+5. *reconstruct* (``compensate="reconstruct"`` or ``["bias", "reconstruct"]``, the bias then refitted too): least-squares refit of every output / down projection
    (:mod:`.reconstruct`) on the calibration batches -- or on ``fit_batches``, more examples than the
    scores need: the refit uses no labels, and with ``k x d_out`` numbers per projection it overfits a
    few thousand tokens (on the SST-2 MiniLM classifier at 60% of FLOPs, 4096 phrases instead of 512
@@ -35,30 +35,28 @@ import copy
 import math
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 from torch import nn
 
-from ..core.biases import mean_shifts, shift_biases
 from ..core.cost import flop_breakdown
 from ..core.ffn import find_ffns
 from ..core.kept import kept_neurons
 from ..core.kvcache import kv_cache_bytes
 from ..core.prune import prune_heads, prune_neurons
 from ..core.sites import find_sites
-from ..core.standins import linear_standins
 from ..core.surgery import kept_heads
 from ..core.unit_cost import UnitCosts, unit_costs
 from ..core.verify import verify_surgery
 from ..errors import ConfigError
-from ..scoring.fluctuation import channel_stats, fluctuation_scores, knapsack_scores
+from ..scoring.fluctuation import channel_stats
 from ..scoring.gradients import LossFn, mean_loss
-from ..scoring.units import unit_fisher
+from ..scoring.scorer import ScoreRequest
 from ..selection.gqa import kv_groups
 from ..selection.units import select_units
 from .distill import distill
-from .reconstruct import reconstruct
+from .replay import Plan, floats
 from .settings import PruneSettings
 
 
@@ -80,9 +78,10 @@ class UnitResult:
     distillation: dict = field(default_factory=dict)  # steps, seconds, lr, first and last training loss
     split: dict[str, int] = field(default_factory=dict)  # calibration / validation batches and examples
     seconds: dict[str, float] = field(default_factory=dict)
+    plan: Plan | None = None  # what was removed and folded in (plan.json; headprune apply replays it)
 
     def to_dict(self) -> dict:
-        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "model"}
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("model", "plan")}
         return out | {"model_class": type(self.model).__name__}
 
     def summary(self) -> str:
@@ -152,18 +151,16 @@ def compress_pool(
     t = time.perf_counter()
     pruned = copy.deepcopy(model)
     stages = {"select": "kept"}
-    standin = settings.compensate.split("+")[0]
-    if standin in ("bias", "linear") and (any(drop_h.values()) or any(drop_n.values())):
-        if stats is None or (standin == "linear" and stats.second is None):  # before the cut, which keeps biases
+    shifts, unreplayable = None, []  # the bias shifts the plan records; the kept stages it cannot replay
+    standin = settings.standin
+    if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
+        if stats is None or (standin.gram and stats.second is None):  # before the cut, which keeps biases
             stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
-                                  gram=standin == "linear", progress=progress)
-        if standin == "bias":
-            shift_biases(pruned, mean_shifts(model, stats.mean, drop_h, drop_n))
-            stages["bias"] = "kept (unguarded: removed units held at their calibration means)"
-        else:
-            linear_standins(pruned, stats.mean, stats.second, drop_h, drop_n, damping=settings.damping)
-            stages["linear"] = ("kept (unguarded: removed units replaced by their least-squares affine prediction "
-                                "from the kept ones on the calibration tokens)")
+                                  gram=standin.gram, progress=progress)
+        done = standin.apply(pruned, model, stats, drop_h, drop_n, settings)
+        stages[standin.name], shifts = done if isinstance(done, tuple) else (done, None)
+        if shifts is None:
+            unreplayable.append(standin.name)
     prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
     if any(drop_n.values()):
         prune_neurons(pruned, {k: v for k, v in drop_n.items() if v}, verify=verify)  # its own trial
@@ -188,13 +185,13 @@ def compress_pool(
 
     current_key = "pruned"
     stages["reconstruct"] = "skipped"
-    if settings.compensate.endswith("reconstruct"):
+    for refit in settings.refits:  # in the order given, each on the model the ones before left
         t = time.perf_counter()
         candidate = copy.deepcopy(pruned)
-        rows = reconstruct(candidate, model, fit, damping=settings.damping, target=settings.target,
-                           progress=progress)
-        seconds["reconstruct"] = time.perf_counter() - t
-        pruned, current_key, stages["reconstruct"] = keep_if_better("reconstructed", candidate, current_key, pruned)
+        rows += refit.apply(candidate, model, fit, settings, progress) or []
+        seconds[refit.name] = time.perf_counter() - t
+        key = getattr(refit, "done", refit.name)
+        pruned, current_key, stages[refit.name] = keep_if_better(key, candidate, current_key, pruned)
     if settings.distill_epochs:
         t = time.perf_counter()
         candidate = copy.deepcopy(pruned)
@@ -206,7 +203,10 @@ def compress_pool(
         pruned, current_key, stages["distill"] = keep_if_better("distilled", candidate, current_key, pruned)
     seconds["total"] = time.perf_counter() - start
     after = sizes(pruned, settings)
-    return UnitResult(model=pruned, settings=asdict(settings), dropped_heads=drop_h, dropped_neurons=drop_n,
+    unreplayable += [k for k in (*(r.name for r in settings.refits), "distill") if stages.get(k, "").startswith("kept")]
+    plan = Plan(dropped_heads=drop_h, dropped_neurons=drop_n, biases=floats(shifts),
+                sizes={"before": before, "after": after}, not_replayable=unreplayable)
+    return UnitResult(model=pruned, plan=plan, settings=settings.to_dict(), dropped_heads=drop_h, dropped_neurons=drop_n,
                       kept_heads=kept_heads(pruned), kept_neurons=kept_neurons(pruned) if find_ffns(pruned, skip_moe=True) else {}, selection=selection,
                       sizes={"before": before, "after": after}, stages=stages, val_loss=val_loss,
                       reconstruction=rows, distillation=distilled, seconds=seconds,
@@ -216,20 +216,11 @@ def compress_pool(
 
 
 def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitCosts, loss_fn, progress: bool):
-    """(head scores, neuron scores, channel statistics or None) for the one-budget search: Fisher diagonals,
-    FLAP's standardised fluctuation made knapsack values (:func:`~headprune.scoring.fluctuation.knapsack_scores`),
-    or the raw fluctuation (an additive score, like the Fisher's)."""
-    heads, neurons = settings.units != "neurons", settings.units != "heads"
-    if settings.scores == "fisher":
-        fisher = unit_fisher(model, calib, loss_fn=loss_fn, heads=heads, neurons=neurons, progress=progress)
-        return fisher.heads, fisher.neurons, None
-    found = fluctuation_scores(model, calib, heads=heads, neurons=neurons, gram=settings.compensate.startswith("linear"),
-                               progress=progress)
-    if settings.scores == "fluctuation-raw":  # additive (squared output change), per price like the Fisher
-        return {k: found.raw[k] for k in found.heads}, {k: found.raw[k] for k in found.neurons}, found.stats
-    floor = min(float(v.min()) for v in (*found.heads.values(), *found.neurons.values()))
-    return (knapsack_scores(found.heads, costs.heads, floor), knapsack_scores(found.neurons, costs.neurons, floor),
-            found.stats)
+    """(head scores, neuron scores, channel statistics or None) of ``settings.scorer`` for the one-budget search."""
+    request = ScoreRequest(units=settings.units, loss_fn=loss_fn, seed=settings.seed, costs=costs,
+                           gram=bool(settings.standin and settings.standin.gram), progress=progress)
+    found = settings.scorer.score(model, calib, request)
+    return found.heads, found.neurons, found.stats
 
 
 def _split(batches: list, val_batches, settings: PruneSettings) -> tuple[list, list]:
@@ -252,7 +243,7 @@ def _split(batches: list, val_batches, settings: PruneSettings) -> tuple[list, l
 
 def _guarded(settings: PruneSettings) -> bool:
     """Whether a compensation stage runs and is judged on validation data."""
-    return settings.guard and (settings.compensate.endswith("reconstruct") or settings.distill_epochs > 0)
+    return settings.guard and (bool(settings.refits) or settings.distill_epochs > 0)
 
 
 def held_out(n: int, n_val: int) -> set[int]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -72,8 +72,8 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     speed = bench_and_save(model, result.model, out, tokenizer, settings, bench_batch, inputs.bench_repeats)
     sig = {"model": None, "data": None, "split": None, "n": before.n, **(inputs.signature or {}),
            "method": settings.method if settings.head_plan else
-           f"{settings.scores} {settings.units} ({settings.price}) + {settings.compensate}",
-           "settings": asdict(settings), "seed": settings.seed, "code": code_identity(), "versions": versions()}
+           f"{settings.scorer.name} {settings.units} ({settings.price}) + {'+'.join(settings.compensation_names) or 'none'}",
+           "settings": settings.to_dict(), "seed": settings.seed, "code": code_identity(), "versions": versions()}
     run = RunDir(out, sig, made_here=True)  # save_pruned has just created ``out``: its files are this run's
     record = {"signature": sig, **result.to_dict(), "evaluation": {"before": eval_record(before),
                                                                    "after": eval_record(after)},
@@ -81,6 +81,7 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     if inputs.latency_table is not None:
         record["latency_table"] = inputs.latency_table
     run.write_json("compress.json", record)
+    run.write_json("plan.json", result.plan.to_dict())  # headprune apply MODEL plan.json replays it
     write = _heads_results if settings.head_plan else _units_results
     write(run, out, settings, sites, result, before, after, speed, bench_batch, model)
     report = build_report(out)
