@@ -133,7 +133,7 @@ def test_lm_block_size_beyond_the_positions_is_refused(root):
 
 
 def test_missing_heads_file_is_called_missing_not_invalid_json(root, tmp_path):
-    for flag in ("--drop", "--heads"):
+    for flag in ("--drop",):
         out = tmp_path / "pruned"
         line = _refused(runner.invoke(app, ["prune", str(root / "bert"), flag, str(tmp_path / "nope.json"),
                                             "-o", str(out)]))

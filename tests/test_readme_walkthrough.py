@@ -188,7 +188,7 @@ def test_compress_both_finishes_into_a_new_directory(tiny, tmp_path):
     ("prune", "--drop", '{"encoder.7.self": [1]}', "--drop: unknown site 'encoder.7.self'"),
     ("prune", "--drop", '{"encoder.1.self": [4]}', "--drop['encoder.1.self']: head index 4 out of range; allowed: "
      "integers 0..3"),
-    ("prune", "--heads", '{"encoder.1.self": [-1]}', "--heads['encoder.1.self']: head index -1 out of range"),
+    ("prune", "--drop", '{"encoder.1.self": [-1]}', "--drop['encoder.1.self']: head index -1 out of range"),
 ])
 def test_head_list_errors_name_the_flag(tiny, tmp_path, command, flag, value, message):
     """A wrong site or head index named the library's argument ('heads: unknown site', "dropped['...']")."""

@@ -27,8 +27,7 @@ from .extras import MissingDependencyError
 from .lazy import lazy_names
 from .provenance import __version__
 
-# Pinned by tests/test_public_api.py. Kept importable but not listed (deprecated for one release):
-# keep_heads (-> replay_kept_heads).
+# Pinned by tests/test_public_api.py.
 __all__ = [
     "__version__", "core", "scoring", "selection", "compression",
     "ConfigError", "DataError", "HeadpruneError", "MaskError", "PlanError", "SiteError", "UnsupportedModelError",
@@ -50,7 +49,6 @@ __all__ = [
     "text_batches",
 ]
 
-# Importable but not listed (deprecated for one release): keep_heads.
 SUBPACKAGES = ("core", "scoring", "selection", "compression")
 SOURCES = {  # public name -> the module it is read from on first use
     **dict.fromkeys(("CompressPlan", "CompressResult", "PruneSettings", "Scores", "UnitResult", "compress",
@@ -58,8 +56,7 @@ SOURCES = {  # public name -> the module it is read from on first use
     **dict.fromkeys(("FFN", "DroppedHeads", "KeptHeads", "Site", "find_sites", "fold_scales", "is_masked",
                      "kept_heads", "load_model", "load_pruned", "mask_from_heads", "mask_heads", "masked", "ones_mask",
                      "original_heads", "prune_heads", "save_pruned", "unmask_heads", "find_ffns", "kept_neurons",
-                     "masked_neurons", "prune_neurons"), "core"),
-    **dict.fromkeys(("keep_heads", "replay_kept_heads"), "renamed"),
+                     "masked_neurons", "prune_neurons", "replay_kept_heads"), "core"),
     **dict.fromkeys(("Fisher", "fisher_information", "head_importance", "importance_sums", "mask_gradients",
                      "normalize_per_site", "fluctuation_scores"), "scoring"),
     **dict.fromkeys(("kv_groups", "lowest_heads", "select_heads"), "selection"),

@@ -253,12 +253,12 @@ def compress_command(
     calib2 = inputs.calib_data2 if inputs.calib_data else data2
     calib_ev = t.on(calib, calib2, limit=inputs.calib_limit, flag="--calib-data", split=calib_split)
     run = RunInputs(signature=_signature(model_dir, task, data, data2, calib, calib_split, flags, inputs, ev, calib_ev),
-                    bench_batch=None if bench.no_bench else bench.bench_batch, bench_repeats=bench.bench_repeats)
+                    bench_batch=None if bench.no_bench else bench.bench_batch, bench_repeats=bench.bench_repeats,
+                    verify=not no_verify, progress=bars)
     if not settings.head_plan:
         _pool_inputs(run, t, settings, inputs, calib, calib2, calib_split, bench)
     with in_cli_terms("--calib-data"):  # e.g. too few calibration batches to hold out a validation part
-        report, summary = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings, run,
-                                       verify=not no_verify, progress=bars)
+        report, summary = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings, run)
     echo_headline(output)
     typer.echo(f"compressed {model_dir} -> {output}: {summary}; report: {report}")
 

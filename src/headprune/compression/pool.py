@@ -148,71 +148,105 @@ def compress_pool(
     drop_h, drop_n, selection = select_units(head_scores, neuron_scores, costs, settings.share, units=settings.units,
                                              groups=kv_groups(model), gqa=settings.gqa,
                                              min_per_site=settings.min_per_site)
-    t = time.perf_counter()
-    pruned = copy.deepcopy(model)
-    stages = {"select": "kept"}
-    shifts, unreplayable = None, []  # the bias shifts the plan records; the kept stages it cannot replay
-    standin = settings.standin
-    if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
-        if stats is None or (standin.gram and stats.second is None):  # before the cut, which keeps biases
-            stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
-                                  gram=standin.gram, progress=progress)
-        done = standin.apply(pruned, model, stats, drop_h, drop_n, settings)
-        stages[standin.name], shifts = done if isinstance(done, tuple) else (done, None)
-        if shifts is None:
-            unreplayable.append(standin.name)
-    prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
-    if any(drop_n.values()):
-        prune_neurons(pruned, {k: v for k, v in drop_n.items() if v}, verify=verify)  # its own trial
-    pruned.eval()
-    seconds["select+remove"] = time.perf_counter() - t
-    stages["remove"] = "kept"
-    val_loss, rows, distilled = {}, [], {}
+    run = _Run(model, settings, loss_fn, verify, progress, seconds=seconds)
+    pruned, shifts = _cut(run, calib, stats, drop_h, drop_n)
+    pruned, rows, distilled = _compensate(run, pruned, fit, val)
+    seconds["total"] = time.perf_counter() - start
+    after = sizes(pruned, settings)
+    stages = run.stages
+    unreplayable = run.unreplayable + [k for k in (*(r.name for r in settings.refits), "distill")
+                                       if stages.get(k, "").startswith("kept")]
+    plan = Plan(dropped_heads=drop_h, dropped_neurons=drop_n, biases=floats(shifts),
+                sizes={"before": before, "after": after}, not_replayable=unreplayable)
+    return UnitResult(model=pruned, plan=plan, settings=settings.to_dict(), dropped_heads=drop_h,
+                      dropped_neurons=drop_n, kept_heads=kept_heads(pruned),
+                      kept_neurons=kept_neurons(pruned) if find_ffns(pruned, skip_moe=True) else {},
+                      selection=selection, sizes={"before": before, "after": after}, stages=stages,
+                      val_loss=run.val_loss, reconstruction=rows, distillation=distilled, seconds=seconds,
+                      split={"calib_batches": len(calib), "val_batches": len(val),
+                             "calib_examples": _examples(calib), "val_examples": _examples(val),
+                             "fit_batches": len(fit), "fit_examples": _examples(fit)})
 
-    def loss(key: str, m: nn.Module) -> float:  # the validation loss of ``m``, measured once per key
-        if key not in val_loss:
-            val_loss[key] = mean_loss(m, val, loss_fn=loss_fn)
-        return val_loss[key]
 
-    def keep_if_better(key: str, candidate: nn.Module, current_key: str, current: nn.Module):
-        if not settings.guard:
+@dataclass
+class _Run:
+    """What the stages of one :func:`compress_pool` call read and record."""
+
+    model: nn.Module  # the unpruned model (the teacher)
+    settings: PruneSettings
+    loss_fn: LossFn | None
+    verify: bool
+    progress: bool
+    seconds: dict = field(default_factory=dict)
+    stages: dict = field(default_factory=lambda: {"select": "kept"})
+    val_loss: dict = field(default_factory=dict)  # the validation loss per stage key, measured once each
+    unreplayable: list = field(default_factory=list)  # kept stages whose weight updates the plan lacks
+
+    def loss(self, key: str, m: nn.Module, val: list) -> float:
+        if key not in self.val_loss:
+            self.val_loss[key] = mean_loss(m, val, loss_fn=self.loss_fn)
+        return self.val_loss[key]
+
+    def keep_if_better(self, key: str, candidate: nn.Module, current_key: str, current: nn.Module, val: list):
+        """(model, its key, the stage's note): ``candidate`` unless the guard measures a higher validation loss."""
+        if not self.settings.guard:
             return candidate, key, "kept (unguarded)"
-        loss("unpruned", model)
-        old, new = loss(current_key, current), loss(key, candidate)
+        self.loss("unpruned", self.model, val)
+        old, new = self.loss(current_key, current, val), self.loss(key, candidate, val)
         if new <= old:
             return candidate, key, "kept"
         return current, current_key, f"rejected (validation loss {new:.4f} > {old:.4f} without it)"
 
+
+def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.Module, dict | None]:
+    """(a pruned copy of the model, the bias shifts of the stand-in or None): the stand-in, then the cut."""
+    t = time.perf_counter()
+    model, settings = run.model, run.settings
+    pruned = copy.deepcopy(model)
+    shifts = None
+    standin = settings.standin
+    if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
+        if stats is None or (standin.gram and stats.second is None):  # before the cut, which keeps biases
+            stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
+                                  gram=standin.gram, progress=run.progress)
+        done = standin.apply(pruned, model, stats, drop_h, drop_n, settings)
+        run.stages[standin.name], shifts = done if isinstance(done, tuple) else (done, None)
+        if shifts is None:
+            run.unreplayable.append(standin.name)
+    prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
+    if any(drop_n.values()):
+        prune_neurons(pruned, {k: v for k, v in drop_n.items() if v}, verify=run.verify)  # its own trial
+    pruned.eval()
+    run.seconds["select+remove"] = time.perf_counter() - t
+    run.stages["remove"] = "kept"
+    return pruned, shifts
+
+
+def _compensate(run: _Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.Module, list, dict]:
+    """(the model kept, the refits' rows, the distillation's record): the refits in order, then distillation, each
+    kept only where the guard says so."""
+    model, settings = run.model, run.settings
+    rows, distilled = [], {}
     current_key = "pruned"
-    stages["reconstruct"] = "skipped"
+    run.stages["reconstruct"] = "skipped"
     for refit in settings.refits:  # in the order given, each on the model the ones before left
         t = time.perf_counter()
         candidate = copy.deepcopy(pruned)
-        rows += refit.apply(candidate, model, fit, settings, progress) or []
-        seconds[refit.name] = time.perf_counter() - t
+        rows += refit.apply(candidate, model, fit, settings, run.progress) or []
+        run.seconds[refit.name] = time.perf_counter() - t
         key = getattr(refit, "done", refit.name)
-        pruned, current_key, stages[refit.name] = keep_if_better(key, candidate, current_key, pruned)
+        pruned, current_key, run.stages[refit.name] = run.keep_if_better(key, candidate, current_key, pruned, val)
     if settings.distill_epochs:
         t = time.perf_counter()
         candidate = copy.deepcopy(pruned)
         info = distill(candidate, model, fit, epochs=settings.distill_epochs, lr=settings.distill_lr,
-                       seed=settings.seed, progress=progress)
+                       seed=settings.seed, progress=run.progress)
         distilled = {k: v for k, v in info.items() if k != "losses"} | {"loss_first": info["losses"][0],
                                                                         "loss_last": info["losses"][-1]}
-        seconds["distill"] = time.perf_counter() - t
-        pruned, current_key, stages["distill"] = keep_if_better("distilled", candidate, current_key, pruned)
-    seconds["total"] = time.perf_counter() - start
-    after = sizes(pruned, settings)
-    unreplayable += [k for k in (*(r.name for r in settings.refits), "distill") if stages.get(k, "").startswith("kept")]
-    plan = Plan(dropped_heads=drop_h, dropped_neurons=drop_n, biases=floats(shifts),
-                sizes={"before": before, "after": after}, not_replayable=unreplayable)
-    return UnitResult(model=pruned, plan=plan, settings=settings.to_dict(), dropped_heads=drop_h, dropped_neurons=drop_n,
-                      kept_heads=kept_heads(pruned), kept_neurons=kept_neurons(pruned) if find_ffns(pruned, skip_moe=True) else {}, selection=selection,
-                      sizes={"before": before, "after": after}, stages=stages, val_loss=val_loss,
-                      reconstruction=rows, distillation=distilled, seconds=seconds,
-                      split={"calib_batches": len(calib), "val_batches": len(val),
-                             "calib_examples": _examples(calib), "val_examples": _examples(val),
-                             "fit_batches": len(fit), "fit_examples": _examples(fit)})
+        run.seconds["distill"] = time.perf_counter() - t
+        pruned, current_key, run.stages["distill"] = run.keep_if_better("distilled", candidate, current_key, pruned,
+                                                                        val)
+    return pruned, rows, distilled
 
 
 def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitCosts, loss_fn, progress: bool):

@@ -33,6 +33,7 @@ from ..checks import check_choice, check_int, check_number, check_share
 from ..errors import ConfigError
 from ..scoring.registry import get_scorer, scorer_names
 from ..scoring.scorer import Scorer
+from ..selection.budgets import Budget
 from ..selection.gqa import GQA_MODES
 from ..selection.units import UNITS
 from .compensation import Compensation, compensation_names, get_compensations
@@ -97,16 +98,14 @@ class PruneSettings:
         self._check_methods()
 
     def _check_budget(self) -> None:
-        given = {k: v for k, v in (("share", self.share), ("n_keep", self.n_keep)) if v is not None}
-        if len(given) != 1:
-            got = ", ".join(f"{k}={v!r}" for k, v in given.items()) or "none"
-            raise ConfigError(f"give exactly one budget: share= (the share of the units' {self.price} kept, 0..1) or "
-                              f"n_keep= (the number of units kept); got {got}")
-        if self.share is not None:
-            check_share("share", self.share)
-            if self.share == 0:
-                raise ConfigError("share=0; allowed: a number in (0, 1] (0 would remove every unit)")
-        check_int("n_keep", self.n_keep, 1, optional=True)
+        self._budget = Budget.of(self.price, least=1, share=self.share, n_keep=self.n_keep)  # the one validation
+        if self.share == 0:
+            raise ConfigError("share=0; allowed: a number in (0, 1] (0 would remove every unit)")
+
+    @property
+    def budget(self) -> Budget:
+        """The budget: ``share`` of ``price`` kept, or ``n_keep`` units kept."""
+        return self._budget
 
     def _check_methods(self) -> None:
         """The scorer and the compensations against each other and against the pipeline that runs them."""

@@ -47,11 +47,28 @@ class RunInputs:
     signature: dict | None = None
     bench_batch: int | None = 16
     bench_repeats: int = 5
+    verify: bool = True  # False: skip the check that surgery is exact for the model's class
+    progress: bool = False
+
+
+@dataclass
+class _Done:
+    """A finished compression, as the record writers read it."""
+
+    run: RunDir
+    out: Path
+    settings: PruneSettings
+    sites: dict
+    result: object  # CompressResult | UnitResult
+    before: object  # the evaluations before and after
+    after: object
+    speed: object
+    bench_batch: int | None
+    model: nn.Module
 
 
 def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable[Mapping[str, torch.Tensor]],
-                 out: str | Path, settings: PruneSettings, inputs: RunInputs | None = None, *, verify: bool = True,
-                 progress: bool = False) -> tuple[Path, str]:
+                 out: str | Path, settings: PruneSettings, inputs: RunInputs | None = None) -> tuple[Path, str]:
     """Score ``model`` on ``evaluator``, compress it on ``calib_batches`` (:func:`headprune.compression.compress`),
     score it again, time both, and write the directory ``out`` (which must not exist).
     Returns (the report's path, a one-line summary of what was kept)."""
@@ -64,6 +81,7 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
         check_head_count(model, settings.n_keep, None)  # a count above the model's heads: refused before any work
     flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now
     sites = {s.name: s for s in find_sites(model)}
+    verify, progress = inputs.verify, inputs.progress
     before = evaluator.evaluate(model, progress=progress)
     pool = {} if settings.head_plan else {"val_batches": inputs.val_batches, "fit_batches": inputs.fit_batches,
                                           "prices": inputs.prices}
@@ -83,7 +101,7 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     run.write_json("compress.json", record)
     run.write_json("plan.json", result.plan.to_dict())  # headprune apply MODEL plan.json replays it
     write = _heads_results if settings.head_plan else _units_results
-    write(run, out, settings, sites, result, before, after, speed, bench_batch, model)
+    write(_Done(run, out, settings, sites, result, before, after, speed, bench_batch, model))
     report = build_report(out)
     run.close()
     summary = result.summary() if not settings.head_plan else \
@@ -91,8 +109,10 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     return report, summary
 
 
-def _heads_results(run, out, settings, sites, result, before, after, speed, bench_batch, model) -> None:
+def _heads_results(done: _Done) -> None:
     """``heads.csv``, ``kept_heads.png`` and ``results.json`` of the head plan."""
+    run, out, settings, sites, result = done.run, done.out, done.settings, done.sites, done.result
+    before, after, speed, bench_batch, model = done.before, done.after, done.speed, done.bench_batch, done.model
     rows = _site_rows(sites, result)
     run.write_csv("heads.csv", rows)
     kept_heads_grid(sites, result.dropped, result.scales, out / "kept_heads.png")
@@ -125,8 +145,10 @@ def _heads_results(run, out, settings, sites, result, before, after, speed, benc
     })
 
 
-def _units_results(run, out, settings, sites, result, before, after, speed, bench_batch, model) -> None:
+def _units_results(done: _Done) -> None:
     """``units.csv``, ``kept_units.png`` and ``results.json`` of the budget over heads and neurons."""
+    run, out, settings, result = done.run, done.out, done.settings, done.result
+    before, after, speed, bench_batch = done.before, done.after, done.speed, done.bench_batch
     rows = _unit_rows(result)
     run.write_csv("units.csv", rows)
     kept_units_per_layer(rows, out / "kept_units.png")
