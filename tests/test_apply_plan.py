@@ -31,9 +31,9 @@ def saved(tmp_path_factory):
     return root
 
 
-def _compress(saved, out, *args):
+def _compress(saved, out, *args, seq_len=("--seq-len", "8")):
     result = runner.invoke(app, ["compress", str(saved / "model"), "--task", "classification", "--data",
-                                 str(saved / "dev.tsv"), "--calib-data", str(saved / "train.tsv"), "--seq-len", "8",
+                                 str(saved / "dev.tsv"), "--calib-data", str(saved / "train.tsv"), *seq_len,
                                  "--batch-size", "4", "--no-bench", *args, "-o", str(out)])
     assert result.exit_code == 0, result.output
     return json.loads((out / "plan.json").read_text())
@@ -76,3 +76,33 @@ def test_a_file_that_is_not_a_plan_is_refused_before_the_model_is_read(tmp_path)
     result = runner.invoke(app, ["apply", str(tmp_path / "no-model"), str(tmp_path / "x.json"), "-o",
                                  str(tmp_path / "out")])
     assert result.exit_code == 2 and "headprune-plan/1" in result.output and not (tmp_path / "out").exists()
+
+
+def test_a_run_repeats_from_its_compress_toml(saved, tmp_path):
+    """--config RUN/compress.toml gives the same settings and the same plan as the flags that made RUN."""
+    first = _compress(saved, tmp_path / "first", "--units", "both", "--share", "0.6", "--scores", "fluctuation",
+                      "--compensate", "bias")
+    toml = (tmp_path / "first" / "compress.toml").read_text()
+    assert "[settings]" in toml and 'compensate = ["bias"]' in toml and "share = 0.6" in toml and "seq_len = 8" in toml
+    again = _compress(saved, tmp_path / "again", "--config", str(tmp_path / "first" / "compress.toml"), seq_len=())
+    assert again == first
+    a, b = (json.loads((tmp_path / d / "compress.json").read_text())["settings"] for d in ("first", "again"))
+    assert a == b
+
+
+@pytest.mark.parametrize("extra, text, words", [
+    (["--share", "0.5"], "[settings]\nshare = 0.5\n", ["--config with --share"]),
+    ([], "[settings]\nshare = 0.5\nkeep = 0.5\n", ["unknown keys ['keep']", "allowed: units, share"]),
+    ([], "[other]\nshare = 0.5\n", ["one [settings] table"]),
+    ([], "[settings]\nshare = 1.5\n", ["share=1.5; allowed"]),
+])
+def test_a_bad_settings_file_is_refused_in_one_line(saved, tmp_path, extra, text, words):
+    (tmp_path / "c.toml").write_text(text)
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["compress", str(saved / "model"), "--task", "classification", "--data",
+                                 str(saved / "dev.tsv"), "--calib-data", str(saved / "train.tsv"), "--config",
+                                 str(tmp_path / "c.toml"), *extra, "-o", str(out)])
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), result.output
+    assert not out.exists()

@@ -101,12 +101,23 @@ class PruneFlags(Flags):
                                   "only if it lowers the validation loss; default 0: off).")
     distill_lr: float = _option(2e-5, "--distill-lr", "--distill-epochs: peak learning rate (AdamW, linear decay to 0).")
     seed: int = _option(0, "--seed", "Seed of --scores random and of the distillation order.")
+    config: Path = _option(None, "--config", "The settings from a TOML file instead of these flags: a [settings] "
+                           "table of PruneSettings fields, as every compress run writes to compress.toml (rerun a "
+                           "run with --config RUN/compress.toml).")
 
     def settings(self):
-        """The one :class:`~headprune.compression.PruneSettings`, its errors naming these flags."""
+        """The one :class:`~headprune.compression.PruneSettings`, its errors naming these flags (or the file)."""
         from ..compression.settings import PruneSettings
 
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "no_guard"}
+        if self.config is not None:
+            given = [f.default.param_decls[0] for f in dataclasses.fields(self)
+                     if f.name != "config" and getattr(self, f.name) != f.default.default]
+            if given:
+                raise ConfigError(f"--config with {given[0]}; allowed: the settings in one place, the file or the "
+                                  "flags")
+            return PruneSettings.from_toml(self.config)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("no_guard",
+                                                                                                   "config")}
         compensate = self.compensate
         if compensate is not None and "," in compensate:  # several, run in order
             compensate = [c.strip() for c in compensate.split(",") if c.strip()]
@@ -248,7 +259,7 @@ def compress_command(
     if settings.head_plan:  # a count above the model's heads: refused before any data is read
         with in_setting_terms():
             check_head_count(model, settings.n_keep, None)
-    settings = with_seq_len(settings, prune.seq_len, model)
+    settings = with_seq_len(settings, settings.seq_len if prune.config else prune.seq_len, model)
     ev = t.on(data, data2)
     calib2 = inputs.calib_data2 if inputs.calib_data else data2
     calib_ev = t.on(calib, calib2, limit=inputs.calib_limit, flag="--calib-data", split=calib_split)

@@ -27,6 +27,7 @@ what its pipeline can do, so nothing given is ignored.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 
 from ..checks import check_choice, check_int, check_number, check_share
@@ -209,9 +210,54 @@ class PruneSettings:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         return out | {"scores": self._scorer.name, "compensate": list(self.compensation_names)}
 
+    def to_toml(self) -> str:
+        """The settings as a ``[settings]`` TOML table (methods by name, unset fields left out): the file
+        ``headprune compress --config`` reads, written into every compress run directory."""
+        lines = ["# headprune compress --config: PruneSettings fields (headprune.compression.PruneSettings)",
+                 "[settings]"]
+        for key, value in self.to_dict().items():
+            if value is not None:
+                lines.append(f"{key} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_toml(cls, path) -> PruneSettings:
+        """The settings of a ``[settings]`` table in the TOML file ``path`` (unknown keys refused, by name)."""
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            try:
+                import tomli as tomllib
+            except ImportError:
+                raise ConfigError("a TOML settings file needs Python >= 3.11 or the tomli package") from None
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"settings file {str(path)!r}: {err}") from None
+        table = data.get("settings")
+        if not isinstance(table, dict) or set(data) - {"settings"}:
+            raise ConfigError(f"settings file {str(path)!r}: tables {sorted(data)}; allowed: one [settings] table")
+        own = [f.name for f in fields(cls)]
+        unknown = sorted(set(table) - set(own))
+        if unknown:
+            raise ConfigError(f"settings file {str(path)!r}: unknown keys {unknown}; allowed: {', '.join(own)}")
+        return cls(**table)
+
     def head_budget(self) -> dict:
         """The head plan's budget as :func:`headprune.selection.gqa.select_gqa` keywords (``n_keep`` / ``keep``
         / ``flops`` / ``kv``)."""
         if self.n_keep is not None:
             return {"n_keep": self.n_keep}
         return {{"count": "keep", "flops": "flops", "kv": "kv"}[self.price]: self.share}
+
+
+def _toml_value(value) -> str:
+    """A TOML literal of a settings value (string, boolean, number or list of strings)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+    return "[" + ", ".join(_toml_value(v) for v in value) + "]"
