@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from headprune.compression import PruneSettings, compress
 from headprune.compression.distill import distill
 from headprune.compression.reconstruct import reconstruct
-from headprune.compression.units import UnitSettings, compress_units
 from headprune.provenance import versions
 
 ROOT = Path(__file__).resolve().parent
@@ -52,8 +52,8 @@ def main(argv=None):
     setup = quick if args.quick else {"sst2": sst2, "enfr": enfr}[args.task]
     model, calib, fits, judge, seq, tgt, data = setup(args, [2 if args.quick else args.fit])
     (fit_n, fit), = fits.items()
-    pruned = compress_units(model, calib, UnitSettings(share=unit_share(model, args.budget, seq, tgt), seq_len=seq,
-                                                       tgt_len=tgt, compensate="none")).model
+    pruned = compress(model, calib, PruneSettings(units="both", share=unit_share(model, args.budget, seq, tgt),
+                                                  seq_len=seq, tgt_len=tgt, compensate="none")).model
     reconstruct(pruned, model, fit)
     rows = [{"lr": 0.0, **judge(pruned)}]
     print(rows[-1], flush=True)

@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers import encoder_report as report  # noqa: E402
 from peers import results_io  # noqa: E402
+from peers.headprune_rows import as_settings  # noqa: E402
 from peers.kwon import kwon_prune  # noqa: E402
 from peers.torch_pruning_run import installed_version  # noqa: E402
 from peers.tp_encoder import torch_pruning_encoder  # noqa: E402
@@ -212,7 +213,7 @@ def prune(method: str, model, batches, budget: float, base: dict, args) -> tuple
                                     "error": info.get("error") or info.get("reason")}
             info = {"torch_pruning": info}
         else:
-            settings = PruneSettings(share=budget, seq_len=args.seq_len, **CONFIGURATIONS[method])
+            settings = PruneSettings(share=budget, seq_len=args.seq_len, **as_settings(CONFIGURATIONS[method]))
             result = compress(model, batches, settings)
             d = result.to_dict()
             pruned, info = result.model, {"stages": d.get("stages"), "seconds": d.get("seconds"),

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import torch
 
+from headprune.compression import PruneSettings, compress
 from headprune.compression.reconstruct import reconstruct
-from headprune.compression.units import UnitSettings, compress_units
 from headprune.provenance import versions
 
 ROOT = Path(__file__).resolve().parent
@@ -124,8 +124,8 @@ def main(argv=None):
     entries = {}
     for task, setup in ((("quick", quick),) if args.quick else (("sst2", sst2), ("enfr", enfr))):
         model, calib, fits, judge, seq, tgt, data = setup(args, sizes)
-        pruned = compress_units(model, calib, UnitSettings(share=unit_share(model, args.budget, seq, tgt), seq_len=seq,
-                                                           tgt_len=tgt, compensate="none")).model
+        pruned = compress(model, calib, PruneSettings(units="both", share=unit_share(model, args.budget, seq, tgt),
+                                                      seq_len=seq, tgt_len=tgt, compensate="none")).model
         rows = [{"fit_examples": 0, **judge(pruned)}]
         for n, fit in fits.items():
             m = copy.deepcopy(pruned)

@@ -47,7 +47,7 @@ from pathlib import Path
 import torch
 
 from headprune.bench.timing import benchmark
-from headprune.compression.units import UnitSettings, compress_units
+from headprune.compression import PruneSettings, compress
 from headprune.core.cost import flop_breakdown
 from headprune.core.unit_cost import unit_costs
 from headprune.evaluation.multiplicity import holm
@@ -343,10 +343,10 @@ def main(argv=None):
     rows, pruned = [], {}
     for budget in budgets:  # every compression before the first test evaluation
         share = unit_share(model, budget, seq, tgt)
-        settings = UnitSettings(share=share, units="both", seq_len=seq, tgt_len=tgt,
-                                distill_epochs=args.distill_epochs, distill_lr=args.distill_lr)
+        settings = PruneSettings(share=share, units="both", seq_len=seq, tgt_len=tgt,
+                                 distill_epochs=args.distill_epochs, distill_lr=args.distill_lr)
         t = time.perf_counter()
-        result = compress_units(model, calib, settings, val_batches=val, fit_batches=fit)
+        result = compress(model, calib, settings, val_batches=val, fit_batches=fit)
         seconds = time.perf_counter() - t
         name = f"flops{budget:.2f}"
         pruned[name] = result.model

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from headprune.bench.machine import machine_info
-from headprune.compression import CompressSettings, plan_heads, score_heads
+from headprune.compression import PruneSettings, plan_heads, score_heads
 from headprune.core.kvcache import kv_head_bytes
 from headprune.evaluation.lm import LanguageModelling
 from headprune.provenance import versions
@@ -130,8 +130,10 @@ def main(argv=None) -> dict | None:
                 scored[family] = score_heads(model, batches, family, progress=not args.quick)
                 out.setdefault("scoring_seconds", {})[family] = scored[family].seconds
             start = time.perf_counter()
-            plan = plan_heads(model, batches, CompressSettings(keep=1 - fraction, method=method, gqa=args.gqa),
-                              scored=scored[family])
+            compensate = method.split("+", 1)[1] if "+" in method else "none"
+            settings = PruneSettings(share=1 - fraction, price="count", scores=family, compensate=compensate,
+                                     gqa=args.gqa)
+            plan = plan_heads(model, batches, settings, scored=scored[family])
             plan_s = time.perf_counter() - start
             r = held_out.evaluate(model, plan.mask(model))
             ratio, low, high = _ratio_interval(base_nll, np.asarray(r.per_example["nll_sum"]), tokens)

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 import headprune as hp
-from headprune.compression import CompressSettings, plan_heads, score_heads
+from headprune.compression import PruneSettings, plan_heads, score_heads
 from headprune.errors import ConfigError
 from headprune.evaluation.data import same_data
 from headprune.evaluation.multiplicity import adjust_rows
@@ -46,6 +46,11 @@ ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ih", "fisher", "fisher+rearrange", "fisher+tune", "random")
 WORDS = ("the a film movie story actor plot scene music good bad great dull long short fine funny sad "
          "charming bleak it is was and but not very quite really").split()
+
+
+def _compensate(method: str) -> str:
+    """The compensation of a method name (``fisher+tune`` -> ``tune``; ``ih`` -> ``none``)."""
+    return method.split("+", 1)[1] if "+" in method else "none"
 
 
 def parse(argv=None):
@@ -205,10 +210,10 @@ def curves(model, evaluator, calib, args) -> tuple[object, list[dict], dict, dic
             timing.setdefault(method, {"score_s": scored.seconds, "plan_s": []})
             for fraction in fractions:
                 n_keep = total - int(round(fraction * total))
-                settings = CompressSettings(n_keep=n_keep, method=method, min_per_site=args.min_per_site,
-                                            damping=args.damping, seed=seed)
+                settings = PruneSettings(n_keep=max(n_keep, 1), scores=family, compensate=_compensate(method),
+                                         min_per_site=args.min_per_site, damping=args.damping, seed=seed)
                 t0 = time.perf_counter()
-                plan = plan_heads(model, calib, settings, scored=scored)
+                plan = plan_heads(model, calib, settings, scored=scored, n_keep=n_keep)  # 0 at the last step
                 timing[method]["plan_s"].append(time.perf_counter() - t0)
                 key = (tuple(sorted((k, tuple(v)) for k, v in plan.drop.items())),
                        None if plan.scales is None else tuple(round(float(x), 7) for v in plan.scales.values()

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import torch
 
+from headprune.compression import PruneSettings, compress
 from headprune.compression.reconstruct import reconstruct
-from headprune.compression.units import compress_units
 from headprune.provenance import versions
 
 ROOT = Path(__file__).resolve().parent
@@ -80,7 +80,7 @@ def tiny(args):
 
 
 def measure(name, model, batches, seq, data, share) -> dict:
-    pruned = compress_units(model, batches, share=share, seq_len=seq, compensate="none").model
+    pruned = compress(model, batches, PruneSettings(units="both", share=share, seq_len=seq, compensate="none")).model
     times, fitted = {}, {}
     for mode in (False, True):
         m = copy.deepcopy(pruned)

@@ -90,7 +90,7 @@ def test_study_and_compress_refuse_counts_below_one_and_write_nothing(root, tmp_
     args = [command, str(root / "bert"), "--task", "classification", "--data", str(root / "dev.tsv"),
             flag, value, "-o", str(out)]
     if command == "compress":
-        args += ["--calib-data", str(root / "train.tsv"), "--keep", "0.5", "--no-bench"]
+        args += ["--calib-data", str(root / "train.tsv"), "--share", "0.5", "--no-bench"]
     line = _refused(runner.invoke(app, args))
     assert f"{flag} {value}" in line and ("allowed" in line or "must be a positive int" in line), line
     assert not out.exists()
@@ -133,7 +133,7 @@ def test_lm_block_size_beyond_the_positions_is_refused(root):
 
 
 def test_missing_heads_file_is_called_missing_not_invalid_json(root, tmp_path):
-    for flag in ("--drop", "--heads"):
+    for flag in ("--drop",):
         out = tmp_path / "pruned"
         line = _refused(runner.invoke(app, ["prune", str(root / "bert"), flag, str(tmp_path / "nope.json"),
                                             "-o", str(out)]))
@@ -173,8 +173,8 @@ def test_compress_without_seq_len_evaluates_every_example(root, tmp_path):
     """80 examples, a 64-position model: the default --seq-len (min(128, positions)) must not cap the data."""
     out = tmp_path / "c"
     result = runner.invoke(app, ["compress", str(root / "bert"), "--task", "classification", "--data",
-                                 str(root / "dev.tsv"), "--calib-data", str(root / "train.tsv"), "--keep", "0.5",
-                                 "--method", "ih", "--no-bench", "-o", str(out)])
+                                 str(root / "dev.tsv"), "--calib-data", str(root / "train.tsv"), "--share", "0.5",
+                                 "--scores", "ih", "--no-bench", "-o", str(out)])
     assert result.exit_code == 0, result.output
     record = json.loads((out / "compress.json").read_text())
     assert record["settings"]["seq_len"] == 64

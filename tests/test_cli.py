@@ -59,7 +59,7 @@ def test_prune_writes_a_loadable_smaller_model(bert_dir, tmp_path):
         (["--drop", '{"encoder.0.self": [9]}'], "head index 9 out of range"),
         (["--drop", "{not json"], "--drop: not valid JSON"),
         (["--drop", "[1, 2]"], "expected a JSON object"),
-        (["--heads", "{not json"], "--heads: not valid JSON"),  # the old name still works
+        (["--heads", "{not json"], "No such option: --heads"),  # the former name, removed in 0.3.0
         ([], "give the heads to remove with --drop"),
     ],
 )

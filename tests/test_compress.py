@@ -15,14 +15,14 @@ from typer.testing import CliRunner
 
 import headprune as hp
 from headprune.cli import app
-from headprune.compression import CompressSettings, compress, plan_heads
+from headprune.compression import PruneSettings, compress, plan_heads
 from headprune.compression.tuning import residual_norms, scale_mask, tune_scales
 from headprune.core.cost import flop_breakdown, head_costs
 from headprune.core.folding import fold_scales
 from headprune.errors import ConfigError, KVCacheWarning
 from headprune.scoring.fisher import fisher_information, quadratic
 from headprune.scoring.gradients import per_example_loss
-from headprune.selection import select_heads
+from headprune.selection.budget import budget_heads
 from headprune.selection.rearrange import rearrange, rearrange_site
 from tiny import build, inputs, labels, word_tokenizer
 
@@ -109,34 +109,34 @@ def test_selection_honours_head_and_flop_budgets_exactly():
     costs = {k: torch.full((4,), 3.0 if "cross" in k else 1.0) for k in scores}
     total_heads, total_cost = 16, sum(float(c.sum()) for c in costs.values())
     for keep in (0.0, 0.25, 0.5, 0.75, 1.0):
-        drop = select_heads(scores, keep=keep)
+        drop = budget_heads(scores, keep=keep)
         assert total_heads - sum(map(len, drop.values())) == round(keep * total_heads)
     for n_keep in (5, 9):
-        drop = select_heads(scores, n_keep=n_keep, min_per_site=1)
+        drop = budget_heads(scores, n_keep=n_keep, min_per_site=1)
         assert total_heads - sum(map(len, drop.values())) == n_keep
         assert all(len(drop.get(k, [])) <= 3 for k in scores)  # one head left in every site
     for share, least in ((0.1, 0), (0.3, 1), (0.5, 1), (0.9, 2)):
-        drop = select_heads(scores, flops=share, costs=costs, min_per_site=least)
+        drop = budget_heads(scores, flops=share, costs=costs, min_per_site=least)
         kept_cost = sum(float(c.sum()) - sum(float(c[h]) for h in drop.get(k, [])) for k, c in costs.items())
         assert kept_cost <= share * total_cost + 1e-9
         for k, heads in drop.items():  # maximal: no dropped head would still fit
             assert all(kept_cost + float(costs[k][h]) > share * total_cost for h in heads)
             assert len(heads) <= 4 - least
-    cheap = select_heads({"a": torch.tensor([1.0, 0.9]), "b": torch.tensor([1.5])}, flops=0.5,
+    cheap = budget_heads({"a": torch.tensor([1.0, 0.9]), "b": torch.tensor([1.5])}, flops=0.5,
                          costs={"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([2.0])})
     assert cheap == {"b": [0]}  # score per FLOP: the two cheap heads beat the better, dearer one
     with pytest.raises(ConfigError, match="n_keep=2 is below"):
-        select_heads(scores, n_keep=2, min_per_site=1)
+        budget_heads(scores, n_keep=2, min_per_site=1)
     with pytest.raises(ConfigError, match="min_per_site"):
-        select_heads(scores, flops=0.2, costs=costs, min_per_site=1)  # one head per site costs 25%
+        budget_heads(scores, flops=0.2, costs=costs, min_per_site=1)  # one head per site costs 25%
     with pytest.raises(ConfigError, match="exactly one budget"):
-        select_heads(scores, keep=0.5, flops=0.5, costs=costs)
+        budget_heads(scores, keep=0.5, flops=0.5, costs=costs)
     with pytest.raises(ConfigError, match="flops= needs costs"):
-        select_heads(scores, flops=0.5)
-    with pytest.raises(ConfigError, match=r"keep=1.5; allowed"):
-        CompressSettings(keep=1.5)
-    with pytest.raises(ConfigError, match="method='magic'; allowed"):
-        CompressSettings(keep=0.5, method="magic")
+        budget_heads(scores, flops=0.5)
+    with pytest.raises(ConfigError, match=r"share=1.5; allowed"):
+        PruneSettings(share=1.5)
+    with pytest.raises(ConfigError, match="scores='magic'; allowed"):
+        PruneSettings(share=0.5, scores="magic")
 
 
 # ---------------------------------------------------------------- rearrangement
@@ -157,7 +157,7 @@ def test_rearrangement_never_increases_the_objective_and_keeps_counts():
     assert improved > 20  # the off-diagonal terms matter
     model = build("bert")
     fisher = fisher_information(model, _batches("bert"))
-    drop = select_heads(fisher.diag, keep=0.5)
+    drop = budget_heads(fisher.diag, keep=0.5)
     new = rearrange(drop, fisher)
     assert {k: len(v) for k, v in new.items()} == {k: len(v) for k, v in drop.items()}
     assert fisher.loss_increase(new) <= fisher.loss_increase(drop) + 1e-15
@@ -247,7 +247,7 @@ def test_guard_turns_down_a_stage_that_raises_the_calibration_loss(monkeypatch):
     compress_module = sys.modules["headprune.compression.plan"]  # where plan_heads looks tune_scales up
     model = build("bert")
     calib = _batches("bert", seeds=(1, 2, 3))
-    settings = CompressSettings(keep=0.5, method="fisher+tune", seq_len=8)
+    settings = PruneSettings(share=0.5, price="count", compensate="tune", seq_len=8)
     plan = plan_heads(model, calib, settings)
     assert list(plan.calib_loss)[0] == "selected"
     kept_stages = [k for k in plan.calib_loss if k not in plan.rejected]
@@ -261,7 +261,8 @@ def test_guard_turns_down_a_stage_that_raises_the_calibration_loss(monkeypatch):
     bad = plan_heads(model, calib, settings)
     assert "tuned" in bad.rejected and bad.scales is None
     assert bad.calib_loss["tuned"] > min(v for k, v in bad.calib_loss.items() if k != "tuned")
-    unguarded = plan_heads(model, calib, CompressSettings(keep=0.5, method="fisher+tune", seq_len=8, guard=False))
+    unguarded = plan_heads(model, calib, PruneSettings(share=0.5, price="count", compensate="tune", seq_len=8,
+                                                       guard=False))
     assert unguarded.scales is not None and not unguarded.rejected and not unguarded.calib_loss
 
 
@@ -292,11 +293,11 @@ def test_folding_equals_the_scales_as_a_mask(family):
 def test_compressed_model_saves_and_reloads_with_the_same_logits(family, tmp_path):
     model = build(family)
     calib = _batches(family, seeds=(1, 2, 3))
-    result = compress(model, calib, keep=0.5, method="fisher+tune", seq_len=8, tgt_len=5)
+    result = compress(model, calib, PruneSettings(share=0.5, price="count", compensate="tune", seq_len=8, tgt_len=5))
     assert result.sizes["after"]["heads"] == result.sizes["before"]["heads"] // 2
     assert result.sizes["after"]["flops"] < result.sizes["before"]["flops"]
     assert sum(s.num_heads for s in hp.find_sites(model)) == result.sizes["before"]["heads"]  # a copy was pruned
-    plan = plan_heads(model, calib, CompressSettings(keep=0.5, method="fisher+tune", seq_len=8, tgt_len=5))
+    plan = plan_heads(model, calib, PruneSettings(share=0.5, price="count", compensate="tune", seq_len=8, tgt_len=5))
     x = inputs(family, seed=7)
     with torch.no_grad(), hp.masked(model, plan.mask(model)):
         want = model(**x).logits
@@ -315,7 +316,8 @@ def test_flop_budget_is_met_exactly_under_gqa_after_rearrangement(share):
     model = build("llama")
     costs = head_costs(model, 8)
     with pytest.warns(KVCacheWarning) if share == 0.7 else contextlib.nullcontext():  # the free knapsack, uneven
-        result = compress(model, _batches("llama"), flops=share, method="fisher+rearrange", seq_len=8, gqa="free")
+        result = compress(model, _batches("llama"), PruneSettings(share=share, price="flops", compensate="rearrange",
+                                                                  seq_len=8, gqa="free"))
     before, after = result.sizes["before"]["attention_flops"], result.sizes["after"]["attention_flops"]
     assert 0 < after <= share * before
     dropped = result.dropped
@@ -351,11 +353,11 @@ def _cli(saved, out, *extra):
 
 def test_cli_compress_end_to_end(saved, tmp_path):
     out = tmp_path / "out"
-    result = _cli(saved, out, "--calib-data", str(saved / "train.tsv"), "--keep", "0.5", "--method", "fisher+tune",
-                  "--seq-len", "8", "--bench-batch", "2", "--bench-repeats", "1", "--batch-size", "4")
+    result = _cli(saved, out, "--calib-data", str(saved / "train.tsv"), "--share", "0.5", "--price", "count",
+                  "--compensate", "tune", "--seq-len", "8", "--bench-batch", "2", "--bench-repeats", "1", "--batch-size", "4")
     assert result.exit_code == 0, result.output
     record = json.loads((out / "compress.json").read_text())
-    assert record["sizes"]["after"]["heads"] == 4 and record["settings"]["method"] == "fisher+tune"
+    assert record["sizes"]["after"]["heads"] == 4 and record["settings"]["compensate"] == ["tune"]
     assert set(record["signature"]) >= {"model", "data", "split", "n", "method", "seed", "versions", "calib_data"}
     assert record["speed"]["speedups"][0]["batch"] == 2
     assert record["settings"]["target"] == "residual" and record["settings"]["guard"] is True
@@ -370,13 +372,13 @@ def test_cli_compress_end_to_end(saved, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--keep", "0.5", "--flops", "0.5"], "exactly one budget"),
-    (["--keep", "1.5"], "--keep 1.5; allowed"),
-    (["--keep", "0.5", "--method", "magic"], "--method 'magic'; allowed"),
-    (["--keep", "0.5", "--tune-target", "logits"], "--tune-target 'logits'; allowed: residual, output"),
-    (["--keep", "0.5", "--calib-data", "DEV"], "is the evaluation data"),
-    (["--keep", "0.5"], "is the evaluation data"),
-    (["--keep", "0.5", "--calib-data", "missing.tsv"], "does not exist"),
+    (["--share", "0.5", "--n-keep", "3"], "exactly one budget"),
+    (["--share", "1.5"], "--share 1.5; allowed"),
+    (["--share", "0.5", "--scores", "magic"], "--scores 'magic'; allowed"),
+    (["--share", "0.5", "--target", "logits"], "--target 'logits'; allowed: residual, output"),
+    (["--share", "0.5", "--calib-data", "DEV"], "is the evaluation data"),
+    (["--share", "0.5"], "is the evaluation data"),
+    (["--share", "0.5", "--calib-data", "missing.tsv"], "does not exist"),
 ])
 def test_cli_bad_input_exits_2_one_line_nothing_written(saved, tmp_path, args, message):
     args = [str(saved / "dev.tsv") if a == "DEV" else str(tmp_path / a) if a.endswith(".tsv") else a for a in args]

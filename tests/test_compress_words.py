@@ -1,6 +1,6 @@
-"""``headprune compress`` speaks the library's words: one flag per PruneSettings field; the former flags
-give the same run and end with a deprecation line naming their replacement; bad budgets are refused in
-one line before the model is loaded (or, for a count, before any data is read)."""
+"""``headprune compress`` speaks the library's words: one flag per PruneSettings field (the flags removed in
+0.3.0 are unknown options); bad budgets are refused in one line before the model is loaded (or, for a count,
+before any data is read)."""
 
 from __future__ import annotations
 
@@ -43,14 +43,11 @@ def _one_line(result) -> str:
 
 @pytest.mark.parametrize("args, words", [
     (["--share", "0"], ["--share 0", "(0, 1]"]),
-    (["--keep", "0"], ["--keep 0", "above 0"]),
-    (["--keep-heads", "0"], ["--keep-heads 0", "above 0"]),
     (["--n-keep", "0"], ["--n-keep 0", ">= 1"]),
     (["--share", "1.5"], ["--share 1.5", "0.0..1.0"]),
     (["--share", "0.5", "--n-keep", "3"], ["exactly one budget", "--share", "--n-keep"]),
     (["--share", "0.5", "--scores", "ih", "--compensate", "tune"], ["--compensate 'tune' with --scores 'ih'"]),
     (["--units", "both", "--n-keep", "3"], ["--n-keep 3 with --units 'both'"]),
-    (["--keep", "0.5", "--share", "0.5"], ["--keep with --share"]),
     (["--share", "0.5", "--price", "count", "--val-data", "x.tsv"], ["--val-data with --compensate tune"]),
 ])
 def test_bad_budgets_are_refused_before_the_model_is_loaded(tmp_path, args, words):
@@ -61,7 +58,7 @@ def test_bad_budgets_are_refused_before_the_model_is_loaded(tmp_path, args, word
     assert not out.exists()
 
 
-@pytest.mark.parametrize("flag", ["--n-keep", "--keep-heads"])
+@pytest.mark.parametrize("flag", ["--n-keep"])
 def test_a_count_above_the_heads_is_refused_before_any_data_is_read(tiny, tmp_path, flag):
     model, _, _ = tiny
     out = tmp_path / "out"
@@ -72,19 +69,23 @@ def test_a_count_above_the_heads_is_refused_before_any_data_is_read(tiny, tmp_pa
     assert not out.exists()
 
 
-def test_former_flags_give_the_same_run_and_name_their_replacements(tiny, tmp_path):
+@pytest.mark.parametrize("flag", ["--keep", "--keep-heads", "--flops", "--kv", "--method", "--tune-target",
+                                  "--trust-unverified"])
+def test_the_flags_removed_in_0_3_are_unknown_options(tmp_path, flag):
+    out = tmp_path / "out"
+    args = [flag] if flag == "--trust-unverified" else [flag, "0.5"]
+    result = _run(tmp_path / "no-model", tmp_path / "dev.tsv", tmp_path / "train.tsv", out, "--share", "0.5", *args)
+    assert result.exit_code == 2 and f"No such option: {flag}" in result.output, result.output
+    assert not out.exists()
+
+
+def test_the_run_records_the_settings_it_was_given(tiny, tmp_path):
     model, dev, train = tiny
-    new = _run(model, dev, train, tmp_path / "new", "--share", "0.5", "--price", "count", "--scores", "ih",
+    run = _run(model, dev, train, tmp_path / "run", "--share", "0.5", "--price", "count", "--scores", "ih",
                "--compensate", "none", "--no-verify")
-    assert new.exit_code == 0, new.output
-    assert "deprecated" not in new.stderr
-    old = _run(model, dev, train, tmp_path / "old", "--keep", "0.5", "--method", "ih", "--trust-unverified")
-    assert old.exit_code == 0, old.output
-    lines = [x for x in old.stderr.splitlines() if "deprecated" in x]
-    assert any("--keep is deprecated; use --share" in x for x in lines), old.stderr
-    assert any("--method is deprecated; use --scores ih --compensate none" in x for x in lines), old.stderr
-    assert any("--trust-unverified is deprecated; use --no-verify" in x for x in lines), old.stderr
-    a, b = (json.loads((tmp_path / d / "compress.json").read_text()) for d in ("new", "old"))
-    assert a["dropped"] == b["dropped"] and a["kept"] == b["kept"] and a["settings"] == b["settings"]
-    assert sum(len(v) for v in a["dropped"].values()) == 4
-    assert a["evaluation"]["after"]["score"] == b["evaluation"]["after"]["score"]
+    assert run.exit_code == 0, run.output
+    assert "deprecated" not in run.stderr
+    record = json.loads((tmp_path / "run" / "compress.json").read_text())
+    assert sum(len(v) for v in record["dropped"].values()) == 4  # half of 2 x 4 heads
+    assert {k: record["settings"][k] for k in ("share", "price", "scores", "compensate")} == \
+        {"share": 0.5, "price": "count", "scores": "ih", "compensate": []}

@@ -111,7 +111,7 @@ SCRIPT = textwrap.dedent(
     assert float((again - pruned).abs().max()) <= 1e-6 * max(scale, 1.0), (again, pruned)
 
     fresh = tiny_bert()
-    result = hp.compress(fresh, [batch], keep=0.5, method="fisher", seq_len=7)
+    result = hp.compress(fresh, [batch], hp.PruneSettings(share=0.5, price="count", compensate="none", seq_len=7))
     assert result.sizes["before"]["heads"] == 8 and result.sizes["after"]["heads"] == 4, result.sizes
     assert sum(s.num_heads for s in hp.find_sites(result.model)) == 4
     assert sum(s.num_heads for s in hp.find_sites(fresh)) == 8  # compress works on a copy

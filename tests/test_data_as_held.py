@@ -104,7 +104,7 @@ def _command(root: Path, out: Path, command: str) -> list[str]:
         "cross-domain": ["cross-domain", str(root / "cls"), *data, "--data-b", str(root / "dsdir"), "-o", str(out)],
         "curve": ["curve", str(root / "cls"), *data, "-o", str(out)],
         "dynamics": ["dynamics", str(root / "cls"), *data, "-o", str(out)],
-        "compress": ["compress", str(root / "cls"), *data, "--keep", "0.5", "-o", str(out)],
+        "compress": ["compress", str(root / "cls"), *data, "--share", "0.5", "-o", str(out)],
         "train classifier": ["train", "classifier", str(root / "cls"), "--data", str(root / "dsdir"), "-o", str(out)],
         "train translation": ["train", "translation", "--data", str(root / "dsdir"), "-o", str(out)],
     }[command]

@@ -1,6 +1,6 @@
 """Distillation after surgery (headprune.compression.distill): the loss it trains is the teacher-to-student
 KL over real positions (checked against torch's own kl_div), it brings the pruned model closer to the
-unpruned one, and compress_units keeps it only where the validation loss says so."""
+unpruned one, and compress keeps it only where the validation loss says so."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 import headprune as hp
+from headprune.compression import PruneSettings, compress
 from headprune.compression.distill import distill
-from headprune.compression.units import UnitSettings, compress_units
 from headprune.core.prune import prune_neurons
 from headprune.errors import ConfigError
 from tiny import build, inputs, labels
@@ -75,20 +75,21 @@ def test_the_teacher_is_left_alone_and_bad_values_are_refused():
     with pytest.raises(ConfigError, match="batches: empty"):
         distill(student, teacher, [])
     with pytest.raises(ConfigError, match="distill_lr"):
-        UnitSettings(distill_epochs=1, distill_lr=-1.0)
+        PruneSettings(units="both", share=0.5, distill_epochs=1, distill_lr=-1.0)
 
 
-def test_compress_units_keeps_distillation_only_where_the_validation_loss_drops():
+def test_compress_keeps_distillation_only_where_the_validation_loss_drops():
     model = build("bert")
     batches = _batches("bert", n=6, batch=6)
     calib, val = batches[:4], batches[4:]
-    result = compress_units(model, calib, share=0.4, seq_len=12, compensate="none", distill_epochs=4,
-                            distill_lr=1e-3, val_batches=val)
+    result = compress(model, calib, PruneSettings(units="both", share=0.4, seq_len=12, compensate="none",
+                                                  distill_epochs=4, distill_lr=1e-3), val_batches=val)
     v = result.val_loss
     kept = v["distilled"] <= v["pruned"]
     assert result.stages["distill"].startswith("kept" if kept else "rejected")
     loss = hp.scoring.gradients.mean_loss(result.model, val)
     assert loss == pytest.approx(v["distilled"] if kept else v["pruned"], rel=1e-6)
     assert result.distillation["steps"] == 16 and "distill" in result.summary()
-    plain = compress_units(model, calib, share=0.4, seq_len=12, compensate="none", val_batches=val)
+    plain = compress(model, calib, PruneSettings(units="both", share=0.4, seq_len=12, compensate="none"),
+                     val_batches=val)
     assert "distill" not in plain.stages and plain.dropped_neurons == result.dropped_neurons

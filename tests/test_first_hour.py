@@ -73,7 +73,7 @@ def test_plain_encoder_refused_before_data_and_output(plain_encoder, tmp_path, c
 def test_plain_encoder_refused_by_compress(plain_encoder, tmp_path):
     out = tmp_path / "compressed"
     result = runner.invoke(app, ["compress", str(plain_encoder), "--task", "classification", "--data", str(SST2),
-                                 "--calib-data", str(SST2_TRAIN), "--keep", "0.5", "-o", str(out)])
+                                 "--calib-data", str(SST2_TRAIN), "--share", "0.5", "-o", str(out)])
     line = _one_line_error(result)
     assert "BertModel" in line and "headprune train classifier" in line
     assert not out.exists()

@@ -197,7 +197,7 @@ def test_fluctuation_needs_no_labels_and_the_result_saves_and_loads_to_the_same_
     model = build("llama")
     batches = _batches("llama", with_labels=False)
     result = compress(model, batches, PruneSettings(units="both", share=0.5, price="params", scores="fluctuation"))
-    assert result.settings["compensate"] == "bias" and result.val_loss == {}  # nothing read a loss
+    assert result.settings["compensate"] == ["bias"] and result.val_loss == {}  # nothing read a loss
     pruned = result.model
     biased = pruned.config.headprune_added_biases
     assert biased and all(getattr(p, "bias", None) is not None for n, p in _projections(pruned) if n in biased)
@@ -244,7 +244,7 @@ def test_fluctuation_defaults_to_bias_and_bias_plus_reconstruct_refits_the_added
     model = build("llama")
     batches = _batches("llama", n=4)
     result = compress(model, batches, PruneSettings(units="both", share=0.6, price="params", scores="fluctuation",
-                                                    compensate="bias+reconstruct", guard=False))
+                                                    compensate=["bias", "reconstruct"], guard=False))
     assert result.stages["bias"].startswith("kept") and result.stages["reconstruct"] == "kept (unguarded)"
     assert result.reconstruction and all(r["error_after"] <= r["error_before"] * (1 + 1e-9)
                                          for r in result.reconstruction)
@@ -275,7 +275,7 @@ def test_cli_flags_map_to_the_settings_one_to_one(tmp_path):
     result = runner.invoke(app, [*base, "--compensate", "bias", "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "out" / "compress.json").read_text())
-    assert record["settings"]["scores"] == "fluctuation" and record["settings"]["compensate"] == "bias"
+    assert record["settings"]["scores"] == "fluctuation" and record["settings"]["compensate"] == ["bias"]
     assert record["stages"]["bias"].startswith("kept")
     loaded = hp.load_pruned(tmp_path / "out")
     assert sum(f.width for f in hp.find_ffns(loaded)) == record["sizes"]["after"]["neurons"]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import headprune as hp
 from headprune.cli import app
-from headprune.compression import compress
+from headprune.compression import PruneSettings, compress
 from headprune.core.cost import head_costs
 from headprune.core.kvcache import kv_cache_bytes
 from headprune.errors import ConfigError, KVCacheWarning
@@ -126,21 +126,21 @@ def test_kv_budget_keeps_at_most_that_share_of_the_cache():
     before = kv_cache_bytes(model)["per_token"]
     x = inputs("llama", batch=4)
     x["labels"] = labels("llama", x)
-    result = compress(model, [x], kv=0.5, method="ih")
+    result = compress(model, [x], PruneSettings(share=0.5, price="kv", scores="ih"))
     after = kv_cache_bytes(result.model)["per_token"]
     assert 0 < after <= 0.5 * before
     assert result.sizes["after"]["kv_cache_bytes_per_token"] == after
 
 
-@pytest.mark.parametrize("method", ["ih", "fisher+rearrange"])
-def test_compress_default_never_enlarges_the_cache(method):
+@pytest.mark.parametrize("scores, compensate", [("ih", "none"), ("fisher", "rearrange")])
+def test_compress_default_never_enlarges_the_cache(scores, compensate):
     model = build("llama")
     before = kv_cache_bytes(model)
     x = inputs("llama", batch=4)
     x["labels"] = labels("llama", x)
     with warnings.catch_warnings():
         warnings.simplefilter("error", KVCacheWarning)
-        result = compress(model, [x], keep=0.5, method=method)
+        result = compress(model, [x], PruneSettings(share=0.5, price="count", scores=scores, compensate=compensate))
     after = kv_cache_bytes(result.model)
     assert all(after["kv_heads"][k] <= before["kv_heads"][k] for k in after["kv_heads"])
     for name, kept in result.kept.items():
@@ -161,7 +161,7 @@ def test_select_refuses_bad_input():
 
 def test_cli_refuses_unknown_gqa_mode(tmp_path):
     out = tmp_path / "out"
-    r = runner.invoke(app, ["compress", str(tmp_path), "--task", "lm", "--data", "builtin:pydoc", "--keep", "0.5",
+    r = runner.invoke(app, ["compress", str(tmp_path), "--task", "lm", "--data", "builtin:pydoc", "--share", "0.5",
                             "--gqa", "even", "-o", str(out)])
     assert r.exit_code == 2 and "--gqa 'even'" in r.output and not out.exists()
 
@@ -201,8 +201,8 @@ def test_cli_compress_a_gqa_lm_on_text_files(tmp_path):
     hp.save_pruned(model, tmp_path / "llama", tokenizer=word_tokenizer(lines, bos_eos=True))
     out = tmp_path / "out"
     r = runner.invoke(app, ["compress", str(tmp_path / "llama"), "--task", "lm", "--data", str(tmp_path / "eval.txt"),
-                            "--calib-data", str(tmp_path / "calib.txt"), "--keep", "0.5",
-                            "--method", "fisher+tune", "--no-bench", "-o", str(out)])
+                            "--calib-data", str(tmp_path / "calib.txt"), "--share", "0.5",
+                            "--price", "count", "--compensate", "tune", "--no-bench", "-o", str(out)])
     assert r.exit_code == 0, r.output
     report = json.loads((out / "compress.json").read_text())
     sizes = report["sizes"]

@@ -189,7 +189,7 @@ def test_ffn_names_survive_a_layer_losing_every_head(family, tmp_path):
 
 
 def test_heads_only_work_on_a_mixture_of_experts_model_skips_its_ffns():
-    from headprune.compression.units import compress_units
+    from headprune.compression import PruneSettings, compress
 
     torch.manual_seed(0)
     moe = T.MixtralForCausalLM(T.MixtralConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
@@ -199,6 +199,7 @@ def test_heads_only_work_on_a_mixture_of_experts_model_skips_its_ffns():
     x = inputs("llama", batch=4)
     batches = [{**x, "labels": labels("llama", x)}, {**x, "labels": labels("llama", x, seed=5)}]
     with pytest.raises(UnsupportedModelError, match="mixture-of-experts"):
-        compress_units(moe, batches, share=0.5, units="both", seq_len=8, verify=False)
-    result = compress_units(moe, batches, share=0.5, units="heads", seq_len=8, verify=False)
+        compress(moe, batches, PruneSettings(share=0.5, units="both", seq_len=8), verify=False)
+    result = compress(moe, batches, PruneSettings(share=0.5, units="heads", seq_len=8, compensate="reconstruct"),
+                      verify=False)
     assert result.sizes["after"]["heads"] < result.sizes["before"]["heads"] and result.sizes["after"]["neurons"] == 0

@@ -1,8 +1,7 @@
 """One compression entry point: ``compress(model, batches, PruneSettings(...))`` for heads, neurons or both.
 
-The former entry points (``compress(keep=...)``, ``compress_units``) keep working for one release with a
-DeprecationWarning, and give what the new one gives for the same settings; bad budgets are refused before
-any scoring, naming the argument, the value and the allowed range.
+The head plan removes the lowest-scored heads and computes what masking them computes; bad budgets are refused
+before any scoring, naming the argument, the value and the allowed range.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import pytest
 import torch
 
 import headprune as hp
-from headprune.compression import CompressResult, PruneSettings, UnitResult, compress, compress_units
+from headprune.compression import CompressResult, PruneSettings, compress
 from headprune.errors import ConfigError
 from tiny import build, inputs, labels
 
@@ -41,35 +40,29 @@ def _never_read():
 
 
 @pytest.mark.parametrize("family", ["bert", "llama"])
-@pytest.mark.parametrize("old, new", [
-    (dict(keep=0.5, method="fisher+tune"), dict(share=0.5, price="count")),
-    (dict(n_keep=5, method="fisher+rearrange"), dict(n_keep=5, compensate="rearrange")),
-    (dict(flops=0.6, method="ih"), dict(share=0.6, price="flops", scores="ih")),
-])
-def test_settings_give_what_the_former_keywords_gave(family, old, new):
+def test_the_head_plan_removes_the_lowest_scored_heads_and_equals_the_masked_model(family):
+    """Reference: I_h from headprune.head_importance ranked by hand, and the unpruned model under a hand-built mask."""
     model = build(family)
     batches = _batches(family)
-    with pytest.warns(DeprecationWarning, match=r"compress\(model, batches, keep=.*use compress\(model, batches, "
-                                                r"PruneSettings"):
-        before = compress(model, batches, seq_len=8, **old)
-    after = compress(model, batches, PruneSettings(seq_len=8, **new))
-    assert isinstance(after, CompressResult)
-    assert after.dropped == before.dropped and after.kept == before.kept and after.scales == before.scales
-    assert after.settings == before.settings  # the plan's own record is unchanged
+    result = compress(model, batches, PruneSettings(n_keep=4, price="count", scores="ih", compensate="none",
+                                                    seq_len=8))
+    assert isinstance(result, CompressResult)
+    scores = hp.head_importance(model, batches)
+    ranked = sorted((float(v[h]), name, h) for name, v in scores.items() for h in range(v.numel()))
+    total = sum(v.numel() for v in scores.values())
+    if family == "bert":  # no key/value groups: exactly the total - 4 lowest
+        want = {}
+        for _, name, h in ranked[:total - 4]:
+            want.setdefault(name, []).append(h)
+        assert {k: sorted(v) for k, v in result.dropped.items() if v} == {k: sorted(v) for k, v in want.items()}
+    assert sum(len(v) for v in result.kept.values()) == 4
+    mask = hp.mask_from_heads(hp.find_sites(model), result.dropped)
     x = inputs(family)
+    with torch.no_grad(), hp.masked(model, mask):
+        want_logits = model(**x).logits
     with torch.no_grad():
-        assert torch.equal(after.model(**x).logits, before.model(**x).logits)
-
-
-def test_heads_and_neurons_give_what_compress_units_gave():
-    model = build("bert")
-    batches = _batches("bert", seeds=(1, 2, 3, 4))
-    with pytest.warns(DeprecationWarning, match="compress_units.*use compress"):
-        before = compress_units(model, batches, share=0.5, units="both", seq_len=8, compensate="none")
-    after = compress(model, batches, PruneSettings(units="both", share=0.5, seq_len=8, compensate="none"))
-    assert isinstance(after, UnitResult)
-    assert after.dropped_heads == before.dropped_heads and after.dropped_neurons == before.dropped_neurons
-    assert any(after.dropped_neurons.values())
+        got = result.model(**x).logits
+    assert (got - want_logits).abs().max() <= 1e-5 * want_logits.abs().max()
 
 
 def test_new_entry_point_does_not_warn():
@@ -98,8 +91,8 @@ def test_bad_settings_are_refused_on_creation(kwargs, pattern):
 
 
 def test_same_per_site_takes_a_head_count_whatever_the_price_says():
-    assert PruneSettings(n_keep=4, same_per_site=True).heads_settings().n_keep == 4  # price keeps its default
-    assert PruneSettings(share=0.5, price="count", same_per_site=True).heads_settings().keep == 0.5
+    assert PruneSettings(n_keep=4, same_per_site=True).head_budget() == {"n_keep": 4}  # price keeps its default
+    assert PruneSettings(share=0.5, price="count", same_per_site=True).head_budget() == {"keep": 0.5}
 
 
 def test_a_count_above_the_model_heads_is_refused_before_reading_the_batches():
@@ -117,23 +110,22 @@ def test_arguments_a_pipeline_cannot_use_are_refused_not_dropped():
         compress(model, batches, PruneSettings(share=0.5), val_batches=batches)
     with pytest.raises(ConfigError, match="sites: not used by units='both'"):
         compress(model, batches, PruneSettings(units="both", share=0.5), sites=["encoder.0.self"])
-    with pytest.raises(ConfigError, match="not both"):
-        compress(model, batches, PruneSettings(share=0.5), keep=0.5)
-    with pytest.raises(ConfigError, match="unexpected keyword argument 'kepe'"), \
-            pytest.warns(DeprecationWarning):
-        compress(model, batches, kepe=0.5)
+    with pytest.raises(ConfigError, match="settings=dict; allowed: PruneSettings"):
+        compress(model, batches, {"share": 0.5})
 
 
-def test_replay_kept_heads_and_its_deprecated_name():
+def test_replay_kept_heads_equals_the_masked_model_and_the_former_name_is_gone():
     model = build("bert")
     kept = {s.name: [0, 2] for s in hp.find_sites(model)}
-    fresh, old = build("bert"), build("bert")
+    fresh = build("bert")
     assert hp.replay_kept_heads(fresh, kept) == kept
-    with pytest.warns(DeprecationWarning, match="keep_heads is deprecated; use headprune.replay_kept_heads"):
-        assert hp.keep_heads(old, kept) == kept
+    assert not hasattr(hp, "keep_heads")  # removed in 0.3.0 (CHANGELOG.md)
     x = inputs("bert")
+    mask = hp.mask_from_heads(model, {s.name: [1, 3] for s in hp.find_sites(model)})
+    with torch.no_grad(), hp.masked(model, mask):
+        want = model(**x).logits
     with torch.no_grad():
-        assert torch.equal(fresh(**x).logits, old(**x).logits)
+        assert (fresh(**x).logits - want).abs().max() <= 1e-5 * want.abs().max()
 
 
 def test_the_readme_selection_never_grows_a_gqa_kv_cache():

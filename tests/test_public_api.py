@@ -1,7 +1,7 @@
 """The public names, pinned: ``headprune.__all__`` and the command line's commands and flags.
 
-A rename shows up here first; the former name then stays for one release with a deprecation (see
-``headprune.renamed`` and ``headprune.cli.compress_flags``), and this list changes with it.
+A rename shows up here first, and this list changes with it (pre-1.0: no compatibility shims; CHANGELOG.md
+lists what was renamed or removed).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ PUBLIC = [
     "compress", "PruneSettings", "CompressResult", "UnitResult", "score_heads", "Scores", "plan_heads", "CompressPlan",
     "text_batches",
 ]
-DEPRECATED = ["keep_heads", "compress_units", "CompressSettings", "UnitSettings"]  # importable, not listed
+DEPRECATED: list[str] = []  # none since 0.3.0 (the former names are gone, not kept)
 
 TASK = ["--task", "--data", "--data2", "--split", "--text-column", "--text-pair-column", "--label-column",
         "--source-column", "--target-column", "--label-map", "--limit", "--batch-size", "--metric", "--beams",
@@ -35,20 +35,19 @@ TASK = ["--task", "--data", "--data2", "--split", "--text-column", "--text-pair-
 SWEEP = ["--sites", "--alpha", "--resamples", "--seed", "--correction", "--prefix-cache"]
 COMMANDS = {
     "ablate": [*TASK, *SWEEP, "--output", "--fresh", "--quiet", "--progress"],
+    "apply": ["--device", "--dtype", "--no-verify", "--output"],
     "all-but-one": [*TASK, *SWEEP, "--choose-data", "--choose-data2", "--choose-split", "--calib-limit", "--output",
                     "--fresh", "--quiet", "--progress"],
     "bench": ["--batch-sizes", "--decode", "--decode-batch", "--decode-new", "--decode-prompt", "--device", "--dtype",
               "--gqa", "--masked", "--min-repeat-s", "--no-memory", "--onnx", "--output", "--prune-fraction",
               "--prune-order", "--repeats", "--seed", "--seq-len", "--tgt-len", "--threads", "--no-verify",
-              "--trust-unverified", "--warmup"],
+              "--warmup"],
     "compress": [*TASK, "--calib-data", "--calib-data2", "--calib-split", "--calib-limit", "--allow-same-data",
                  "--units", "--share", "--n-keep", "--price", "--scores", "--compensate", "--gqa", "--same-per-site",
                  "--min-per-site", "--seq-len", "--tgt-len", "--damping", "--max-scale", "--target", "--no-guard",
                  "--val-share", "--bench-batch", "--bench-repeats", "--no-bench", "--seed", "--val-data", "--val-data2",
                  "--val-split", "--val-limit", "--fit-limit", "--distill-epochs", "--distill-lr", "--output", "--quiet",
-                 "--progress", "--no-verify",
-                 # former flags (hidden, deprecated for one release)
-                 "--keep", "--keep-heads", "--flops", "--kv", "--method", "--tune-target", "--trust-unverified"],
+                 "--progress", "--no-verify", "--config"],
     "cross-domain": [*TASK, *SWEEP, "--data-b", "--data2-b", "--split-b", "--names", "--output", "--fresh", "--quiet",
                      "--progress"],
     "curve": [*TASK, "--calib-data", "--calib-data2", "--calib-split", "--calib-limit", "--gqa", "--kind",
@@ -63,7 +62,7 @@ COMMANDS = {
     "lm-eval": ["--batch-size", "--defaults", "--include-path", "--limit", "--num-fewshot", "--output", "--tasks"],
     "importance": [*TASK, "--absolute", "--block-size", "--calib-limit", "--checkpoint-blocks", "--max-length",
                    "--normalize", "--scores", "--output", "--fresh", "--quiet", "--progress"],
-    "prune": ["--device", "--drop", "--dtype", "--heads", "--output", "--no-verify", "--trust-unverified"],
+    "prune": ["--device", "--drop", "--dtype", "--output", "--no-verify"],
     "report": [],
     "sites": ["--device", "--dtype", "--json"],
     "train classifier": ["--batch-size", "--data", "--epochs", "--eval-data", "--eval-limit", "--eval-split",

@@ -149,14 +149,13 @@ def test_bench_dtype_help_is_its_own():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--keep", "0.5", "--method", "fisher+rearrange+tune"],
-     "--method 'fisher+rearrange+tune'; allowed: ih, fisher, fisher+rearrange, fisher+tune, random"),
-    (["--keep", "0.5", "--tune-target", "input"], "--tune-target 'input'; allowed: residual, output"),
-    (["--keep", "1.5"], "--keep 1.5; allowed: a number 0.0..1.0"),
-    (["--units", "both", "--keep", "1.5"], "--keep 1.5; allowed: a number 0.0..1.0"),
-    (["--units", "neurons", "--flops", "-0.5"], "--flops -0.5; allowed: a number 0.0..1.0"),
-    (["--units", "both", "--keep", "0.5", "--tune-target", "input"], "--tune-target 'input'; allowed: residual, output"),
-    (["--units", "both", "--keep", "0.5", "--no-bench"], "(or pass --val-data, or a smaller --batch-size)"),
+    (["--share", "0.5", "--compensate", "rearrange+tune"], "--compensate 'rearrange+tune'; allowed: none, rearrange"),
+    (["--share", "0.5", "--target", "input"], "--target 'input'; allowed: residual, output"),
+    (["--share", "1.5"], "--share 1.5; allowed: a number 0.0..1.0"),
+    (["--units", "both", "--share", "1.5"], "--share 1.5; allowed: a number 0.0..1.0"),
+    (["--units", "neurons", "--share", "-0.5"], "--share -0.5; allowed: a number 0.0..1.0"),
+    (["--units", "both", "--share", "0.5", "--target", "input"], "--target 'input'; allowed: residual, output"),
+    (["--units", "both", "--share", "0.5", "--no-bench"], "(or pass --val-data, or a smaller --batch-size)"),
 ])
 def test_compress_errors_name_the_flags(tiny, tmp_path, args, message):
     """Errors named the library's arguments (method=..., target='input', share=1.5, 'None or a number')."""
@@ -170,13 +169,13 @@ def test_compress_errors_name_the_flags(tiny, tmp_path, args, message):
     assert "=" not in lines[0].split(";")[0] and "None" not in lines[0] and not out.exists()
 
 
-def test_compress_units_both_finishes_into_a_new_directory(tiny, tmp_path):
+def test_compress_both_finishes_into_a_new_directory(tiny, tmp_path):
     """`compress --units both` saved the pruned model into -o, then refused its own folder as 'not empty ... holds
     no headprune run', exit 2, the model left behind: the README's command never finished."""
     model, data = tiny
     out = tmp_path / "both"
     result = runner.invoke(app, ["compress", str(model), "--task", "classification", "--data", str(data),
-                                 "--calib-data", str(data), "--allow-same-data", "--units", "both", "--flops", "0.5",
+                                 "--calib-data", str(data), "--allow-same-data", "--units", "both", "--share", "0.5",
                                  "--no-bench", "--batch-size", "4", "-o", str(out)])
     assert result.exit_code == 0, result.output
     assert {"run.json", "compress.json", "results.json", "report.html", "config.json"} <= {p.name for p in out.iterdir()}
@@ -193,7 +192,7 @@ def test_compress_units_both_finishes_into_a_new_directory(tiny, tmp_path):
     ("prune", "--drop", '{"encoder.7.self": [1]}', "--drop: unknown site 'encoder.7.self'"),
     ("prune", "--drop", '{"encoder.1.self": [4]}', "--drop['encoder.1.self']: head index 4 out of range; allowed: "
      "integers 0..3"),
-    ("prune", "--heads", '{"encoder.1.self": [-1]}', "--heads['encoder.1.self']: head index -1 out of range"),
+    ("prune", "--drop", '{"encoder.1.self": [-1]}', "--drop['encoder.1.self']: head index -1 out of range"),
 ])
 def test_head_list_errors_name_the_flag(tiny, tmp_path, command, flag, value, message):
     """A wrong site or head index named the library's argument ('heads: unknown site', "dropped['...']")."""

@@ -206,7 +206,7 @@ def test_signature_holds_hashes_options_and_code(whole, root):
     sig = json.loads((whole / "run.json").read_text())["signature"]
     assert sig["data_sha256"]["--data"] == file_sha256(root / "text.txt")
     assert len(sig["model_sha256"]) == 64 and sig["options"]["batch_size"] == 8 and sig["options"]["limit"] == 6
-    assert sig["code"]["version"] == hp.__version__ == "0.2.0" and len(sig["code"]["source_sha256"]) == 64
+    assert sig["code"]["version"] == hp.__version__ == "0.3.0" and len(sig["code"]["source_sha256"]) == 64
     head = subprocess.run(["git", "-C", str(Path(hp.__file__).parent), "rev-parse", "HEAD"], capture_output=True,
                           text=True)
     if head.returncode == 0:  # a checkout: the commit is recorded

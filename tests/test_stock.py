@@ -117,13 +117,14 @@ def test_cli_prune_writes_a_stock_directory(tmp_path):
 
 @pytest.mark.parametrize("mode", ["uniform", "groups"])
 def test_compress_same_per_site_ships_a_stock_directory(mode, tmp_path):
-    from headprune.compression import compress
+    from headprune.compression import PruneSettings, compress
     from tiny import labels
 
     model = build("llama")
     x = inputs("llama", batch=4)
     x["labels"] = labels("llama", x)
-    result = compress(model, [x], keep=0.5, method="fisher+tune", gqa=mode, same_per_site=True)
+    result = compress(model, [x], PruneSettings(share=0.5, price="count", compensate="tune", gqa=mode,
+                                               same_per_site=True))
     kept = {len(v) for v in result.kept.values()}
     assert len(kept) == 1 and kept != {6}
     hp.save_pruned(result.model, tmp_path / "m")
@@ -135,13 +136,13 @@ def test_compress_same_per_site_ships_a_stock_directory(mode, tmp_path):
 
 
 def test_same_per_site_refuses_free_and_other_budgets():
-    from headprune.compression import CompressSettings
+    from headprune.compression import PruneSettings
     from headprune.errors import ConfigError
 
     with pytest.raises(ConfigError, match="same_per_site"):
-        CompressSettings(keep=0.5, gqa="free", same_per_site=True)
+        PruneSettings(share=0.5, price="count", gqa="free", same_per_site=True)
     with pytest.raises(ConfigError, match="same_per_site"):
-        CompressSettings(flops=0.5, same_per_site=True)
+        PruneSettings(share=0.5, price="flops", same_per_site=True)
 
 
 def test_stock_is_used_where_the_config_can_say_the_shape(tmp_path):

@@ -1,6 +1,6 @@
 """One budget over heads and neurons: prices add up to what the FLOP counter measures on the pruned model,
 the search matches brute force where it claims to be exact, the refit matches a direct least-squares
-solve, and compress_units keeps its budget and says which stages it kept."""
+solve, and compress keeps its budget and says which stages it kept."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import headprune as hp
+from headprune.compression import PruneSettings, compress
 from headprune.compression.reconstruct import reconstruct
-from headprune.compression.units import UnitSettings, compress_units
 from headprune.core.cost import flop_breakdown
 from headprune.core.ffn import find_ffns
 from headprune.core.masking import masked_neurons, neuron_mask_from
@@ -84,7 +84,7 @@ def test_units_pool_leaves_the_other_kind_alone_and_bad_settings_are_refused():
     with pytest.raises(ConfigError, match="units"):
         select_units(hs, ns, costs, 0.5, units="layers")
     with pytest.raises(ConfigError, match="share"):
-        UnitSettings(share=1.5)
+        PruneSettings(units="both", share=1.5)
 
 
 def test_refit_of_the_first_projection_equals_a_direct_least_squares_solve():
@@ -115,10 +115,10 @@ def test_refit_of_the_first_projection_equals_a_direct_least_squares_solve():
 
 
 @pytest.mark.parametrize("family", ["bert", "t5", "llama", "gpt2"])
-def test_compress_units_keeps_the_budget_and_equals_the_masked_model_without_compensation(family):
+def test_compress_both_keeps_the_budget_and_equals_the_masked_model_without_compensation(family):
     model = build(family)
     batches = _batches(family)
-    result = compress_units(model, batches, share=0.5, seq_len=12, tgt_len=6, compensate="none")
+    result = compress(model, batches, PruneSettings(units="both", share=0.5, seq_len=12, tgt_len=6, compensate="none"))
     costs = unit_costs(model, "flops", seq_len=12, tgt_len=6)
     spent = costs.total() - sum(float(costs.heads[k][v].sum()) for k, v in result.dropped_heads.items()) - \
         sum(float(costs.neurons[k][v].sum()) for k, v in result.dropped_neurons.items())
@@ -134,7 +134,7 @@ def test_compress_units_keeps_the_budget_and_equals_the_masked_model_without_com
 
 
 def test_held_out_batches_are_spread_over_the_order():
-    from headprune.compression.units import held_out
+    from headprune.compression.pool import held_out
 
     assert held_out(4, 1) == {2} and held_out(8, 2) == {2, 6} and held_out(3, 2) == {0, 2}
     assert all(len(held_out(n, k)) == k for n in range(2, 40) for k in range(1, n))
@@ -143,7 +143,7 @@ def test_held_out_batches_are_spread_over_the_order():
 def test_reconstruction_is_judged_on_held_out_batches_and_the_choice_follows_the_validation_loss():
     model = build("bert")
     batches = _batches("bert", n=4)
-    result = compress_units(model, batches, share=0.4, seq_len=12)
+    result = compress(model, batches, PruneSettings(units="both", share=0.4, seq_len=12))
     assert result.split == {"calib_batches": 3, "val_batches": 1, "calib_examples": 18, "val_examples": 6,
                             "fit_batches": 3, "fit_examples": 18}
     v = result.val_loss
@@ -157,7 +157,8 @@ def test_the_refit_reads_the_fit_batches_and_needs_separate_validation():
     model = build("bert")
     batches = _batches("bert", n=6)
     calib, fit, val = batches[:2], batches[:5], batches[5:]
-    result = compress_units(model, calib, share=0.4, seq_len=12, target="output", val_batches=val, fit_batches=fit)
+    result = compress(model, calib, PruneSettings(units="both", share=0.4, seq_len=12, target="output"),
+                      val_batches=val, fit_batches=fit)
     assert result.split["fit_examples"] == 30 and result.split["calib_examples"] == 12
     # the reference: the unpruned first output projection's squared outputs over the fit batches' real tokens
     first = hp.find_sites(model)[0]
@@ -172,9 +173,10 @@ def test_the_refit_reads_the_fit_batches_and_needs_separate_validation():
     row = next(r for r in result.reconstruction if r["layer"] == first.name)
     assert row["target_norm"] == pytest.approx(want, rel=1e-5)
     with pytest.raises(ConfigError, match="fit_batches without val_batches"):
-        compress_units(model, calib, share=0.4, seq_len=12, fit_batches=fit)
+        compress(model, calib, PruneSettings(units="both", share=0.4, seq_len=12), fit_batches=fit)
     with pytest.raises(ConfigError, match="fit_batches: empty"):
-        compress_units(model, calib, share=0.4, seq_len=12, fit_batches=[], val_batches=val)
+        compress(model, calib, PruneSettings(units="both", share=0.4, seq_len=12), fit_batches=[],
+                 val_batches=val)
 
 
 @pytest.mark.parametrize("family", ["bert", "llama"])

@@ -37,7 +37,7 @@ def _cli(saved, out, *extra):
 
 def test_cli_units_both_end_to_end(saved, tmp_path):
     out = tmp_path / "out"
-    result = _cli(saved, out, "--units", "both", "--flops", "0.5", "--val-data", str(saved / "val.tsv"),
+    result = _cli(saved, out, "--units", "both", "--share", "0.5", "--val-data", str(saved / "val.tsv"),
                   "--bench-batch", "2", "--bench-repeats", "1")
     assert result.exit_code == 0, result.output
     record = json.loads((out / "compress.json").read_text())
@@ -56,7 +56,7 @@ def test_cli_units_both_end_to_end(saved, tmp_path):
 def _units_run(saved, tmp_path, *extra):
     """(CLI result, compress.json) of a --units both run validated on val.tsv."""
     out = tmp_path / "out"
-    result = _cli(saved, out, "--units", "both", "--flops", "0.5", "--val-data", str(saved / "val.tsv"), "--no-bench",
+    result = _cli(saved, out, "--units", "both", "--share", "0.5", "--val-data", str(saved / "val.tsv"), "--no-bench",
                   *extra)
     assert result.exit_code == 0, result.output
     return result, json.loads((out / "compress.json").read_text())
@@ -78,18 +78,18 @@ def test_cli_distill_runs_after_the_reconstruction_and_the_summary_says_if_it_wa
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--units", "layers", "--keep", "0.5"], "--units 'layers'; allowed"),
-    (["--units", "both", "--keep-heads", "3"], "--keep-heads counts heads"),
-    (["--units", "both", "--flops", "0.5", "--price", "params"], "--flops with --price 'params'"),
-    (["--units", "both", "--keep", "0.5", "--method", "ih"], "--method 'ih' with --units both"),
-    (["--units", "neurons", "--keep", "0.5", "--val-data", "DEV"], "--val-data"),
-    (["--units", "neurons", "--keep", "0.5", "--price", "bytes"], "--price 'bytes'; allowed"),
-    (["--units", "both", "--keep", "0.5", "--fit-limit", "8"], "--fit-limit 8 without --val-data"),
-    (["--units", "both", "--keep", "0.5", "--fit-limit", "0", "--val-data", "VAL"], "--fit-limit 0; allowed"),
-    (["--units", "both", "--keep", "0.5", "--fit-limit", "8", "--val-data", "VAL", "--method", "fisher"],
-     "--fit-limit with --method fisher"),
-    (["--units", "both", "--keep", "0.5", "--distill-epochs", "-1"], "--distill-epochs"),
-    (["--units", "both", "--keep", "0.5", "--distill-epochs", "1", "--distill-lr", "0"], "--distill-lr 0.0; allowed"),
+    (["--units", "layers", "--share", "0.5"], "--units 'layers'; allowed"),
+    (["--units", "both", "--n-keep", "3"], "--n-keep 3 with --units 'both'"),
+    (["--units", "both", "--share", "0.5", "--price", "count"], "--price 'count' with --units 'both'"),
+    (["--units", "both", "--share", "0.5", "--scores", "ih"], "--scores 'ih' with --units 'both'"),
+    (["--units", "neurons", "--share", "0.5", "--val-data", "DEV"], "--val-data"),
+    (["--units", "neurons", "--share", "0.5", "--price", "bytes"], "--price 'bytes'; allowed"),
+    (["--units", "both", "--share", "0.5", "--fit-limit", "8"], "--fit-limit 8 without --val-data"),
+    (["--units", "both", "--share", "0.5", "--fit-limit", "0", "--val-data", "VAL"], "--fit-limit 0; allowed"),
+    (["--units", "both", "--share", "0.5", "--fit-limit", "8", "--val-data", "VAL", "--compensate", "none"],
+     "--fit-limit with --compensate none"),
+    (["--units", "both", "--share", "0.5", "--distill-epochs", "-1"], "--distill-epochs"),
+    (["--units", "both", "--share", "0.5", "--distill-epochs", "1", "--distill-lr", "0"], "--distill-lr 0.0; allowed"),
 ])
 def test_cli_units_bad_input_exits_2_one_line_nothing_written(saved, tmp_path, args, message):
     args = [{"DEV": str(saved / "dev.tsv"), "VAL": str(saved / "val.tsv")}.get(a, a) for a in args]
@@ -102,7 +102,7 @@ def test_cli_units_bad_input_exits_2_one_line_nothing_written(saved, tmp_path, a
 
 def test_heads_only_compress_says_which_stages_the_guard_kept(saved, tmp_path):
     out = tmp_path / "heads"
-    result = _cli(saved, out, "--keep", "0.5", "--method", "fisher+tune", "--no-bench")
+    result = _cli(saved, out, "--share", "0.5", "--price", "count", "--compensate", "tune", "--no-bench")
     assert result.exit_code == 0, result.output
     record = json.loads((out / "compress.json").read_text())
     line = next(x for x in result.output.splitlines() if x.startswith("stages"))
@@ -112,7 +112,7 @@ def test_heads_only_compress_says_which_stages_the_guard_kept(saved, tmp_path):
 
 def test_heads_only_with_reconstruction_keeps_every_neuron(saved, tmp_path):
     out = tmp_path / "recon"
-    result = _cli(saved, out, "--keep", "0.5", "--method", "fisher+reconstruct", "--no-bench")
+    result = _cli(saved, out, "--share", "0.5", "--compensate", "reconstruct", "--no-bench")
     assert result.exit_code == 0, result.output
     record = json.loads((out / "compress.json").read_text())
     assert record["sizes"]["after"]["neurons"] == record["sizes"]["before"]["neurons"] == 74

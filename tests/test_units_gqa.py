@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import headprune as hp
-from headprune.compression.units import compress_units
+from headprune.compression import PruneSettings, compress
 from headprune.core.unit_cost import unit_costs
 from headprune.errors import KVCacheWarning
 from headprune.selection.gqa import kv_groups
@@ -56,14 +56,14 @@ def test_uniform_units_keep_heads_even_over_key_value_groups(share):
                 assert max(float(heads[site][h]) for h in gone) <= min(float(heads[site][h]) for h in kept)
 
 
-def test_compress_units_on_gqa_never_grows_the_cache_and_free_warns():
+def test_compress_both_on_gqa_never_grows_the_cache_and_free_warns():
     model = build("llama")
     batches = []
     for s in range(3):
         x = inputs("llama", batch=4, seed=s)
         batches.append({**x, "labels": labels("llama", x, seed=s)})
     before = _cache_bytes(model)
-    result = compress_units(model, batches, share=0.5, seq_len=12, compensate="none")
+    result = compress(model, batches, PruneSettings(units="both", share=0.5, seq_len=12, compensate="none"))
     assert sum(len(v) for v in result.dropped_heads.values()) > 0
     assert _cache_bytes(result.model) <= before
     groups = kv_groups(model)

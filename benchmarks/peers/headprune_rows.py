@@ -51,7 +51,13 @@ def settings_for(name: str, model: nn.Module, budget: float) -> PruneSettings:
     """The PruneSettings of configuration ``name`` removing ``budget`` of ``model``'s non-embedding parameters."""
     target = math.ceil(budget * nonembedding_params(model))
     pool = unit_costs(model, "params").total()
-    return PruneSettings(share=1 - target / pool, **CONFIGURATIONS[name])
+    return PruneSettings(share=1 - target / pool, **as_settings(CONFIGURATIONS[name]))
+
+
+def as_settings(config: dict) -> dict:
+    """A configuration as PruneSettings fields: ``compensate`` as the list of compensations run in order (the
+    configurations keep the one-word form their committed rows were recorded with, e.g. ``bias+reconstruct``)."""
+    return {**config, "compensate": config["compensate"].split("+")}
 
 
 def headprune_row(name: str, model: nn.Module, batches, budget: float) -> tuple[nn.Module, dict]:
@@ -63,7 +69,7 @@ def headprune_row(name: str, model: nn.Module, batches, budget: float) -> tuple[
     d = result.to_dict()
     heads = d.get("dropped_heads", d.get("dropped", {}))
     neurons = d.get("dropped_neurons", {})
-    info = {"settings": {k: v for k, v in vars(settings).items()}, "stages": d.get("stages"),
+    info = {"settings": settings.to_dict(), "stages": d.get("stages"),
             "heads": sum(len(v) for v in heads.values()), "neurons": sum(len(v) for v in neurons.values()),
             "seconds": seconds}
     return result.model, info

@@ -27,9 +27,7 @@ from .extras import MissingDependencyError
 from .lazy import lazy_names
 from .provenance import __version__
 
-# Pinned by tests/test_public_api.py. Kept importable but not listed (deprecated for one release):
-# keep_heads (-> replay_kept_heads), compress_units (-> compress with PruneSettings), and the pipelines'
-# own settings CompressSettings / UnitSettings (-> PruneSettings).
+# Pinned by tests/test_public_api.py.
 __all__ = [
     "__version__", "core", "scoring", "selection", "compression",
     "ConfigError", "DataError", "HeadpruneError", "MaskError", "PlanError", "SiteError", "UnsupportedModelError",
@@ -51,17 +49,14 @@ __all__ = [
     "text_batches",
 ]
 
-# Importable but not listed (deprecated for one release): keep_heads, compress_units, CompressSettings,
-# UnitSettings.
 SUBPACKAGES = ("core", "scoring", "selection", "compression")
 SOURCES = {  # public name -> the module it is read from on first use
-    **dict.fromkeys(("CompressPlan", "CompressResult", "CompressSettings", "PruneSettings", "Scores", "UnitResult",
-                     "UnitSettings", "compress", "compress_units", "plan_heads", "score_heads"), "compression"),
+    **dict.fromkeys(("CompressPlan", "CompressResult", "PruneSettings", "Scores", "UnitResult", "compress",
+                     "plan_heads", "score_heads"), "compression"),
     **dict.fromkeys(("FFN", "DroppedHeads", "KeptHeads", "Site", "find_sites", "fold_scales", "is_masked",
                      "kept_heads", "load_model", "load_pruned", "mask_from_heads", "mask_heads", "masked", "ones_mask",
                      "original_heads", "prune_heads", "save_pruned", "unmask_heads", "find_ffns", "kept_neurons",
-                     "masked_neurons", "prune_neurons"), "core"),
-    **dict.fromkeys(("keep_heads", "replay_kept_heads"), "renamed"),
+                     "masked_neurons", "prune_neurons", "replay_kept_heads"), "core"),
     **dict.fromkeys(("Fisher", "fisher_information", "head_importance", "importance_sums", "mask_gradients",
                      "normalize_per_site", "fluctuation_scores"), "scoring"),
     **dict.fromkeys(("kv_groups", "lowest_heads", "select_heads"), "selection"),

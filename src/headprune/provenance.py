@@ -16,7 +16,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 PACKAGES = ("headprune", "torch", "transformers", "tokenizers", "safetensors", "sacrebleu", "scipy", "numpy")
 CHUNK = 1 << 20

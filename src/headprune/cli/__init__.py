@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import bench, compress, evaluate, export, harness, importance, model, study, train  # noqa: F401  (each registers its commands)
+from . import apply, bench, compress, evaluate, export, harness, importance, model, study, train  # noqa: F401  (each registers its commands)
 from .app import app, escape_help
 
 escape_help(app)

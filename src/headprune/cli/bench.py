@@ -11,7 +11,6 @@ from pathlib import Path
 import typer
 
 from ..bench.settings import PRUNE_ORDERS, BenchSettings
-from ..deprecation import deprecation_line
 from ..errors import ConfigError
 from .app import app, friendly
 from .options import DEVICE, device_dtype
@@ -42,7 +41,6 @@ def bench(
     no_memory: bool = typer.Option(False, "--no-memory", help="Skip the peak-memory measurement."),
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the check that surgery is exact for this model's "
                                    "class (refused families): check the result yourself (library: verify=False)."),
-    trust_unverified: bool = typer.Option(False, "--trust-unverified", hidden=True, help="Deprecated: --no-verify."),
     device: str = DEVICE,
     dtype: str = typer.Option(None, "--dtype", help="The models' dtype: float32, bfloat16 or float16 (default: as saved)."),
     decode: bool = typer.Option(False, "--decode", help="Also measure decode throughput: tokens/s of greedy generate "
@@ -91,7 +89,7 @@ def bench(
             continue
         drop = fraction_plan(model, prune_fraction, order=prune_order, seed=seed, gqa=gqa)
         pruned = copy.deepcopy(model)
-        prune_heads(pruned, drop, verify=not (no_verify or trust_unverified))
+        prune_heads(pruned, drop, verify=not no_verify)
         tag = f"{prune_fraction:g}"
         models[_unique(f"{name}-pruned{tag}", models)] = pruned
         refs[list(models)[-1]] = name
@@ -147,8 +145,6 @@ def bench(
     for line in result.warnings():
         typer.echo(line, err=True)
     typer.echo(f"wrote {output / 'bench.json'} and {output / 'bench.png'}")
-    if trust_unverified:  # after the work: a refused command prints one line only
-        typer.echo("warning: " + deprecation_line("--trust-unverified", "--no-verify"), err=True)
 
 
 def _kv_lines(result) -> str:

@@ -2,22 +2,27 @@
 
 headprune compress MODEL_DIR --task classification --data dev.tsv --calib-data train.tsv --share 0.5 -o OUT
 
-A thin layer over :func:`headprune.compression.compress`: the flags are :class:`PruneSettings`'s fields
-(:mod:`.compress_flags`, with the former flags translated), the head plan runs here, the budget over heads
-and neurons in :mod:`.compress_units`.
+The command parses and calls: :class:`PruneFlags` are :class:`~headprune.compression.PruneSettings`'s fields,
+one flag each, built once into the settings; :class:`InputFlags` the calibration, validation and fit data;
+:class:`BenchFlags` the speed measurement. :func:`headprune.experiments.compress.run_compress` then calls
+:func:`headprune.compression.compress`, the library's one entry point, and writes the run directory.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from .app import app, echo_headline, friendly
-from .compress_common import DEFAULT_SEQ_LEN, check_inputs, signature, with_seq_len
-from .compress_flags import in_setting_terms
-from .dataflags import split_option
+from .dataflags import ARGUMENT_FLAGS, DATA_FLAGS, PHRASES, in_cli_terms, split_option
+from .identity import identity
 from .options import (
     DATA,
     DATA2,
@@ -26,181 +31,286 @@ from .options import (
     PROGRESS,
     QUIET,
     TASK,
+    Flags,
     TaskFlags,
     TaskSetup,
     calib_limit_option,
+    check_calib_limit,
     show_progress,
     with_flags,
 )
 
+DEFAULT_SEQ_LEN = 128
+# PruneSettings field -> its flag (the one mapping from the library's words to the command line's)
+SETTING_FLAGS = {"share": "--share", "n_keep": "--n-keep", "price": "--price", "scores": "--scores",
+                 "compensate": "--compensate", "units": "--units", "target": "--target", "gqa": "--gqa",
+                 "max_scale": "--max-scale", "val_share": "--val-share", "same_per_site": "--same-per-site",
+                 "min_per_site": "--min-per-site", "seq_len": "--seq-len", "tgt_len": "--tgt-len",
+                 "damping": "--damping", "distill_epochs": "--distill-epochs", "distill_lr": "--distill-lr",
+                 "seed": "--seed", "guard": "--no-guard"}
+
+
+def _option(default, flag: str, text: str):
+    return dataclasses.field(default=typer.Option(default, flag, help=text))
+
+
+@dataclasses.dataclass
+class PruneFlags(Flags):
+    """The fields of :class:`~headprune.compression.PruneSettings`, one flag each."""
+
+    units: str = _option("heads", "--units", "What to prune: heads, neurons (FFN) or both, under one budget.")
+    share: float = _option(None, "--share", "Budget: the share of the units' --price kept, in (0, 1]; required: "
+                           "exactly one of --share, --n-keep.")
+    n_keep: int = _option(None, "--n-keep", "Budget: the number of heads kept (or --share: one is required).")
+    price: str = _option(None, "--price", "What --share measures: count (units), flops (at --seq-len; the default), "
+                         "params, kv (KV-cache bytes per token; drops whole key/value groups) or latency (a table "
+                         "timed once on this machine at --bench-batch, --seq-len).")
+    scores: str = _option(None, "--scores", "How units are scored: ih (the paper's I_h), fisher (diagonal Fisher of "
+                          "the mask; the default), random, fluctuation (FLAP: the variance of each unit's input times "
+                          "its output weights, one forward pass, no labels; standardised per kind over all layers) or "
+                          "fluctuation-raw (the same, not standardised: heads and neurons traded by price); or a name "
+                          "added by headprune.scoring.registry.register_scorer.")
+    compensate: str = _option(None, "--compensate", "How the loss of what is cut is made up for: none, rearrange "
+                              "(Fisher swaps per site), tune (+ least-squares head scales folded into the weights; the "
+                              "default for heads), reconstruct (least-squares refit of every pruned projection, kept "
+                              "only if the validation loss drops; the default with neurons), bias (removed units held "
+                              "at their calibration means, folded into the output projections' biases; the default "
+                              "with --scores fluctuation*), linear (removed units replaced by their least-squares "
+                              "affine prediction from the kept ones, folded into the kept columns and the biases; same "
+                              "single pass); or a name added by headprune.compression.register_compensation. Several: a "
+                              "comma list, run in order (e.g. bias,reconstruct: the refit then fits the bias too).")
+    gqa: str = dataclasses.field(default=GQA)
+    same_per_site: bool = _option(False, "--same-per-site", "Keep the same number of heads in every site (with --gqa "
+                                  "uniform or groups, a head budget): the saved model then has a stock config that "
+                                  "plain from_pretrained loads.")
+    min_per_site: int = dataclasses.field(default=MINSITE)
+    seq_len: int = _option(None, "--seq-len", f"Tokens per example for FLOPs and timing (default {DEFAULT_SEQ_LEN}, at "
+                           "most the model's positions).")
+    tgt_len: int = _option(None, "--tgt-len", "Encoder-decoders: decoder tokens (default: --seq-len).")
+    damping: float = _option(1e-2, "--damping", "tune / reconstruct: ridge towards the unpruned solution (relative); "
+                             "linear: ridge towards the mean stand-in (relative to the kept features' mean variance).")
+    max_scale: float = _option(10.0, "--max-scale", "tune: scales outside [-max, max] are refused (unit scales kept).")
+    target: str = _option("residual", "--target", "tune / reconstruct: what each site reproduces: residual (the "
+                          "stream after it, Kwon et al.; the default) or output (its projection's).")
+    no_guard: bool = _option(False, "--no-guard", "Keep rearrangement, tuning and reconstruction even where they "
+                             "raise the calibration / validation loss.")
+    val_share: float = _option(0.25, "--val-share", "reconstruct without --val-data: the share of the calibration "
+                               "batches held out (spread over their lengths) for the guard.")
+    distill_epochs: int = _option(0, "--distill-epochs", "After the reconstruction, train the pruned model for N passes "
+                                  "over the fit examples to match the unpruned model's outputs (no labels read; kept "
+                                  "only if it lowers the validation loss; default 0: off).")
+    distill_lr: float = _option(2e-5, "--distill-lr", "--distill-epochs: peak learning rate (AdamW, linear decay to 0).")
+    seed: int = _option(0, "--seed", "Seed of --scores random and of the distillation order.")
+    config: Path = _option(None, "--config", "The settings from a TOML file instead of these flags: a [settings] "
+                           "table of PruneSettings fields, as every compress run writes to compress.toml (rerun a "
+                           "run with --config RUN/compress.toml).")
+
+    def settings(self):
+        """The one :class:`~headprune.compression.PruneSettings`, its errors naming these flags (or the file)."""
+        from ..compression.settings import PruneSettings
+
+        if self.config is not None:
+            given = [f.default.param_decls[0] for f in dataclasses.fields(self)
+                     if f.name != "config" and getattr(self, f.name) != f.default.default]
+            if given:
+                raise ConfigError(f"--config with {given[0]}; allowed: the settings in one place, the file or the "
+                                  "flags")
+            return PruneSettings.from_toml(self.config)
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("no_guard",
+                                                                                                   "config")}
+        compensate = self.compensate
+        if compensate is not None and "," in compensate:  # several, run in order
+            compensate = [c.strip() for c in compensate.split(",") if c.strip()]
+        fields.update(price=self.price or "flops", scores=self.scores or "fisher", compensate=compensate,
+                      seq_len=DEFAULT_SEQ_LEN if self.seq_len is None else self.seq_len, guard=not self.no_guard)
+        with in_setting_terms():
+            return PruneSettings(**fields)
+
+
+@dataclasses.dataclass
+class InputFlags(Flags):
+    """The data compression reads besides ``--data``: calibration, the guard's validation data, the refit's."""
+
+    calib_data: str = _option(None, "--calib-data", "Calibration data for scores and tuning (default: --data, refused "
+                              "unless --allow-same-data): must not overlap --data.")
+    calib_data2: Path = _option(None, "--calib-data2", "Translation: target file of --calib-data (default: none).")
+    calib_split: str = dataclasses.field(default=split_option("--calib-data", "; without --calib-data: this split of "
+                                                                              "--data"))
+    calib_limit: int = dataclasses.field(default=calib_limit_option("--calib-data", "for scores and tuning"))
+    allow_same_data: bool = _option(False, "--allow-same-data", "Allow calibrating on the evaluation data.")
+    val_data: str = _option(None, "--val-data", "reconstruct: validation data for its guard, disjoint from "
+                            "--calib-data and --data (default: --val-share of the calibration batches, spread over "
+                            "their lengths, is held out).")
+    val_data2: Path = _option(None, "--val-data2", "Translation: target file of --val-data (default: none).")
+    val_split: str = dataclasses.field(default=split_option("--val-data"))
+    val_limit: int = _option(None, "--val-limit", "First N examples of --val-data (default: all).")
+    fit_limit: int = _option(None, "--fit-limit", "reconstruct: fit on the first N examples of the calibration data "
+                             "(labels unused; more than --calib-limit overfits less); needs --val-data (default: the "
+                             "--calib-limit examples).")
+
+    def check(self, settings, data: str, split, output: Path) -> tuple[str, str | None]:
+        """Refuse, before any work, what compress cannot use; returns (calibration data, its split): ``--data``
+        and ``--split`` without ``--calib-data``."""
+        from ..evaluation.data import same_data
+
+        if output.exists():
+            raise ConfigError(f"--output {str(output)!r} already exists; choose a new directory")
+        calib = self.calib_data or data
+        calib_split = split if self.calib_split is None and self.calib_data is None else self.calib_split
+        if same_data(data, calib) and calib_split == split and not self.allow_same_data:
+            raise ConfigError(f"--calib-data {calib!r} is the evaluation data --data; calibrating on it overstates the "
+                              "result; allowed: a disjoint file or split (e.g. a train split; --calib-split for a "
+                              "datasets directory), or --allow-same-data")
+        if self.calib_data2 is not None and self.calib_data is None:
+            raise ConfigError("--calib-data2 needs --calib-data")
+        check_calib_limit(self.calib_limit)
+        if settings.head_plan:
+            unused = [f for f, v in (("--val-data", self.val_data), ("--fit-limit", self.fit_limit)) if v is not None]
+            if unused:
+                raise ConfigError(f"{unused[0]} with --compensate {_names(settings)}; allowed: only with "
+                                  "--compensate reconstruct (or --units neurons|both)")
+        else:
+            self._check_pool(settings, data, split, calib, calib_split)
+        for path in [p for p in (data, calib, self.val_data) if p is not None and not str(p).startswith("builtin:")]:
+            if not Path(path).exists():
+                raise ConfigError(f"data file {path!r} does not exist")
+        return calib, calib_split
+
+    def _check_pool(self, settings, data: str, split, calib: str, calib_split) -> None:
+        from ..evaluation.data import same_data
+
+        val, fit = self.val_data, self.fit_limit
+        if val is not None and same_data(val, data) and self.val_split == split:
+            raise ConfigError(f"--val-data {val!r} is the evaluation data --data; allowed: a disjoint file or split")
+        if val is not None and same_data(val, calib) and self.val_split == calib_split:
+            raise ConfigError(f"--val-data {val!r} is the calibration data; allowed: a disjoint file or split "
+                              "(or leave --val-data out: part of the calibration batches is held out)")
+        for flag, value in (("--val-limit", self.val_limit), ("--fit-limit", fit)):
+            if value is not None and (isinstance(value, bool) or value < 1):
+                raise ConfigError(f"{flag} {value}; allowed: an integer >= 1")
+        if fit is not None and val is None:
+            raise ConfigError(f"--fit-limit {fit} without --val-data: the guard's validation part would be held out "
+                              "of calibration examples the fit also reads; allowed: give --val-data (disjoint data)")
+        if fit is not None and not settings.refits and not settings.distill_epochs:
+            raise ConfigError(f"--fit-limit with --compensate {_names(settings)}; allowed: only with a "
+                              "reconstruction (--compensate reconstruct, bias,reconstruct or linear,reconstruct) or "
+                              "--distill-epochs")
+
+
+@dataclasses.dataclass
+class BenchFlags(Flags):
+    """The speed measurement after compression (and the latency price's timing)."""
+
+    bench_batch: int = _option(16, "--bench-batch", "Batch size of the speed measurement.")
+    bench_repeats: int = _option(5, "--bench-repeats", "Timed rounds of the speed measurement.")
+    no_bench: bool = _option(False, "--no-bench", "Skip the speed measurement.")
+
+    def check(self) -> None:
+        if not self.no_bench and (self.bench_batch < 1 or self.bench_repeats < 1):
+            raise ConfigError(f"--bench-batch {self.bench_batch} --bench-repeats {self.bench_repeats}; allowed: "
+                              "integers >= 1")
+
+
+def _names(settings) -> str:
+    """The compensations as ``--compensate`` takes them."""
+    return ",".join(settings.compensation_names) or "none"
+
+
+@contextmanager
+def in_setting_terms() -> Iterator[None]:
+    """Errors raised inside the block name the flags of :data:`SETTING_FLAGS` (``share=0`` -> ``--share 0``)."""
+    try:
+        yield
+    except (DataError, ConfigError) as err:
+        message = str(err)
+        for phrase, cli in PHRASES:
+            message = message.replace(phrase, cli)
+        names = {**ARGUMENT_FLAGS, **DATA_FLAGS["--data"], **SETTING_FLAGS}
+        alternatives = "|".join(sorted(names, key=len, reverse=True))
+        message = re.sub(rf"\b({alternatives})=(?=[\s,;)]|$)", lambda m: names[m[1]], message)
+        raise type(err)(re.sub(rf"\b({alternatives})=", lambda m: names[m[1]] + " ", message)) from err
+
 
 @app.command("compress")
 @friendly
-@with_flags(flags=TaskFlags)
+@with_flags(flags=TaskFlags, prune=PruneFlags, inputs=InputFlags, bench=BenchFlags)
 def compress_command(
     model_dir: Path = typer.Argument(..., help="A Hugging Face model directory (or one written by headprune), or a .gguf file."),
     task: str = TASK, data: str = DATA, data2: Path = DATA2,
-    calib_data: str = typer.Option(None, "--calib-data", help="Calibration data for scores and tuning (default: "
-                                   "--data, refused unless --allow-same-data): must not overlap --data."),
-    calib_data2: Path = typer.Option(None, "--calib-data2", help="Translation: target file of --calib-data "
-                                     "(default: none)."),
-    calib_split: str = split_option("--calib-data", "; without --calib-data: this split of --data"),
-    calib_limit: int = calib_limit_option("--calib-data", "for scores and tuning"),
-    allow_same_data: bool = typer.Option(False, "--allow-same-data", help="Allow calibrating on the evaluation data."),
-    units: str = typer.Option("heads", "--units", help="What to prune: heads, neurons (FFN) or both, under one budget."),
-    share: float = typer.Option(None, "--share", help="Budget: the share of the units' --price kept, in (0, 1]; "
-                                "required: exactly one of --share, --n-keep."),
-    n_keep: int = typer.Option(None, "--n-keep", help="Budget: the number of heads kept (or --share: one is "
-                                "required)."),
-    price: str = typer.Option(None, "--price", help="What --share measures: count (units), flops (at --seq-len; the "
-                              "default), params, kv (KV-cache bytes per token; drops whole key/value groups) or latency "
-                              "(a table timed once on this machine at --bench-batch, --seq-len)."),
-    scores: str = typer.Option(None, "--scores", help="How units are scored: ih (the paper's I_h), fisher (diagonal "
-                               "Fisher of the mask; the default), random, fluctuation (FLAP: the variance of each "
-                               "unit's input times its output weights, one forward pass, no labels; standardised per "
-                               "kind over all layers) or fluctuation-raw (the same, not standardised: heads and "
-                               "neurons traded by price)."),
-    compensate: str = typer.Option(None, "--compensate", help="How the loss of what is cut is made up for: none, "
-                                   "rearrange (Fisher swaps per site), tune (+ least-squares head scales folded into "
-                                   "the weights; the default for heads), reconstruct (least-squares refit of every "
-                                   "pruned projection, kept only if the validation loss drops; the default with "
-                                   "neurons), bias (removed units held at their calibration means, folded into the "
-                                   "output projections' biases; the default with --scores fluctuation*), linear "
-                                   "(removed units replaced by their least-squares affine prediction from the kept "
-                                   "ones, folded into the kept columns and the biases; same single pass), "
-                                   "bias+reconstruct or linear+reconstruct."),
-    gqa: str = GQA,
-    same_per_site: bool = typer.Option(False, "--same-per-site", help="Keep the same number of heads in every site "
-                                       "(with --gqa uniform or groups, a head budget): the saved model then has a "
-                                       "stock config that plain from_pretrained loads."),
-    min_per_site: int = MINSITE,
-    seq_len: int = typer.Option(None, "--seq-len", help=f"Tokens per example for FLOPs and timing (default "
-                                f"{DEFAULT_SEQ_LEN}, at most the model's positions)."),
-    tgt_len: int = typer.Option(None, "--tgt-len", help="Encoder-decoders: decoder tokens (default: --seq-len)."),
-    damping: float = typer.Option(1e-2, "--damping", help="tune / reconstruct: ridge towards the unpruned solution "
-                                  "(relative); linear: ridge towards the mean stand-in (relative to the kept "
-                                  "features' mean variance)."),
-    max_scale: float = typer.Option(10.0, "--max-scale", help="tune: scales outside [-max, max] are refused (unit "
-                                    "scales kept)."),
-    target: str = typer.Option(None, "--target", help="tune / reconstruct: what each site reproduces: residual (the "
-                               "stream after it, Kwon et al.; the default) or output (its projection's)."),
-    no_guard: bool = typer.Option(False, "--no-guard", help="Keep rearrangement, tuning and reconstruction even where "
-                                  "they raise the calibration / validation loss."),
-    val_share: float = typer.Option(0.25, "--val-share", help="reconstruct without --val-data: the share of the "
-                                    "calibration batches held out (spread over their lengths) for the guard."),
-    bench_batch: int = typer.Option(16, "--bench-batch", help="Batch size of the speed measurement."),
-    bench_repeats: int = typer.Option(5, "--bench-repeats", help="Timed rounds of the speed measurement."),
-    no_bench: bool = typer.Option(False, "--no-bench", help="Skip the speed measurement."),
-    seed: int = typer.Option(0, "--seed", help="Seed of --scores random and of the distillation order."),
-    val_data: str = typer.Option(None, "--val-data", help="reconstruct: validation data for its guard, disjoint from "
-                                 "--calib-data and --data (default: --val-share of the calibration batches, spread "
-                                 "over their lengths, is held out)."),
-    val_data2: Path = typer.Option(None, "--val-data2", help="Translation: target file of --val-data (default: none)."),
-    val_split: str = split_option("--val-data"),
-    val_limit: int = typer.Option(None, "--val-limit", help="First N examples of --val-data (default: all)."),
-    fit_limit: int = typer.Option(None, "--fit-limit", help="reconstruct: fit on the first N examples of the "
-                                  "calibration data (labels unused; more than --calib-limit overfits less); needs "
-                                  "--val-data (default: the --calib-limit examples)."),
-    distill_epochs: int = typer.Option(0, "--distill-epochs", help="After the reconstruction, train the pruned model "
-                                       "for N passes over the fit examples to match the unpruned model's outputs (no "
-                                       "labels read; kept only if it lowers the validation loss; default 0: off)."),
-    distill_lr: float = typer.Option(2e-5, "--distill-lr", help="--distill-epochs: peak learning rate (AdamW, linear "
-                                     "decay to 0)."),
     output: Path = typer.Option(..., "-o", "--output", help="New directory: the pruned model, compress.json, "
                                 "report.html."),
     quiet: bool = QUIET,
     progress: bool = PROGRESS,
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the check that surgery is exact for this model's "
                                    "class (refused families): check the result yourself."),
-    keep: float = typer.Option(None, "--keep", hidden=True, help="Deprecated: --share (--price count for heads)."),
-    keep_heads: int = typer.Option(None, "--keep-heads", hidden=True, help="Deprecated: --n-keep."),
-    flops: float = typer.Option(None, "--flops", hidden=True, help="Deprecated: --share with --price flops."),
-    kv: float = typer.Option(None, "--kv", hidden=True, help="Deprecated: --share with --price kv."),
-    method: str = typer.Option(None, "--method", hidden=True, help="Deprecated: --scores and --compensate."),
-    tune_target: str = typer.Option(None, "--tune-target", hidden=True, help="Deprecated: --target."),
-    trust_unverified: bool = typer.Option(False, "--trust-unverified", hidden=True, help="Deprecated: --no-verify."),
-    *, flags: TaskFlags,
+    *, flags: TaskFlags, prune: PruneFlags, inputs: InputFlags, bench: BenchFlags,
 ):
     """Prune heads, FFN neurons or both to one budget (a share of their count, FLOPs, parameters, KV cache or
     latency, or a count), compensate, and save the smaller model."""
-    from ..compression.compress import check_head_count
-    from ..compression.settings import PruneSettings
-    from ..experiments.compress import run_compress
-    from .compress_flags import settings_from_flags, settings_from_former
+    from ..compression.heads import check_head_count
+    from ..experiments.compress import RunInputs, run_compress
 
-    if tune_target is not None and target is not None:
-        raise ConfigError("--tune-target and --target both given; allowed: --target (--tune-target is its former name)")
-    common = {"gqa": gqa, "same_per_site": same_per_site, "min_per_site": min_per_site,
-              "seq_len": DEFAULT_SEQ_LEN if seq_len is None else seq_len, "tgt_len": tgt_len, "damping": damping,
-              "max_scale": max_scale, "target": target or tune_target or "residual", "guard": not no_guard,
-              "val_share": val_share, "distill_epochs": distill_epochs, "distill_lr": distill_lr, "seed": seed}
-    former_given = [f for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops), ("--kv", kv),
-                                   ("--method", method)) if v is not None]
-    if former_given:
-        new_given = [f for f, v in (("--share", share), ("--n-keep", n_keep), ("--scores", scores),
-                                    ("--compensate", compensate)) if v is not None]
-        if new_given:
-            raise ConfigError(f"{former_given[0]} with {new_given[0]}; allowed: --share / --n-keep, --price, --scores, "
-                              f"--compensate ({former_given[0]} is a former flag)")
-        translated = settings_from_former(units=units, keep=keep, keep_heads=keep_heads, flops=flops, kv=kv,
-                                          method=method, price=price,
-                                          pool_inputs=val_data is not None or fit_limit is not None or distill_epochs > 0,
-                                          common=common)
-    else:
-        translated = settings_from_flags(units=units, share=share, n_keep=n_keep, price=price, scores=scores,
-                                         compensate=compensate, common=common)
-    translated.former += [(f, new) for f, given, new in (("--tune-target", tune_target is not None, "--target"),
-                                                         ("--trust-unverified", trust_unverified, "--no-verify"))
-                          if given]
-    settings: PruneSettings = translated.settings
-    verify = not (no_verify or trust_unverified)
-    if not settings.head_plan:
-        from .compress_units import compress_pool_command
-
-        compress_pool_command(settings, model_dir=model_dir, task=task, data=data, data2=data2, calib_data=calib_data,
-                              calib_data2=calib_data2, calib_split=calib_split, calib_limit=calib_limit,
-                              allow_same_data=allow_same_data, bench_batch=bench_batch, bench_repeats=bench_repeats,
-                              no_bench=no_bench, output=output, quiet=quiet, progress=progress, verify=verify,
-                              val_data=val_data, val_data2=val_data2, val_split=val_split, val_limit=val_limit,
-                              fit_limit=fit_limit, seq_len_given=seq_len is not None, flags=flags,
-                              compensate_flag=f"--method {method}" if method else
-                              f"--compensate {settings.compensate}")
-        _former_lines(translated)
-        return
-    unused = [f for f, given in (("--val-data", val_data is not None), ("--fit-limit", fit_limit is not None))
-              if given]
-    if unused:
-        raise ConfigError(f"{unused[0]} with --compensate {settings.compensate}; allowed: only with --compensate "
-                          "reconstruct (or --units neurons|both)")
-    heads = settings.heads_settings()
-    calib, calib_split = check_inputs(output=output, data=data, calib_data=calib_data, calib_data2=calib_data2,
-                         calib_split=calib_split, split=flags.split, allow_same_data=allow_same_data,
-                         calib_limit=calib_limit, bench_batch=bench_batch, bench_repeats=bench_repeats,
-                         no_bench=no_bench)
+    settings = prune.settings()
+    calib, calib_split = inputs.check(settings, data, flags.split, output)
+    bench.check()
     bars = show_progress(quiet, progress)
     t = TaskSetup(model_dir, task, flags)
     model, tok = t.model, t.tokenizer
-    try:  # a count above the model's heads: refused before any data is read, naming the flag given
+    if settings.head_plan:  # a count above the model's heads: refused before any data is read
         with in_setting_terms():
-            check_head_count(model, heads.n_keep, None)
-    except ConfigError as err:
-        raise ConfigError(str(err).replace("--n-keep", "--keep-heads") if keep_heads is not None else str(err)) from err
-    heads = with_seq_len(heads, seq_len, model)
+            check_head_count(model, settings.n_keep, None)
+    settings = with_seq_len(settings, settings.seq_len if prune.config else prune.seq_len, model)
     ev = t.on(data, data2)
-    calib_ev = t.on(calib, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
-                    split=calib_split)
-    sig = signature(model_dir=model_dir, task=task, data=data, data2=data2, calib=calib, calib_data=calib_data,
-                    calib_data2=calib_data2, calib_split=calib_split, calib_limit=calib_limit, flags=flags, ev=ev,
-                    calib_ev=calib_ev)
-    report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=heads, signature=sig,
-                          bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
-                          verify=verify, progress=bars)
+    calib2 = inputs.calib_data2 if inputs.calib_data else data2
+    calib_ev = t.on(calib, calib2, limit=inputs.calib_limit, flag="--calib-data", split=calib_split)
+    run = RunInputs(signature=_signature(model_dir, task, data, data2, calib, calib_split, flags, inputs, ev, calib_ev),
+                    bench_batch=None if bench.no_bench else bench.bench_batch, bench_repeats=bench.bench_repeats,
+                    verify=not no_verify, progress=bars)
+    if not settings.head_plan:
+        _pool_inputs(run, t, settings, inputs, calib, calib2, calib_split, bench)
+    with in_cli_terms("--calib-data"):  # e.g. too few calibration batches to hold out a validation part
+        report, summary = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings, run)
     echo_headline(output)
-    typer.echo(f"compressed {model_dir} -> {output}; report: {report}")
-    _former_lines(translated)
+    typer.echo(f"compressed {model_dir} -> {output}: {summary}; report: {report}")
 
 
-def _former_lines(translated) -> None:
-    """One stderr line per former flag used, after the command has finished (a refusal stays one line)."""
-    for line in translated.lines():
-        typer.echo(line, err=True)
+def _pool_inputs(run, t: TaskSetup, settings, inputs: InputFlags, calib, calib2, calib_split, bench) -> None:
+    """The budget over heads and neurons' extra inputs: latency prices, fit and validation batches."""
+    if settings.price == "latency":
+        from ..bench.unit_latency import latency_prices, latency_table
+
+        run.latency_table = latency_table(t.model, batch=bench.bench_batch, seq_len=settings.seq_len,
+                                          tgt_len=settings.tgt_len, repeats=bench.bench_repeats)
+        run.prices = latency_prices(t.model, run.latency_table)
+    if inputs.fit_limit is not None:
+        run.fit_batches = list(t.on(calib, calib2, limit=inputs.fit_limit, flag="--calib-data",
+                                    split=calib_split).batches())
+    if inputs.val_data is not None:
+        run.val_batches = list(t.on(inputs.val_data, inputs.val_data2, limit=inputs.val_limit, flag="--val-data",
+                                    split=inputs.val_split).batches())
+    run.signature |= {"val_data": inputs.val_data or "held-out part of --calib-data", "val_split": inputs.val_split,
+                      "val_limit": inputs.val_limit, "fit_limit": inputs.fit_limit}
+
+
+def with_seq_len(settings, seq_len, model):
+    """``settings`` with the default sequence length when ``--seq-len`` was not given: 128 tokens, or what the
+    model's position table allows (``--limit`` stays the examples' count)."""
+    from ..evaluation.build import position_limit
+
+    if seq_len is not None:
+        return settings
+    positions = position_limit(model.config)
+    return replace(settings, seq_len=min(DEFAULT_SEQ_LEN, positions or DEFAULT_SEQ_LEN))
+
+
+def _signature(model_dir, task, data, data2, calib, calib_split, flags, inputs: InputFlags, ev, calib_ev) -> dict:
+    """The run's identity: data and calibration data (names, sizes, contents' hashes), model and every task flag."""
+    calib_data2 = inputs.calib_data2
+    files = {"--data": data, "--data2": data2, "--calib-data": inputs.calib_data, "--calib-data2": calib_data2,
+             "--val-data": inputs.val_data, "--val-data2": inputs.val_data2}
+    return {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
+            "split": Path(data).name, "n": len(ev),
+            **{k: v for k, v in (("data_split", flags.split), ("calib_split", calib_split)) if v},
+            "calib_data": [calib] + ([str(calib_data2 or data2)] if (calib_data2 or data2) else []),
+            "calib_n": len(calib_ev), "calib_limit": inputs.calib_limit,
+            **identity(flags, ev, model_dir, files)}

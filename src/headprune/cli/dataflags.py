@@ -32,9 +32,8 @@ ARGUMENT_FLAGS = {"text_column": "--text-column", "text_pair_column": "--text-pa
                   "batch_size": "--batch-size", "max_length": "--max-length", "num_beams": "--beams",
                   "max_new_tokens": "--max-new-tokens", "block_size": "--block-size",
                   "n_resamples": "--resamples", "alpha": "--alpha", "min_per_site": "--min-per-site",
-                  "seq_len": "--seq-len", "tgt_len": "--tgt-len", "n_keep": "--keep-heads", "keep": "--keep",
-                  "flops": "--flops", "damping": "--damping", "method": "--method", "target": "--tune-target",
-                  "gqa": "--gqa", "kv": "--kv", "price": "--price", "units": "--units",
+                  "seq_len": "--seq-len", "tgt_len": "--tgt-len", "n_keep": "--n-keep", "share": "--share",
+                  "damping": "--damping", "target": "--target", "gqa": "--gqa", "price": "--price", "units": "--units",
                   "distill_epochs": "--distill-epochs", "distill_lr": "--distill-lr"}
 # whole library phrases whose CLI form is not a flag name
 PHRASES = (

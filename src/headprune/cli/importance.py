@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from ..deprecation import deprecation_line
 from ..errors import ConfigError
 from .app import app, echo_headline, friendly
 from .options import (
@@ -38,8 +37,7 @@ def importance(
     normalize: str = typer.Option("l2", "--normalize", help="l2: divide each layer's scores by their l2 norm "
                                   "(paper 4.1); none: raw means."),
     scores: str = typer.Option("ih", "--scores", help="ih: the paper's I_h (the library's scores='ih'); fisher: the "
-                               "diagonal of the empirical Fisher of the head mask, per example (Kwon et al. 2022). "
-                               "'importance' is the former name of ih."),
+                               "diagonal of the empirical Fisher of the head mask, per example (Kwon et al. 2022)."),
     max_length: int = typer.Option(None, "--max-length", help="Truncate inputs (default 128; translation 256)."),
     block_size: int = typer.Option(128, "--block-size", help="LM: tokens per block."),
     checkpoint_blocks: bool = typer.Option(False, "--checkpoint-blocks", help="Keep one input per transformer "
@@ -59,8 +57,7 @@ def importance(
         raise ConfigError(f"--absolute {absolute!r}; allowed: example, batch")
     if normalize not in ("l2", "none"):
         raise ConfigError(f"--normalize {normalize!r}; allowed: l2, none")
-    former = scores == "importance"  # the former name of ih (deprecated)
-    if scores not in ("ih", "fisher", "importance"):
+    if scores not in ("ih", "fisher"):
         raise ConfigError(f"--scores {scores!r}; allowed: ih, fisher")
     scores = "importance" if scores == "ih" else scores  # run_importance's name of I_h
     if scores == "fisher" and absolute != "example":
@@ -78,5 +75,3 @@ def importance(
                                 normalize=None if normalize == "none" else normalize, signature=sig,
                                 fresh=fresh, progress=bars)
     echo_headline(output, report)
-    if former:  # after the work: a refused command prints one line only
-        typer.echo("warning: " + deprecation_line("--scores importance", "--scores ih"), err=True)

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import typer
 
-from ..deprecation import deprecation_line
 from ..errors import ConfigError, HeadpruneError
 from .app import app, echo_headline, friendly, json_arg, no_repeated_heads
 from .dataflags import argument_as_flag
@@ -69,12 +68,10 @@ def prune(
     model_dir: Path = typer.Argument(..., help="Model directory (or .gguf file) to prune."),
     drop: str = typer.Option(None, "--drop", help="Heads to remove (required), as JSON "
                              '{"site": [head indices among the site\'s current heads]} or a path to such a file.'),
-    heads: str = typer.Option(None, "--heads", hidden=True, help="Old name of --drop."),
     output: Path = typer.Option(..., "-o", "--output",
                                 help="Directory to write the pruned model to (must not exist, or be empty)."),
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the check that surgery is exact for this model's "
                                    "class (refused families): check the result yourself (library: verify=False)."),
-    trust_unverified: bool = typer.Option(False, "--trust-unverified", hidden=True, help="Deprecated: --no-verify."),
     device: str = DEVICE,
     dtype: str = DTYPE,
 ):
@@ -83,17 +80,15 @@ def prune(
     from ..core.prune import prune_heads
     from ..selection.gqa import kv_groups, kv_growth
 
-    if (drop is None) == (heads is None):
-        raise HeadpruneError("give the heads to remove with --drop (exactly once); e.g. "
-                             '--drop \'{"encoder.0.self": [0, 3]}\'')
-    flag = "--drop" if drop is not None else "--heads"
-    dropped = no_repeated_heads(json_arg(drop if drop is not None else heads, flag), flag)
+    if drop is None:
+        raise HeadpruneError("give the heads to remove with --drop; e.g. --drop \'{\"encoder.0.self\": [0, 3]}\'")
+    dropped = no_repeated_heads(json_arg(drop, "--drop"), "--drop")
     check_output_dir(output)  # refused before any work; save_pruned checks again and writes atomically
     model = load_model(model_dir, **device_dtype(device, dtype))
     before = sum(p.numel() for p in model.parameters())
     groups = kv_groups(model)
-    with argument_as_flag("dropped", "--drop" if drop is not None else "--heads"):
-        prune_heads(model, dropped, verify=not (no_verify or trust_unverified))
+    with argument_as_flag("dropped", "--drop"):
+        prune_heads(model, dropped, verify=not no_verify)
     factor, worst, worst_factor, cached, was = kv_growth(dropped, groups)
     if worst is not None:  # an explicit plan may spread query heads unevenly over key/value groups: say what it costs
         typer.echo(f"warning: this plan makes the KV cache {factor:.2f}x the unpruned one ({worst}: {worst_factor:.2f}x, "
@@ -102,8 +97,6 @@ def prune(
     after = sum(p.numel() for p in model.parameters())
     save_pruned(model, output, tokenizer=load_tokenizer(model_dir))  # complete, or no output at all
     typer.echo(f"pruned {model_dir} -> {output}: {before:,} -> {after:,} parameters ({after / before:.1%})")
-    if trust_unverified:  # after the work: a refused command prints one line only
-        typer.echo("warning: " + deprecation_line("--trust-unverified", "--no-verify"), err=True)
 
 
 DEMO_HELP = (

@@ -5,14 +5,15 @@ Stages: scores (:func:`score_heads`) -> the plan (:func:`plan_heads`: selection,
 tuned scales; Kwon et al. 2022) or one budget over heads and neurons with a least-squares
 :func:`reconstruct` -> fold, remove."""
 
-from .compress import CompressResult
+from .compensation import Compensation, compensation_names, register_compensation
 from .entry import compress
-from .plan import METHODS, CompressPlan, CompressSettings, Scores, plan_heads, score_heads
+from .heads import CompressResult
+from .plan import CompressPlan, Scores, plan_heads, score_heads
+from .pool import UnitResult
 from .reconstruct import reconstruct
 from .settings import PruneSettings
 from .tuning import TuneResult, scale_mask, tune_scales
-from .units import UnitResult, UnitSettings, compress_units
 
-__all__ = ["compress", "PruneSettings", "CompressResult", "UnitResult", "METHODS", "CompressPlan", "CompressSettings",
-           "Scores", "plan_heads", "score_heads", "TuneResult", "scale_mask", "tune_scales", "reconstruct",
-           "UnitSettings", "compress_units"]
+__all__ = ["compress", "PruneSettings", "CompressResult", "UnitResult", "CompressPlan", "Scores", "plan_heads",
+           "score_heads", "TuneResult", "scale_mask", "tune_scales", "reconstruct", "Compensation",
+           "compensation_names", "register_compensation"]

@@ -1,14 +1,11 @@
 """``compress(model, batches, PruneSettings(...))``: the one entry point of post-training compression.
 
 Heads, FFN neurons or both, under one budget (:mod:`.settings`): the settings choose the pipeline --
-the head plan (:func:`.compress.compress_heads`: scores, GQA-aware selection, rearrangement, tuned scales,
-guarded on the calibration loss) or the budget over heads and neurons (:func:`.units.compress_pool`:
+the head plan (:func:`.heads.compress_heads`: scores, GQA-aware selection, rearrangement, tuned scales,
+guarded on the calibration loss) or the budget over heads and neurons (:func:`.pool.compress_pool`:
 Fisher or fluctuation scores, one knapsack, mean-bias compensation, least-squares reconstruction and
 distillation guarded on validation data).
 Arguments one pipeline cannot use are refused, not dropped.
-
-``compress(model, batches, keep=0.5, method="fisher+tune", ...)`` (keywords of the former
-:class:`~.plan.CompressSettings`) still works for one release, with a :class:`DeprecationWarning`.
 """
 
 from __future__ import annotations
@@ -19,19 +16,17 @@ import torch
 from torch import nn
 
 from ..core.unit_cost import UnitCosts
-from ..deprecation import deprecated
 from ..errors import ConfigError
 from ..scoring.gradients import LossFn
-from .compress import CompressResult, check_head_count, compress_heads
-from .plan import CompressSettings
+from .heads import CompressResult, compress_heads
+from .pool import UnitResult, compress_pool
 from .settings import PruneSettings
-from .units import UnitResult, compress_pool
 
 
 def compress(
     model: nn.Module,
     calib_batches: Iterable[Mapping[str, torch.Tensor]],
-    settings: PruneSettings | None = None,
+    settings: PruneSettings,
     *,
     val_batches: Iterable[Mapping[str, torch.Tensor]] | None = None,
     fit_batches: Iterable[Mapping[str, torch.Tensor]] | None = None,
@@ -41,7 +36,6 @@ def compress(
     inplace: bool = False,
     verify: bool = True,
     progress: bool = False,
-    **former: object,
 ) -> CompressResult | UnitResult:
     """Prune ``model`` to the one budget of ``settings`` and return the smaller model with what was done.
 
@@ -52,38 +46,18 @@ def compress(
     ``sites`` (prune only these; the budget is of their heads) and ``inplace``; the budget over heads and
     neurons returns a :class:`UnitResult` and also takes ``val_batches`` (the guard's held-out data),
     ``fit_batches`` (inputs of the refit) and ``prices`` (per-unit prices, required for ``price="latency"``).
-    ``former``: the keywords of the former heads-only signature (deprecated), e.g. ``keep=0.5``.
     """
-    if former:
-        if settings is not None:
-            raise ConfigError(f"give settings or the former keywords ({', '.join(former)}), not both")
-        deprecated("compress(model, batches, keep=/n_keep=/flops=/kv=, method=, ...)",
-                   "compress(model, batches, PruneSettings(share=..., price='count'|'flops'|'kv', n_keep=..., "
-                   "scores=..., compensate=...))")
-        try:
-            old = CompressSettings(**former)  # type: ignore[arg-type]  # checked by the dataclass
-        except TypeError as err:  # an argument neither signature has
-            raise ConfigError(f"compress: {err}; allowed: settings=PruneSettings(...)") from None
-        _refuse("the former keywords", val_batches=val_batches, fit_batches=fit_batches, prices=prices)
-        return compress_heads(model, calib_batches, old, sites=sites, loss_fn=loss_fn, inplace=inplace,
-                              verify=verify, progress=progress)
     if not isinstance(settings, PruneSettings):
         raise ConfigError(f"settings={type(settings).__name__}; allowed: PruneSettings(units=..., share=... or "
                           "n_keep=..., ...)")
     if settings.head_plan:
         _refuse("the head plan", val_batches=val_batches, fit_batches=fit_batches, prices=prices)
-        return compress_heads(model, calib_batches, settings.heads_settings(), sites=sites, loss_fn=loss_fn,
+        return compress_heads(model, calib_batches, settings, sites=sites, loss_fn=loss_fn,
                               inplace=inplace, verify=verify, progress=progress)
-    _refuse(f"units={settings.units!r}, price={settings.price!r}, compensate={settings.compensate!r}",
+    _refuse(f"units={settings.units!r}, price={settings.price!r}, compensate={list(settings.compensation_names)}",
             sites=sites, inplace=inplace or None)
-    return compress_pool(model, calib_batches, settings.unit_settings(), val_batches=val_batches,
+    return compress_pool(model, calib_batches, settings, val_batches=val_batches,
                          fit_batches=fit_batches, prices=prices, loss_fn=loss_fn, verify=verify, progress=progress)
-
-
-def check_budget(model: nn.Module, settings: PruneSettings, sites: list[str] | None = None) -> None:
-    """Refuse, before any scoring, a budget ``model`` cannot meet (a count above the heads it has)."""
-    if settings.head_plan:
-        check_head_count(model, settings.n_keep, sites)
 
 
 def _refuse(where: str, **arguments) -> None:

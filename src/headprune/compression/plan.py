@@ -14,10 +14,10 @@ per-site reconstruction), which can disagree with the model's loss when many hea
 is kept only if the measured mean calibration loss after it is no higher than before (one forward
 pass over the calibration batches per stage); ``CompressPlan.calib_loss`` / ``rejected`` say what happened.
 
-Budgets are global across sites and kinds (:mod:`headprune.selection.budget`): ``keep`` (share of heads),
-``n_keep`` (number of heads) or ``flops`` (share of the attention heads' FLOPs at ``seq_len``).
-:func:`plan_heads` gives the plan as data (dropped heads, scales) without touching the model;
-:func:`headprune.compression.compress.compress` applies it: folds the scales, physically removes
+Budgets are global across sites and kinds (:mod:`headprune.selection.budget`): :class:`~.settings.PruneSettings`'s
+``share`` of ``price`` count (heads), flops (the attention heads' FLOPs at ``seq_len``) or kv (KV-cache bytes), or
+``n_keep`` heads. :func:`plan_heads` gives the plan as data (dropped heads, scales) without touching the model;
+:func:`headprune.compression.heads.compress_heads` applies it: folds the scales, physically removes
 the heads and reports sizes.
 """
 
@@ -30,74 +30,19 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..checks import check_choice, check_int, check_number, check_share
 from ..core.cost import HeadCosts, head_costs
 from ..core.kvcache import kv_head_bytes
 from ..core.masking import HeadMask
-from ..core.sites import find_sites
 from ..core.surgery import DroppedHeads
 from ..errors import ConfigError
-from ..scoring.fisher import Fisher, fisher_information
+from ..scoring.fisher import Fisher
 from ..scoring.gradients import LossFn, mean_loss
-from ..scoring.importance import head_importance
-from ..selection.gqa import GQA_MODES, kv_groups, select_gqa
+from ..scoring.registry import get_scorer, scorer_names
+from ..scoring.scorer import Scorer, ScoreRequest
+from ..selection.gqa import kv_groups, select_gqa
 from ..selection.rearrange import rearrange
-from .tuning import TARGETS, scale_mask, tune_scales
-
-METHODS = ("ih", "fisher", "fisher+rearrange", "fisher+tune", "random")
-
-
-@dataclass
-class CompressSettings:
-    """One budget (exactly one of ``keep``, ``n_keep``, ``flops``) and how to meet it."""
-
-    keep: float | None = None  # share of heads kept, 0..1
-    n_keep: int | None = None  # number of heads kept
-    flops: float | None = None  # share of the attention heads' FLOPs kept, 0..1 (priced at seq_len / tgt_len)
-    method: str = "fisher+tune"
-    min_per_site: int = 0  # keep at least this many heads in every site
-    seq_len: int = 128  # tokens per example for FLOP prices (encoder / decoder-only)
-    tgt_len: int | None = None  # decoder tokens of encoder-decoders (None: seq_len)
-    damping: float = 1e-2  # ridge towards unit scales, relative to the mean squared head contribution
-    max_scale: float = 10.0  # tuned scales outside [-max_scale, max_scale] are refused (unit scales kept)
-    target: str = "residual"  # what tuning reproduces: the residual stream after each site, or its "output"
-    guard: bool = True  # keep rearrangement / tuning only where they lower the calibration loss
-    seed: int = 0  # of the random method
-    gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (headprune.selection.gqa)
-    kv: float | None = None  # share of the KV-cache bytes per token kept, 0..1 (drops whole key/value groups)
-    same_per_site: bool = False  # the same heads kept in every site: a stock config can describe the result
-
-    def __post_init__(self):
-        given = {k: v for k, v in (("keep", self.keep), ("n_keep", self.n_keep), ("flops", self.flops),
-                                   ("kv", self.kv)) if v is not None}
-        if len(given) != 1:
-            raise ConfigError(f"give exactly one budget: keep (share of heads), n_keep (number of heads), flops "
-                              f"(share of head FLOPs) or kv (share of KV-cache bytes); got {given or 'none'}")
-        check_share("kv", self.kv, optional=True)
-        check_choice("gqa", self.gqa, GQA_MODES)
-        if self.same_per_site and (self.gqa == "free" or self.flops is not None or self.kv is not None):
-            raise ConfigError(f"same_per_site=True needs gqa 'uniform' or 'groups' and a head budget (keep or n_keep); "
-                              f"got gqa={self.gqa!r}, {given}")
-        check_share("keep", self.keep, optional=True)
-        check_share("flops", self.flops, optional=True)
-        check_int("n_keep", self.n_keep, 0, optional=True)
-        check_choice("method", self.method, METHODS)
-        check_int("min_per_site", self.min_per_site, 0)
-        check_int("seq_len", self.seq_len, 1)
-        check_int("tgt_len", self.tgt_len, 1, optional=True)
-        check_number("damping", self.damping, low=0)
-        check_number("max_scale", self.max_scale, low=0, strict=True)
-        check_choice("target", self.target, TARGETS)
-        if not isinstance(self.guard, bool):
-            raise ConfigError(f"guard={self.guard!r}; allowed: True or False")
-
-    @property
-    def rearranges(self) -> bool:
-        return self.method in ("fisher+rearrange", "fisher+tune")
-
-    @property
-    def tunes(self) -> bool:
-        return self.method == "fisher+tune"
+from .settings import PruneSettings
+from .tuning import scale_mask, tune_scales
 
 
 @dataclass
@@ -129,47 +74,48 @@ class CompressPlan:
         return scale_mask(model, self.drop, self.scales)
 
 
-def score_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], method: str, *,
+def score_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], method: str | Scorer, *,
                 loss_fn: LossFn | None = None, seed: int = 0, progress: bool = False) -> Scores:
-    """Scores for ``method`` over calibration ``batches`` (I_h, Fisher, or seeded random)."""
-    if method not in METHODS:
-        raise ConfigError(f"method={method!r}; allowed: {', '.join(METHODS)}")
+    """Head scores of ``method`` (a registered scorer's name -- ``ih``, ``fisher``, ``random`` -- or a
+    :class:`~headprune.scoring.scorer.Scorer` that can feed the head plan) over calibration ``batches``."""
+    scorer = get_scorer(method)
+    if not scorer.plan:
+        allowed = ", ".join(n for n in scorer_names() if get_scorer(n).plan)
+        raise ConfigError(f"method={scorer.name!r} scores no heads for the head plan; allowed: {allowed}")
     start = time.perf_counter()
-    if method == "ih":
-        scores, fisher = head_importance(model, batches, loss_fn=loss_fn, progress=progress), None
-    elif method == "random":
-        g = torch.Generator().manual_seed(seed)
-        scores, fisher = {s.name: torch.rand(s.num_heads, generator=g, dtype=torch.float64)
-                          for s in find_sites(model)}, None
-    else:
-        fisher = fisher_information(model, batches, loss_fn=loss_fn, progress=progress)
-        scores = dict(fisher.diag)
-    return Scores(method, scores, fisher, time.perf_counter() - start)
+    found = scorer.score(model, list(batches), ScoreRequest(units="heads", head_plan=True, loss_fn=loss_fn, seed=seed,
+                                                            progress=progress))
+    return Scores(scorer.name, dict(found.heads), found.fisher if scorer.fisher else None, time.perf_counter() - start)
 
 
-def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], settings: CompressSettings, *,
-               scored: Scores | None = None, costs: HeadCosts | None = None,
-               sites: list[str] | None = None, loss_fn: LossFn | None = None, progress: bool = False) -> CompressPlan:
-    """The heads to drop and the kept heads' scales under ``settings``; ``model`` is not changed.
+def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], settings: PruneSettings, *,
+               scored: Scores | None = None, costs: HeadCosts | None = None, sites: list[str] | None = None,
+               loss_fn: LossFn | None = None, n_keep: int | None = None, progress: bool = False) -> CompressPlan:
+    """The heads to drop and the kept heads' scales under ``settings`` (:attr:`PruneSettings.head_plan` must
+    hold); ``model`` is not changed.
 
     ``scored``/``costs`` reuse scores (:func:`score_heads`) and prices (:func:`headprune.core.cost.head_costs`)
     computed before, e.g. for several budgets on one model. ``sites``: prune only these sites (the
-    budget is then a share / count of their heads or FLOPs); the others keep every head.
+    budget is then a share / count of their heads or FLOPs); the others keep every head. ``n_keep``: a count
+    of heads kept in place of the settings' budget, 0 allowed (a pruning curve's last step).
     """
+    if not isinstance(settings, PruneSettings) or not settings.head_plan:
+        raise ConfigError(f"settings={settings!r}; allowed: PruneSettings whose head_plan holds (units='heads', "
+                          "price count | flops | kv, compensate none | rearrange | tune)")
     batches = list(batches)
-    family = "fisher" if settings.method.startswith("fisher") else settings.method
+    family = settings.scorer.name
     if scored is None:
-        scored = score_heads(model, batches, family, loss_fn=loss_fn, seed=settings.seed, progress=progress)
+        scored = score_heads(model, batches, settings.scorer, loss_fn=loss_fn, seed=settings.seed, progress=progress)
     elif scored.method != family:
-        raise ConfigError(f"scored: scores of method {scored.method!r}; method {settings.method!r} needs {family!r}")
+        raise ConfigError(f"scored: scores of method {scored.method!r}; scores={family!r} needs {family!r}")
     seconds = {"score": scored.seconds}
     start = time.perf_counter()
-    if settings.flops is not None and costs is None:
+    budget = {"n_keep": n_keep} if n_keep is not None else settings.head_budget()
+    if "flops" in budget and costs is None:
         costs = head_costs(model, settings.seq_len, tgt_len=settings.tgt_len)
     groups = kv_groups(model)
-    drop = select_gqa(scored.scores, groups, mode=settings.gqa, keep=settings.keep, n_keep=settings.n_keep,
-                      flops=settings.flops, costs=costs, kv=settings.kv,
-                      kv_bytes=kv_head_bytes(model) if settings.kv is not None else None,
+    drop = select_gqa(scored.scores, groups, mode=settings.gqa, **budget, costs=costs,
+                      kv_bytes=kv_head_bytes(model) if "kv" in budget else None,
                       min_per_site=settings.min_per_site, sites=sites, same_per_site=settings.same_per_site)
     plan = CompressPlan(drop=drop, seconds=seconds)
     if scored.fisher is not None:
@@ -182,8 +128,8 @@ def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], 
         seconds["guard"] = time.perf_counter() - start
     if settings.rearranges:
         start = time.perf_counter()
-        within = settings.gqa != "free" or settings.kv is not None  # keep the kept heads per key/value group
-        moved = rearrange(drop, scored.fisher, groups=groups if within or settings.flops is not None else None,
+        within = settings.gqa != "free" or "kv" in budget  # keep the kept heads per key/value group
+        moved = rearrange(drop, scored.fisher, groups=groups if within or "flops" in budget else None,
                           within_groups=within)  # a FLOP budget: no key/value head more
         plan.loss_estimate["rearranged"] = scored.fisher.loss_increase(moved) / scored.fisher.n
         seconds["rearrange"] = time.perf_counter() - start

@@ -6,13 +6,14 @@ count of units kept). Units are scored by ``scores`` (``ih``: the paper's I_h; `
 Fisher of the mask; ``random``; ``fluctuation``: FLAP's label-free input fluctuation, standardised per kind
 over all layers, :mod:`headprune.scoring.fluctuation`; ``fluctuation-raw``: the same fluctuation not
 standardised, the expected squared output change of holding a unit at its mean, which the budget trades
-against price like any additive score), and the loss of what is cut is made up for by
+against price like any additive score; or any registered name or :class:`~headprune.scoring.scorer.Scorer`
+object), and the loss of what is cut is made up for by
 ``compensate``: ``none``; ``rearrange`` (Fisher swaps within a site); ``tune`` (rearrange, then per-site head
 scales fitted by least squares and folded into the weights, Kwon et al. 2022); ``reconstruct`` (every pruned
 projection refitted by least squares, kept only if it lowers the loss on held-out validation batches);
 ``bias`` (every removed unit held at its calibration mean, folded into the output projection's bias: FLAP's
-compensation, exact, no labels); ``bias+reconstruct`` (both, the refit then fitting the bias too); left out,
-the pipeline's own (``tune`` for the head plan, ``reconstruct`` for the budget over heads and neurons, ``bias``
+compensation, exact, no labels); ``linear``; a list runs in order (``["bias", "reconstruct"]``: the refit then
+fitting the bias too); left out, the pipeline's own (``tune`` for the head plan, ``reconstruct`` for the budget over heads and neurons, ``bias``
 with either ``fluctuation`` score).
 
 Two pipelines run them (:func:`headprune.compression.compress`): heads alone with a ``count`` / ``flops`` /
@@ -26,22 +27,20 @@ what its pipeline can do, so nothing given is ignored.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, fields
 
 from ..checks import check_choice, check_int, check_number, check_share
 from ..errors import ConfigError
+from ..scoring.registry import get_scorer, scorer_names
+from ..scoring.scorer import Scorer
+from ..selection.budgets import Budget
 from ..selection.gqa import GQA_MODES
 from ..selection.units import UNITS
-from .plan import CompressSettings
+from .compensation import Compensation, compensation_names, get_compensations
 from .tuning import TARGETS
-from .units import UnitSettings
 
-PRICES = ("count", "flops", "params", "kv", "latency")
-SCORES = ("ih", "fisher", "random", "fluctuation", "fluctuation-raw")
-COMPENSATIONS = ("none", "rearrange", "tune", "reconstruct", "bias", "bias+reconstruct", "linear",
-                 "linear+reconstruct")
-POOL_SCORES = ("fisher", "fluctuation", "fluctuation-raw")  # what the budget over heads and neurons can score with
-POOL_COMPENSATIONS = ("none", "reconstruct", "bias", "bias+reconstruct", "linear", "linear+reconstruct")
+PRICES = ("count", "flops", "kv", "params", "latency")
 HEAD_PLAN_PRICES = ("count", "flops", "kv")  # what the head plan can budget
 POOL_PRICES = ("flops", "params", "latency")  # what the budget over heads and neurons can
 
@@ -54,10 +53,11 @@ class PruneSettings:
     share: float | None = None  # share of the pool's price kept, in (0, 1]
     n_keep: int | None = None  # number of units kept (the head plan: heads), >= 1
     price: str = "flops"  # what share measures: count | flops (at seq_len) | params | kv (cache bytes) | latency
-    scores: str = "fisher"  # ih | fisher | random | fluctuation (FLAP: one forward, no labels, no gradients;
-    # standardised per kind) | fluctuation-raw (the same, not standardised: heads and neurons traded by price)
-    compensate: str | None = None  # none | rearrange | tune | reconstruct | bias | linear | bias+reconstruct |
-    # linear+reconstruct (None: tune
+    scores: str | Scorer = "fisher"  # ih | fisher | random | fluctuation (FLAP: one forward, no labels, no
+    # gradients; standardised per kind) | fluctuation-raw (the same, not standardised: heads and neurons traded by
+    # price) | any registered name | a Scorer object
+    compensate: str | Compensation | list | None = None  # none | rearrange | tune | reconstruct | bias | linear |
+    # any registered name | a Compensation object | a list of them, run in order (None: tune
     # for the head plan with Fisher scores, none with other scores; for the budget over heads and neurons
     # reconstruct, or bias with scores='fluctuation'; set on creation)
     gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (headprune.selection.gqa)
@@ -77,23 +77,14 @@ class PruneSettings:
     def __post_init__(self):
         check_choice("units", self.units, UNITS)
         check_choice("price", self.price, PRICES)
-        check_choice("scores", self.scores, SCORES)
+        self._scorer = get_scorer(self.scores)
+        self._compensations = ()
         if self.compensate is None:
-            self.compensate = ("bias" if self.scores.startswith("fluctuation") else "reconstruct") \
-                if self._pool_reason() \
-                else "tune" if self.scores == "fisher" else "none"
-        check_choice("compensate", self.compensate, COMPENSATIONS)
+            self.compensate = ("bias" if self._scorer.label_free else "reconstruct") if self._pool_reason() \
+                else "tune" if self._scorer.fisher else "none"
+        self._compensations = get_compensations(self.compensate)
         check_choice("gqa", self.gqa, GQA_MODES)
-        given = {k: v for k, v in (("share", self.share), ("n_keep", self.n_keep)) if v is not None}
-        if len(given) != 1:
-            got = ", ".join(f"{k}={v!r}" for k, v in given.items()) or "none"
-            raise ConfigError(f"give exactly one budget: share= (the share of the units' {self.price} kept, 0..1) or "
-                              f"n_keep= (the number of units kept); got {got}")
-        if self.share is not None:
-            check_share("share", self.share)
-            if self.share == 0:
-                raise ConfigError("share=0; allowed: a number in (0, 1] (0 would remove every unit)")
-        check_int("n_keep", self.n_keep, 1, optional=True)
+        self._check_budget()
         for name in ("min_per_site", "seq_len", "distill_epochs", "seed"):
             check_int(name, getattr(self, name), 0 if name in ("min_per_site", "distill_epochs", "seed") else 1)
         check_int("tgt_len", self.tgt_len, 1, optional=True)
@@ -105,28 +96,82 @@ class PruneSettings:
         for name in ("guard", "same_per_site"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}; allowed: True or False")
-        if self.compensate in ("rearrange", "tune") and self.scores != "fisher":
-            other = " | ".join(POOL_COMPENSATIONS) if self.scores in POOL_SCORES else "'none'"
-            raise ConfigError(f"compensate={self.compensate!r} with scores={self.scores!r}; allowed: scores='fisher' "
+        self._check_methods()
+
+    def _check_budget(self) -> None:
+        self._budget = Budget.of(self.price, least=1, share=self.share, n_keep=self.n_keep)  # the one validation
+        if self.share == 0:
+            raise ConfigError("share=0; allowed: a number in (0, 1] (0 would remove every unit)")
+
+    @property
+    def budget(self) -> Budget:
+        """The budget: ``share`` of ``price`` kept, or ``n_keep`` units kept."""
+        return self._budget
+
+    def _check_methods(self) -> None:
+        """The scorer and the compensations against each other and against the pipeline that runs them."""
+        stages = [c.stage for c in self._compensations]
+        if stages != sorted(stages, key=("plan", "standin", "refit").index) or stages.count("standin") > 1:
+            raise ConfigError(f"compensate={self._compensate_text()}; allowed: at most one stand-in (bias, linear), "
+                              "in the order plan (rearrange, tune), stand-in, refit (reconstruct)")
+        name = self._scorer.name
+        if "plan" in stages and not self._scorer.fisher:
+            other = " | ".join(self._pool_names()) if self._scorer.pool else "'none'"
+            raise ConfigError(f"compensate={self._compensate_text()} with scores={name!r}; allowed: scores='fisher' "
                               f"(rearrangement and tuning read the Fisher matrix), or compensate {other}")
         if self.head_plan:
             if self.same_per_site and (self.gqa == "free" or (self.n_keep is None and self.price != "count")):
                 raise ConfigError(f"same_per_site=True with gqa={self.gqa!r}, price={self.price!r}; allowed: gqa "
                                   "'uniform' or 'groups' with a head count budget (n_keep, or share of price='count')")
             return
-        why = self._pool_reason()
         refused = [f"{k}={v!r}" for k, v in (("n_keep", self.n_keep), ("same_per_site", self.same_per_site or None))
                    if v is not None]
         if self.price not in POOL_PRICES:
             refused.append(f"price={self.price!r}")
-        if self.compensate in ("rearrange", "tune"):
-            refused.append(f"compensate={self.compensate!r}")
-        if self.scores not in POOL_SCORES:
-            refused.append(f"scores={self.scores!r}")
+        if "plan" in stages:
+            refused.append(f"compensate={self._compensate_text()}")
+        if not self._scorer.pool:
+            refused.append(f"scores={name!r}")
         if refused:
-            raise ConfigError(f"{', '.join(refused)} with {why}; allowed there: a share of price "
-                              f"{' | '.join(POOL_PRICES)}, scores {' | '.join(POOL_SCORES)}, compensate "
-                              f"{' | '.join(POOL_COMPENSATIONS)}")
+            raise ConfigError(f"{', '.join(refused)} with {self._pool_reason()}; allowed there: a share of price "
+                              f"{' | '.join(POOL_PRICES)}, scores {' | '.join(self._pool_scores())}, compensate "
+                              f"{' | '.join(self._pool_names())}")
+
+    @staticmethod
+    def _pool_scores() -> list[str]:
+        return [n for n in scorer_names() if get_scorer(n).pool]
+
+    @staticmethod
+    def _pool_names() -> list[str]:
+        return ["none", *(n for n in compensation_names() if get_compensations(n)[0].stage != "plan")]
+
+    def _compensate_text(self) -> str:
+        names = self.compensation_names
+        return repr(names[0]) if len(names) == 1 else repr(list(names)) if names else "'none'"
+
+    @property
+    def scorer(self) -> Scorer:
+        """The scorer ``scores`` names (or is)."""
+        return self._scorer
+
+    @property
+    def compensations(self) -> tuple[Compensation, ...]:
+        """The compensations ``compensate`` names (or is), in order; () for none."""
+        return self._compensations
+
+    @property
+    def compensation_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self._compensations)
+
+    @property
+    def standin(self) -> Compensation | None:
+        """The stand-in compensation (``bias``, ``linear``), or None."""
+        return next((c for c in self._compensations if c.stage == "standin"), None)
+
+    @property
+    def refits(self) -> tuple[Compensation, ...]:
+        """The compensations run on the pruned model and guarded on validation data, in order."""
+        return tuple(c for c in self._compensations if c.stage == "refit")
 
     @property
     def head_plan(self) -> bool:
@@ -135,27 +180,84 @@ class PruneSettings:
 
     def _pool_reason(self) -> str:
         """Why the budget over heads and neurons runs ('' when the head plan does)."""
+        pool_stage = any(c.stage != "plan" for c in self._compensations)
         for reason, applies in ((f"units={self.units!r}", self.units != "heads"),
                                 (f"price={self.price!r}", self.price not in HEAD_PLAN_PRICES),
-                                (f"scores={self.scores!r}", self.scores.startswith("fluctuation")),
-                                (f"compensate={self.compensate!r}", self.compensate in POOL_COMPENSATIONS[1:]),
+                                (f"scores={self._scorer.name!r}", not self._scorer.plan),
+                                (f"compensate={self._compensate_text()}", pool_stage),
                                 (f"distill_epochs={self.distill_epochs}", self.distill_epochs > 0)):
             if applies:
                 return reason
         return ""
 
-    def heads_settings(self) -> CompressSettings:
-        """The head plan's settings (``head_plan`` must hold): same-named fields copied, the budget and
-        ``scores`` + ``compensate`` in the plan's words (``keep`` / ``n_keep`` / ``flops`` / ``kv``, ``method``)."""
-        budget = {"n_keep": self.n_keep} if self.n_keep is not None else \
-            {{"count": "keep", "flops": "flops", "kv": "kv"}[self.price]: self.share}
-        method = self.scores if self.compensate == "none" else f"fisher+{self.compensate}"
-        return CompressSettings(**self._shared(CompressSettings, budget), **budget, method=method)
+    @property
+    def rearranges(self) -> bool:
+        """The head plan: Fisher swaps within sites after selection (rearrange, and tune, which implies it)."""
+        return any(getattr(c, "rearranges", False) for c in self._compensations)
 
-    def unit_settings(self) -> UnitSettings:
-        """The settings of the budget over heads and neurons (``head_plan`` must not hold): same-named fields."""
-        return UnitSettings(**self._shared(UnitSettings, {}))
+    @property
+    def tunes(self) -> bool:
+        """The head plan: per-site head scales fitted by least squares and folded into the weights."""
+        return any(getattr(c, "tunes", False) for c in self._compensations)
 
-    def _shared(self, cls, taken: dict) -> dict:
-        own = {f.name for f in fields(self)}
-        return {f.name: getattr(self, f.name) for f in fields(cls) if f.name in own and f.name not in taken}
+    @property
+    def method(self) -> str:
+        """Scores and compensations in one line for titles (``fisher+tune``, ``ih``, ``fluctuation+bias``)."""
+        return "+".join((self._scorer.name, *self.compensation_names))
+
+    def to_dict(self) -> dict:
+        """The settings as JSON: methods by name (``compensate`` a list of names, ``[]`` for none)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        return out | {"scores": self._scorer.name, "compensate": list(self.compensation_names)}
+
+    def to_toml(self) -> str:
+        """The settings as a ``[settings]`` TOML table (methods by name, unset fields left out): the file
+        ``headprune compress --config`` reads, written into every compress run directory."""
+        lines = ["# headprune compress --config: PruneSettings fields (headprune.compression.PruneSettings)",
+                 "[settings]"]
+        for key, value in self.to_dict().items():
+            if value is not None:
+                lines.append(f"{key} = {_toml_value(value)}")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_toml(cls, path) -> PruneSettings:
+        """The settings of a ``[settings]`` table in the TOML file ``path`` (unknown keys refused, by name)."""
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            try:
+                import tomli as tomllib
+            except ImportError:
+                raise ConfigError("a TOML settings file needs Python >= 3.11 or the tomli package") from None
+        try:
+            with open(path, "rb") as f:
+                data = tomllib.load(f)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"settings file {str(path)!r}: {err}") from None
+        table = data.get("settings")
+        if not isinstance(table, dict) or set(data) - {"settings"}:
+            raise ConfigError(f"settings file {str(path)!r}: tables {sorted(data)}; allowed: one [settings] table")
+        own = [f.name for f in fields(cls)]
+        unknown = sorted(set(table) - set(own))
+        if unknown:
+            raise ConfigError(f"settings file {str(path)!r}: unknown keys {unknown}; allowed: {', '.join(own)}")
+        return cls(**table)
+
+    def head_budget(self) -> dict:
+        """The head plan's budget as :func:`headprune.selection.gqa.select_gqa` keywords (``n_keep`` / ``keep``
+        / ``flops`` / ``kv``)."""
+        if self.n_keep is not None:
+            return {"n_keep": self.n_keep}
+        return {{"count": "keep", "flops": "flops", "kv": "kv"}[self.price]: self.share}
+
+
+def _toml_value(value) -> str:
+    """A TOML literal of a settings value (string, boolean, number or list of strings)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+    return "[" + ", ".join(_toml_value(v) for v in value) + "]"

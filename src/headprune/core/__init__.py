@@ -31,7 +31,7 @@ from .masking import (
     ones_mask,
     unmask_heads,
 )
-from .prune import keep_heads, keep_neurons, prune_heads, prune_neurons
+from .prune import keep_heads, prune_heads, prune_neurons, replay_kept_heads
 from .records import DroppedHeads, KeptHeads
 from .sites import Site, find_sites, sites_table
 
@@ -40,5 +40,5 @@ __all__ = [
     "model_inputs", "load_model", "load_pruned", "load_tokenizer", "save_pruned", "HeadMask", "active_masks",
     "is_masked", "mask_from_heads", "mask_heads", "masked", "ones_mask", "unmask_heads", "Site", "find_sites",
     "sites_table", "DroppedHeads", "KeptHeads", "keep_heads", "kept_heads", "original_heads", "prune_heads",
-    "FFN", "find_ffns", "keep_neurons", "kept_neurons", "masked_neurons", "neuron_mask_from", "prune_neurons",
+    "FFN", "find_ffns", "replay_kept_heads", "kept_neurons", "masked_neurons", "neuron_mask_from", "prune_neurons",
 ]

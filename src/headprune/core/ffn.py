@@ -121,12 +121,6 @@ def _stack(model: nn.Module, path: str, layer: int) -> str:
     return recorded.pop() if len(recorded) == 1 else "encoder"
 
 
-def ffn_table(model: nn.Module) -> list[dict]:
-    """One plain row per FFN (name, layer, width, gated, path)."""
-    return [{"name": f.name, "layer": f.layer, "width": f.width, "gated": f.gated, "path": f.path}
-            for f in find_ffns(model)]
-
-
 def _refuse_moe(model: nn.Module) -> None:
     for path, module in model.named_modules():
         last = path.rsplit(".", 1)[-1].lower()

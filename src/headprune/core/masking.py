@@ -129,10 +129,6 @@ def validate_mask(sites: list[Site], mask: Mapping[str, object]) -> HeadMask:
     return validate_units(HEADS, sites, mask)
 
 
-def validate_neuron_mask(ffns: list[FFN], mask: Mapping[str, object]) -> NeuronMask:
-    return validate_units(NEURONS, ffns, mask)
-
-
 def validate_units(kind: UnitKind, units: list, mask: Mapping[str, object]) -> dict[str, torch.Tensor]:
     """One set of checks for every kind: known names, ``[n]`` or ``[batch, n]`` with one batch, finite floats."""
     if not isinstance(mask, Mapping):
@@ -176,11 +172,6 @@ def unmask_heads(model: nn.Module) -> None:
 def is_masked(model: nn.Module) -> bool:
     """Whether a head mask is applied."""
     return any(kind == HEADS.name for _, kind, _ in _stack(model))
-
-
-def is_neuron_masked(model: nn.Module) -> bool:
-    """Whether a neuron mask is applied."""
-    return any(kind == NEURONS.name for _, kind, _ in _stack(model))
 
 
 def active_masks(model: nn.Module) -> list[HeadMask]:

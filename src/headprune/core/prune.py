@@ -4,7 +4,7 @@ Each function checks its arguments against the model (nothing changes on a bad c
 with a mask applied, proves on a shrunk copy of the model's class that surgery of this kind of unit is
 exact for it (:mod:`.verify`; a family it cannot prune exactly is refused before it is touched), then
 cuts (:mod:`.surgery` for heads, :mod:`.neurons` for neurons; atomic). ``verify=False`` (CLI:
-``--trust-unverified``) skips the trial only.
+``--no-verify``) skips the trial only.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from torch import nn
 
 from .kept import kept_heads, kept_neurons
-from .neurons import check_neuron_drops, cut_neurons, neurons_to_drop
+from .neurons import check_neuron_drops, cut_neurons
 from .records import KeptHeads
 from .surgery import check_head_drops, cut_heads, heads_to_drop
 from .verify import give_removed_sites_calls, verify_surgery
@@ -60,10 +60,12 @@ def prune_neurons(model: nn.Module, dropped: Mapping[str, Iterable[int]], *,
     return cut_neurons(model, drops)
 
 
-def keep_neurons(model: nn.Module, kept: Mapping[str, Iterable[int]], original: Mapping[str, int] | None = None,
-                 *, verify: bool = True) -> dict[str, list[int]]:
-    """Replay kept neurons ({ffn: original indices kept}) on a model whose FFNs are unpruned."""
-    return prune_neurons(model, neurons_to_drop(model, kept, original), verify=verify)
+def replay_kept_heads(model: nn.Module, kept: Mapping[str, Iterable[int]], original: Mapping[str, int] | None = None,
+                      *, verify: bool = True):
+    """Replay ``kept`` ({site: original indices of the heads kept}, e.g. :func:`headprune.kept_heads` of a
+    pruned model) on an unpruned ``model``; returns its KeptHeads. ``original`` ({site: heads before
+    pruning}) refuses a model of another shape before anything changes. (The public name of :func:`keep_heads`.)"""
+    return keep_heads(model, kept, original, verify=verify)
 
 
-__all__ = ["prune_heads", "keep_heads", "prune_neurons", "keep_neurons", "kept_heads", "kept_neurons"]
+__all__ = ["prune_heads", "keep_heads", "replay_kept_heads", "prune_neurons", "kept_heads", "kept_neurons"]

@@ -134,7 +134,7 @@ def heads_to_drop(model: nn.Module, kept: Mapping[str, Iterable[int]],
     original indices of kept heads}); ``original`` ({site: heads before pruning}, as saved beside the kept
     heads) refuses a model of another shape. Raises :class:`PlanError` before anything changes."""
     if config_record(model.config, KEPT_KEY):
-        raise PlanError("keep_heads needs an unpruned model; this one already carries kept heads")
+        raise PlanError("replay_kept_heads needs an unpruned model; this one already carries kept heads")
     current = {s.name: s.num_heads for s in find_sites(model)}
     if original is not None and dict(original) != current:
         diff = {n: (original.get(n), current.get(n)) for n in set(original) | set(current)

@@ -23,7 +23,7 @@ config, or computed from one run of a shrunk copy), so it never depends on a tri
 
 Verdicts are cached per (model class, shrunk config, attention implementation, transformers
 version, units) for the process. Anything not exact raises :class:`UnsupportedModelError` naming the
-family, the attention class and what differed. ``verify=False`` (CLI: ``--trust-unverified``) is
+family, the attention class and what differed. ``verify=False`` (CLI: ``--no-verify``) is
 the only way past it.
 """
 
@@ -72,7 +72,7 @@ class Verdict:
         return UnsupportedModelError(
             f"{self.family} ({self.model_class}, attention {', '.join(self.attention_classes)}): headprune cannot "
             f"prune it exactly: {'; '.join(self.problems)}. Nothing was changed. Pass verify=False "
-            "(CLI: --trust-unverified) only if you have checked the result yourself")
+            "(CLI: --no-verify) only if you have checked the result yourself")
 
 
 _VERDICTS: dict[str, Verdict] = {}

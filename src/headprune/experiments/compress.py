@@ -1,24 +1,27 @@
 """A compression run as a directory: the pruned model itself, ``compress.json`` and ``report.html``.
 
-The output directory is a loadable model (``headprune.load_pruned`` / ``headprune evaluate``) with
-its tokenizer, beside ``compress.json`` (settings, chosen heads, scales, sizes, scores before and
-after, speed), ``results.json`` + ``report.html`` (the human summary), ``heads.csv`` and
-``kept_heads.png``.
+:func:`run_compress` calls :func:`headprune.compression.compress` (the one entry point) and writes the
+output directory: a loadable model (``headprune.load_pruned`` / ``headprune evaluate``) with its tokenizer,
+beside ``compress.json`` (settings, what was removed, sizes, scores before and after, speed),
+``results.json`` + ``report.html`` (the human summary) and per-site tables: the head plan's ``heads.csv`` and
+``kept_heads.png`` (with tuned scales), or, for the budget over heads and neurons, ``units.csv`` and
+``kept_units.png`` (the stages kept, validation losses).
 """
 
 from __future__ import annotations
 
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from ..bench.timing import benchmark
-from ..compression.compress import check_head_count, compress_heads
-from ..compression.plan import CompressSettings
+from ..compression.entry import compress
+from ..compression.heads import check_head_count
+from ..compression.settings import PruneSettings
 from ..core.cost import flops_per_example
 from ..core.io import save_pruned
 from ..core.sites import find_sites
@@ -27,32 +30,90 @@ from ..errors import ConfigError
 from ..evaluation.metrics import format_score
 from ..provenance import code_identity, versions
 from ..report import build_report
-from ..report.figures import kept_heads_grid
+from ..report.figures import kept_heads_grid, kept_units_per_layer
 from .rundir import RunDir
 
 
+@dataclass
+class RunInputs:
+    """What a compression run reads besides the model and its calibration batches: the budget over heads and
+    neurons' held-out ``val_batches`` and ``fit_batches``, per-unit ``prices`` (with the ``latency_table`` they
+    came from), the ``signature`` of the data, and the speed measurement (``bench_batch`` None: none)."""
+
+    val_batches: list | None = None
+    fit_batches: list | None = None
+    prices: object = None
+    latency_table: dict | None = None
+    signature: dict | None = None
+    bench_batch: int | None = 16
+    bench_repeats: int = 5
+    verify: bool = True  # False: skip the check that surgery is exact for the model's class
+    progress: bool = False
+
+
+@dataclass
+class _Done:
+    """A finished compression, as the record writers read it."""
+
+    run: RunDir
+    out: Path
+    settings: PruneSettings
+    sites: dict
+    result: object  # CompressResult | UnitResult
+    before: object  # the evaluations before and after
+    after: object
+    speed: object
+    bench_batch: int | None
+    model: nn.Module
+
+
 def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable[Mapping[str, torch.Tensor]],
-                 out: str | Path, *, settings: CompressSettings, signature: dict | None = None,
-                 bench_batch: int | None = 16, bench_repeats: int = 5, verify: bool = True,
-                 progress: bool = False) -> Path:
-    """Score ``model`` on ``evaluator``, compress it on ``calib_batches``, score it again, time both,
-    and write the directory ``out`` (which must not exist). Returns the report's path."""
+                 out: str | Path, settings: PruneSettings, inputs: RunInputs | None = None) -> tuple[Path, str]:
+    """Score ``model`` on ``evaluator``, compress it on ``calib_batches`` (:func:`headprune.compression.compress`),
+    score it again, time both, and write the directory ``out`` (which must not exist).
+    Returns (the report's path, a one-line summary of what was kept)."""
+    inputs = inputs or RunInputs()
     out = output_dir(out)
+    bench_batch = inputs.bench_batch
     if bench_batch is not None and (isinstance(bench_batch, bool) or not isinstance(bench_batch, int) or bench_batch < 1):
         raise ConfigError(f"bench_batch={bench_batch!r}; allowed: an integer >= 1, or None for no timing")
-    sites = {s.name: s for s in find_sites(model)}
-    check_head_count(model, settings.n_keep, None)  # a count above the model's heads: refused before any work
+    if settings.head_plan:
+        check_head_count(model, settings.n_keep, None)  # a count above the model's heads: refused before any work
     flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now
+    sites = {s.name: s for s in find_sites(model)}
+    verify, progress = inputs.verify, inputs.progress
     before = evaluator.evaluate(model, progress=progress)
-    result = compress_heads(model, calib_batches, settings, verify=verify, progress=progress)
+    pool = {} if settings.head_plan else {"val_batches": inputs.val_batches, "fit_batches": inputs.fit_batches,
+                                          "prices": inputs.prices}
+    result = compress(model, calib_batches, settings, **pool, verify=verify, progress=progress)
     after = evaluator.evaluate(result.model, progress=progress)
-    speed = bench_and_save(model, result.model, out, tokenizer, settings, bench_batch, bench_repeats)
-    sig = {"model": None, "data": None, "split": None, "n": before.n, **(signature or {}),
-           "method": settings.method, "settings": asdict(settings), "seed": settings.seed, "code": code_identity(), "versions": versions()}
-    run = RunDir(out, sig, made_here=True)
-    evaluation = {"before": eval_record(before), "after": eval_record(after)}
-    record = {"signature": sig, **result.to_dict(), "evaluation": evaluation, "speed": speed_record(speed)}
+    speed = bench_and_save(model, result.model, out, tokenizer, settings, bench_batch, inputs.bench_repeats)
+    sig = {"model": None, "data": None, "split": None, "n": before.n, **(inputs.signature or {}),
+           "method": settings.method if settings.head_plan else
+           f"{settings.scorer.name} {settings.units} ({settings.price}) + {'+'.join(settings.compensation_names) or 'none'}",
+           "settings": settings.to_dict(), "seed": settings.seed, "code": code_identity(), "versions": versions()}
+    run = RunDir(out, sig, made_here=True)  # save_pruned has just created ``out``: its files are this run's
+    record = {"signature": sig, **result.to_dict(), "evaluation": {"before": eval_record(before),
+                                                                   "after": eval_record(after)},
+              "speed": speed_record(speed)}
+    if inputs.latency_table is not None:
+        record["latency_table"] = inputs.latency_table
     run.write_json("compress.json", record)
+    run.write_json("plan.json", result.plan.to_dict())  # headprune apply MODEL plan.json replays it
+    run.write_text("compress.toml", settings.to_toml())  # headprune compress ... --config compress.toml repeats it
+    write = _heads_results if settings.head_plan else _units_results
+    write(_Done(run, out, settings, sites, result, before, after, speed, bench_batch, model))
+    report = build_report(out)
+    run.close()
+    summary = result.summary() if not settings.head_plan else \
+        f"kept {result.sizes['after']['heads']}/{result.sizes['before']['heads']} heads"
+    return report, summary
+
+
+def _heads_results(done: _Done) -> None:
+    """``heads.csv``, ``kept_heads.png`` and ``results.json`` of the head plan."""
+    run, out, settings, sites, result = done.run, done.out, done.settings, done.sites, done.result
+    before, after, speed, bench_batch, model = done.before, done.after, done.speed, done.bench_batch, done.model
     rows = _site_rows(sites, result)
     run.write_csv("heads.csv", rows)
     kept_heads_grid(sites, result.dropped, result.scales, out / "kept_heads.png")
@@ -71,6 +132,7 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
         up = speed.speedups[0]
         headline.append([f"speed-up at batch {bench_batch} (FLOP limit {up['flop_limit']:.2f}x)",
                          f"{up['measured']:.2f}x" + (" (noisy)" if up.get("noisy") else "")])
+    sig = run.signature
     run.write_json("results.json", {
         "title": f"Compressed with {settings.method} ({_budget(settings)})", "experiment": "compress",
         "metric": metric, "headline": headline, "signature": sig,
@@ -82,9 +144,45 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
                      "the output projection; blank: removed)."}],
         "tables": [{"title": "Per site", "file": "heads.csv", "max_rows": 80}],
     })
-    report = build_report(out)
-    run.close()
-    return report
+
+
+def _units_results(done: _Done) -> None:
+    """``units.csv``, ``kept_units.png`` and ``results.json`` of the budget over heads and neurons."""
+    run, out, settings, result = done.run, done.out, done.settings, done.result
+    before, after, speed, bench_batch = done.before, done.after, done.speed, done.bench_batch
+    rows = _unit_rows(result)
+    run.write_csv("units.csv", rows)
+    kept_units_per_layer(rows, out / "kept_units.png")
+    size = result.sizes
+    metric = before.metric
+    headline = [
+        *kept_rows(metric, before.score, after.score, size, counts=("heads", "neurons"),
+                   shares=(("model FLOPs", "flops"), ("parameters", "params"))),
+        ["stages", ", ".join(f"{k} {v}" for k, v in result.stages.items())],
+        ["compression time", f"{result.seconds['total']:.1f} s"]]
+    if speed is not None:
+        up = speed.speedups[0]
+        headline.append([f"speed-up at batch {bench_batch}", f"{up['measured']:.2f}x" + (" (noisy)" if up.get("noisy") else "")])
+    notes = [f"Calibration / validation: {result.split}; the validation batches were used only to accept or "
+             "turn down the reconstruction.", f"Validation losses: {result.val_loss or 'not measured'}."]
+    run.write_json("results.json", {
+        "title": f"Compressed {settings.units} to {settings.share:.0%} of their {settings.price}",
+        "experiment": "compress", "metric": metric, "headline": headline, "signature": run.signature, "notes": notes,
+        "figures": [{"file": "kept_units.png", "caption": "Heads and FFN neurons kept (colour) and removed (grey) "
+                                                          "per layer."}],
+        "tables": [{"title": "Per layer", "file": "units.csv", "max_rows": 120}]})
+
+
+def _unit_rows(result) -> list[dict]:
+    fits = {r["layer"]: r for r in result.reconstruction}
+    rows = []
+    for name, kept in {**result.kept_heads, **result.kept_neurons}.items():
+        fit = fits.get(name, {})
+        dropped = result.dropped_heads.get(name, result.dropped_neurons.get(name, []))
+        rows.append({"unit": name, "kind": "neurons" if name.endswith(".ffn") else "heads", "kept": len(kept),
+                     "dropped": len(dropped), "refit_error_before": fit.get("error_before", ""),
+                     "refit_error_after": fit.get("error_after", "")})
+    return rows
 
 
 def _guard_notes(result) -> list[str]:
@@ -107,14 +205,10 @@ def _enc_dec(model: nn.Module) -> bool:
     return bool(getattr(model.config, "is_encoder_decoder", False))
 
 
-def _budget(s: CompressSettings) -> str:
-    if s.keep is not None:
-        return f"keep {s.keep:.0%} of heads"
+def _budget(s: PruneSettings) -> str:
     if s.n_keep is not None:
         return f"keep {s.n_keep} heads"
-    if s.kv is not None:
-        return f"keep {s.kv:.0%} of the KV cache"
-    return f"keep {s.flops:.0%} of head FLOPs"
+    return f"keep {s.share:.0%} of " + {"count": "heads", "kv": "the KV cache", "flops": "head FLOPs"}[s.price]
 
 
 def _site_rows(sites: dict, result) -> list[dict]:

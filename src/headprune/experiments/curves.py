@@ -20,7 +20,8 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..compression.plan import CompressSettings, plan_heads, score_heads
+from ..compression.plan import plan_heads, score_heads
+from ..compression.settings import PruneSettings
 from ..core.masking import mask_from_heads
 from ..core.sites import find_sites
 from ..distributed import map_units
@@ -269,9 +270,11 @@ def _planned(model, order, n, pool, shape, settings, calibration, cache) -> tupl
     min_per_site = settings.min_per_site
     floor = sum(min(min_per_site, shape[k]) for k in pool)  # as lowest_heads: keep min_per_site when asked for more
     n_keep = max(sum(shape[k] for k in pool) - n, floor)
-    plan = plan_heads(model, cache["batches"], CompressSettings(n_keep=n_keep, method=order, min_per_site=min_per_site,
-                                                                 gqa=settings.gqa),
-                      scored=cache["fisher"], sites=pool if len(pool) < len(shape) else None)
+    compensate = order.split("+")[1] if "+" in order else "none"  # the order's name: fisher[+rearrange|+tune]
+    prune = PruneSettings(n_keep=max(n_keep, 1), scores="fisher", compensate=compensate, min_per_site=min_per_site,
+                          gqa=settings.gqa)  # n_keep below replaces the budget (0 at the last step)
+    plan = plan_heads(model, cache["batches"], prune, n_keep=n_keep, scored=cache["fisher"],
+                      sites=pool if len(pool) < len(shape) else None)
     return plan.drop, (plan.mask(model) if plan.scales is not None else None)
 
 

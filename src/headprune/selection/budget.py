@@ -20,10 +20,11 @@ from collections.abc import Mapping
 
 import torch
 
-from ..checks import check_int, check_share
+from ..checks import check_int
 from ..core.cost import HeadCosts
 from ..core.surgery import DroppedHeads
 from ..errors import ConfigError
+from .budgets import Budget
 from .lowest import lowest_heads
 
 
@@ -45,9 +46,7 @@ def budget_heads(
     still fit. Higher scores are kept first; ties break by site order then head index. ``sites``
     restricts the pool (heads outside it are kept and not counted).
     """
-    if sum(x is not None for x in (keep, n_keep, flops)) != 1:
-        raise ConfigError(f"give exactly one budget: keep= (share of heads), n_keep= (number of heads) or flops= "
-                          f"(share of head FLOPs); got keep={keep}, n_keep={n_keep}, flops={flops}")
+    budget = Budget.of(keep=keep, n_keep=n_keep, flops=flops)
     if sites is not None and (unknown := [s for s in sites if s not in scores]):
         raise ConfigError(f"sites: unknown {unknown}; allowed: {', '.join(scores)}")
     check_int("min_per_site", min_per_site, 0)
@@ -55,17 +54,12 @@ def budget_heads(
             if sites is None or k in sites}
     total = sum(v.numel() for v in pool.values())
     floor = sum(min(min_per_site, v.numel()) for v in pool.values())  # heads min_per_site forces us to keep
-    if keep is not None:
-        check_share("keep", keep)
-        n_keep = int(round(keep * total))
-    if n_keep is not None:
-        if isinstance(n_keep, bool) or not isinstance(n_keep, int) or not 0 <= n_keep <= total:
-            raise ConfigError(f"n_keep={n_keep!r}; allowed: an integer 0..{total}")
+    if budget.price == "count":
+        n_keep = total - budget.count_removed(total)
         if n_keep < floor:
             raise ConfigError(f"n_keep={n_keep} is below what min_per_site={min_per_site} keeps ({floor} heads); "
                               f"allowed: n_keep >= {floor} or a smaller min_per_site")
         return lowest_heads(pool, n_heads=total - n_keep, min_per_site=min_per_site)
-    check_share("flops", flops)
     return _knapsack(pool, _costs(costs, pool), flops, min_per_site)
 
 

@@ -36,6 +36,7 @@ from ..core.sites import find_sites, kv_of_heads
 from ..core.surgery import DroppedHeads
 from ..errors import ConfigError, KVCacheWarning
 from .budget import budget_heads
+from .budgets import Budget
 from .lowest import lowest_heads
 
 GQA_MODES = ("uniform", "groups", "free")
@@ -78,13 +79,10 @@ def select_gqa(
     """
     check_choice("mode", mode, GQA_MODES)
     check_int("min_per_site", min_per_site, 0)
-    given = {k: v for k, v in (("n_drop", n_drop), ("fraction", fraction), ("keep", keep), ("n_keep", n_keep),
-                               ("flops", flops), ("kv", kv)) if v is not None}
-    if len(given) != 1:
-        raise ConfigError(f"give exactly one budget: n_drop, fraction, keep, n_keep, flops or kv; got {given or 'none'}")
-    if same_per_site and (mode == "free" or kv is not None or flops is not None):
+    budget = Budget.of(n_drop=n_drop, fraction=fraction, keep=keep, n_keep=n_keep, flops=flops, kv=kv)
+    if same_per_site and (mode == "free" or budget.price != "count"):
         raise ConfigError(f"same_per_site=True needs mode 'uniform' or 'groups' and a head budget; got mode={mode!r}, "
-                          f"budget {', '.join(given)}")
+                          f"budget {budget.keyword}")
     if sites is not None and (unknown := [s for s in sites if s not in scores]):
         raise ConfigError(f"sites: unknown {unknown}; allowed: {', '.join(scores)}")
     pool = {k: torch.as_tensor(v, dtype=torch.float64).flatten() for k, v in scores.items()
@@ -99,7 +97,7 @@ def select_gqa(
             warn_kv_growth(drop, groups)
             return drop
         return _by_flops(pool, groups, mode, flops, costs, min_per_site)
-    n = _drop_count(total, n_drop, fraction, keep, n_keep)
+    n = budget.count_removed(total)
     if same_per_site:
         return _same_per_site(pool, groups, mode, n, min_per_site)
     if mode == "free":
@@ -144,17 +142,6 @@ def _check_groups(groups: Groups | None, pool: dict[str, torch.Tensor]) -> dict[
                               f"({s.numel()})")
         out[name] = g
     return out
-
-
-def _drop_count(total: int, n_drop, fraction, keep, n_keep) -> int:
-    if fraction is not None or keep is not None:
-        name, share = ("fraction", fraction) if fraction is not None else ("keep", keep)
-        check_share(name, share)
-        return int(round(share * total)) if fraction is not None else total - int(round(keep * total))
-    name, n = ("n_drop", n_drop) if n_drop is not None else ("n_keep", n_keep)
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= total:
-        raise ConfigError(f"{name}={n!r}; allowed: an integer 0..{total}")
-    return n if n_drop is not None else total - n
 
 
 def _units(pool: dict[str, torch.Tensor], groups: dict[str, list[int]], mode: str) -> dict[str, list[list[int]]]:

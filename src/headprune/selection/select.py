@@ -17,17 +17,13 @@ import torch
 
 from ..core.cost import HeadCosts
 from ..core.surgery import DroppedHeads
-from ..deprecation import deprecated
 from ..errors import ConfigError
-from .budget import budget_heads
 from .gqa import Groups, select_gqa
-
-_NOT_GIVEN = object()  # ``groups`` left out: the deprecated head-by-head form (None is a real value: no GQA)
 
 
 def select_heads(
     scores: Mapping[str, torch.Tensor],
-    groups: Groups | None = _NOT_GIVEN,  # type: ignore[assignment]
+    groups: Groups | None,
     *,
     gqa: str = "uniform",
     n_drop: int | None = None,
@@ -45,19 +41,9 @@ def select_heads(
     """Heads to drop ({site: sorted indices}) under one budget; see the module doc.
 
     ``groups``: :func:`headprune.kv_groups` ``(model)``, or None for a model without grouped-query
-    attention. Left out (deprecated): the former head-by-head rule of ``keep`` / ``n_keep`` / ``flops``,
-    which can grow a GQA model's KV cache.
+    attention (the paper's plain head-by-head rule: :func:`headprune.lowest_heads`;
+    :func:`headprune.selection.budget.budget_heads` for a FLOP budget).
     """
-    if groups is _NOT_GIVEN:
-        others = {k: v for k, v in (("n_drop", n_drop), ("fraction", fraction), ("kv", kv), ("kv_bytes", kv_bytes),
-                                    ("same_per_site", same_per_site or None)) if v is not None}
-        if others or gqa != "uniform":
-            raise ConfigError(f"select_heads: {', '.join(others) or 'gqa'} needs groups; allowed: "
-                              "select_heads(scores, headprune.kv_groups(model), ...) (groups=None without GQA)")
-        deprecated("select_heads(scores, ...) without groups", "select_heads(scores, headprune.kv_groups(model), "
-                   "...) (the KV cache never grows) or headprune.lowest_heads (the paper's plain rule)")
-        return budget_heads(scores, keep=keep, n_keep=n_keep, flops=flops, costs=costs, min_per_site=min_per_site,
-                            sites=sites)
     if costs is not None and not isinstance(costs, HeadCosts):
         if not isinstance(costs, Mapping):
             raise ConfigError(f"costs: {type(costs).__name__}; allowed: HeadCosts or a mapping site -> [heads]")

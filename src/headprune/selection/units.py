@@ -30,9 +30,10 @@ from collections.abc import Mapping
 
 import torch
 
-from ..checks import check_choice, check_int, check_share
+from ..checks import check_choice, check_int
 from ..core.unit_cost import UnitCosts
 from ..errors import ConfigError
+from .budgets import Budget
 from .gqa import GQA_MODES, gqa_steps, warn_kv_growth
 
 UNITS = ("heads", "neurons", "both")
@@ -55,7 +56,7 @@ def select_units(
     ``min_per_site``: every site keeps at least this many heads (all it has, if fewer): its best head units
     (under ``uniform``, its last steps) are kept first and paid from the budget; the rest is searched."""
     check_choice("units", units, UNITS)
-    check_share("share", share)
+    Budget.of(share=share)  # the one validation of a budget
     check_choice("gqa", gqa, GQA_MODES)
     check_int("min_per_site", min_per_site, 0)
     head_prices, steps = costs.heads, None

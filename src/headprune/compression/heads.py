@@ -1,4 +1,4 @@
-"""``compress_heads()``: apply a compression plan -- fold the tuned scales, physically remove the heads.
+"""``compress_heads()``: the head plan's pipeline -- plan, then apply it -- fold the tuned scales, physically remove the heads.
 
 The plan (:func:`.plan.plan_heads`) is data; this module turns it into a smaller plain model and
 reports its sizes before and after (heads, parameters, FLOPs from :mod:`headprune.core.cost`).
@@ -9,21 +9,22 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
 
-from ..core.cost import flop_breakdown
 from ..core.folding import fold_scales
-from ..core.kvcache import kv_cache_bytes
 from ..core.prune import prune_heads
 from ..core.sites import find_sites
 from ..core.surgery import DroppedHeads, KeptHeads, kept_heads
 from ..core.verify import verify_surgery
 from ..errors import ConfigError
 from ..scoring.gradients import LossFn
-from .plan import CompressSettings, plan_heads
+from .plan import plan_heads
+from .pool import sizes
+from .replay import Plan, floats
+from .settings import PruneSettings
 
 
 @dataclass
@@ -41,16 +42,17 @@ class CompressResult:
     calib_loss: dict[str, float]  # measured mean calibration loss after each stage (the guard's)
     rejected: list[str]  # stages the guard turned down
     seconds: dict[str, float]
+    plan: Plan | None = None  # what was removed and folded in (plan.json; headprune apply replays it)
 
     def to_dict(self) -> dict:
-        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "model"}
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("model", "plan")}
         return out | {"model_class": type(self.model).__name__}
 
 
 def compress_heads(
     model: nn.Module,
     calib_batches: Iterable[Mapping[str, torch.Tensor]],
-    settings: CompressSettings,
+    settings: PruneSettings,
     *,
     sites: list[str] | None = None,
     loss_fn: LossFn | None = None,
@@ -74,7 +76,7 @@ def compress_heads(
     if verify:  # refuse a model surgery cannot prune exactly before spending the calibration time
         verify_surgery(model)
     start = time.perf_counter()
-    before = _sizes(model, settings)
+    before = sizes(model, settings)
     plan = plan_heads(model, batches, settings, sites=sites, loss_fn=loss_fn, progress=progress)
     pruned = model if inplace else copy.deepcopy(model)
     apply_start = time.perf_counter()
@@ -87,12 +89,14 @@ def compress_heads(
     prune_heads(pruned, plan.drop, verify=False)  # verified above (or trusted)
     pruned.eval()
     seconds = {**plan.seconds, "apply": time.perf_counter() - apply_start}
-    after = _sizes(pruned, settings)
+    after = sizes(pruned, settings)
     seconds["total"] = time.perf_counter() - start
-    return CompressResult(model=pruned, settings=asdict(settings), dropped=plan.drop, kept=kept_heads(pruned),
+    return CompressResult(model=pruned, settings=settings.to_dict(), dropped=plan.drop, kept=kept_heads(pruned),
                           scales=scales, sizes={"before": before, "after": after},
                           loss_estimate=plan.loss_estimate, tuning=plan.tuning, calib_loss=plan.calib_loss,
-                          rejected=plan.rejected, seconds=seconds)
+                          rejected=plan.rejected, seconds=seconds,
+                          plan=Plan(dropped_heads=plan.drop, scales=floats(plan.scales),
+                                    sizes={"before": before, "after": after}))
 
 
 def check_head_count(model: nn.Module, n_keep: int | None, sites: list[str] | None) -> None:
@@ -104,11 +108,3 @@ def check_head_count(model: nn.Module, n_keep: int | None, sites: list[str] | No
     if n_keep is not None and not (isinstance(n_keep, int) and 0 <= n_keep <= total):
         raise ConfigError(f"n_keep={n_keep!r}; allowed: an integer 1..{total} (the heads of {type(model).__name__}"
                           f"{' in sites' if sites is not None else ''})")
-
-
-def _sizes(model: nn.Module, settings: CompressSettings) -> dict:
-    flops = flop_breakdown(model, settings.seq_len, tgt_len=settings.tgt_len)
-    return {"heads": sum(s.num_heads for s in find_sites(model)), "params": sum(p.numel() for p in model.parameters()),
-            "flops": flops["total"], "attention_flops": flops["projections"] + flops["attention"],
-            "seq_len": settings.seq_len, "tgt_len": settings.tgt_len,
-            "kv_cache_bytes_per_token": kv_cache_bytes(model)["per_token"]}

@@ -1,0 +1,83 @@
+"""The ``Compensation`` protocol -- what makes up for the units cut -- and the registry of compensations by name.
+
+``PruneSettings(compensate=...)`` takes a name, an object or a list of them, run in order; the CLI's
+``--compensate`` a comma list of registered names. A compensation declares its ``stage``:
+
+- ``"plan"``: refines the head plan before anything is cut (``rearrange``, ``tune``: they read the Fisher
+  blocks, so need ``scores="fisher"``; the head plan reads their ``rearranges`` / ``tunes``);
+- ``"standin"``: ``apply(pruned, model, stats, dropped_heads, dropped_neurons, settings) -> note`` before the
+  cut, from the channel statistics of the calibration batches (``gram``: second moments too): ``bias``,
+  ``linear``; at most one. Returning ``(note, {name: bias shift})`` instead says its whole effect is those
+  bias shifts, which the plan then records (replayable);
+- ``"refit"``: ``apply(student, teacher, batches, settings, progress) -> rows`` on a copy of the pruned model,
+  kept only where the validation loss drops (``done``: its key among the losses): ``reconstruct``.
+
+Stages run in that order (plan, stand-in, cut, refits in the order given). Adding a method is one class in
+its own module and one :func:`register_compensation` call; the built-in ones are in
+:mod:`headprune.compression.compensations`.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..errors import ConfigError
+from .compensations import BUILT_IN
+
+STAGES = ("plan", "standin", "refit")
+
+
+@runtime_checkable
+class Compensation(Protocol):
+    name: str
+    stage: str
+
+
+_REGISTRY: dict[str, Compensation] = {c.name: c for c in BUILT_IN}  # the registry (name -> compensation): the
+# names settings and the CLI accept; a documented module-level table, added to only by register_compensation
+
+
+def register_compensation(compensation: Compensation) -> Compensation:
+    """Make ``compensation`` available by its ``name`` (``PruneSettings(compensate=...)``, ``--compensate``)."""
+    check_compensation(compensation)
+    old = _REGISTRY.get(compensation.name)
+    if old is not None and type(old) is not type(compensation):
+        raise ConfigError(f"register_compensation: name {compensation.name!r} is taken by {type(old).__name__}; "
+                          "allowed: a new name")
+    _REGISTRY[compensation.name] = compensation
+    return compensation
+
+
+def check_compensation(c: object) -> Compensation:
+    """``c`` if it declares a name, a known stage and what that stage calls, else a one-line ConfigError."""
+    stage = getattr(c, "stage", None)
+    needs = {"plan": ("rearranges", "tunes"), "standin": ("gram", "apply"), "refit": ("apply",)}.get(stage)
+    name = getattr(c, "name", None)
+    missing = ["name"] * (not isinstance(name, str) or not name) + (["stage"] if needs is None else
+                                                                   [a for a in needs if not hasattr(c, a)])
+    if missing:
+        raise ConfigError(f"compensate={c!r}: not a Compensation (missing or bad: {', '.join(missing)}); allowed: "
+                          f"{' | '.join(compensation_names())} or an object with name, stage "
+                          f"({' | '.join(STAGES)}) and that stage's apply()")
+    return c
+
+
+def get_compensations(compensate) -> tuple[Compensation, ...]:
+    """``compensate`` (a name, an object, or a list / tuple of them; ``"none"`` or ``[]``: nothing) as objects."""
+    items = [compensate] if isinstance(compensate, str) or not isinstance(compensate, list | tuple) else compensate
+    out = []
+    for c in items:
+        if isinstance(c, str):
+            if c == "none" and len(items) == 1:
+                return ()
+            if c not in _REGISTRY:
+                raise ConfigError(f"compensate={c!r}; allowed: none, {', '.join(compensation_names())}, or a list of "
+                                  "them run in order")
+            c = _REGISTRY[c]
+        out.append(check_compensation(c))
+    return tuple(out)
+
+
+def compensation_names() -> tuple[str, ...]:
+    """The registered names, built-in ones first."""
+    return tuple(_REGISTRY)

@@ -1,0 +1,11 @@
+"""The built-in compensations, one module each; :mod:`headprune.compression.compensation` registers them."""
+
+from .bias import Bias
+from .linear import Linear
+from .rearrange import Rearrange
+from .refit import Reconstruct
+from .tune import Tune
+
+BUILT_IN = (Rearrange(), Tune(), Reconstruct(), Bias(), Linear())
+
+__all__ = ["Bias", "Linear", "Rearrange", "Reconstruct", "Tune", "BUILT_IN"]

@@ -1,0 +1,302 @@
+"""``compress_pool()``: the pipeline of :func:`headprune.compression.compress` when
+:attr:`~.settings.PruneSettings.head_plan` does not hold -- heads and FFN neurons under one budget, then compensation judged on held-out data.
+
+Stages (each recorded; the summary says which were kept):
+
+1. *score*: per-example mask gradients of every head and neuron in one backward per batch
+   (``scores="fisher"``, :func:`headprune.scoring.units.unit_fisher`), or FLAP's fluctuation of their inputs
+   from one forward, no labels (:mod:`headprune.scoring.fluctuation`: ``scores="fluctuation"`` standardised per
+   kind over all layers and ranked together as FLAP does; ``"fluctuation-raw"`` not standardised, the expected
+   squared output change of holding each unit at its mean, traded against price), on the calibration batches;
+2. *select*: one global budget over the pool (``units``: heads, neurons or both), priced in FLOPs at
+   ``seq_len``, parameters, or measured seconds (:mod:`headprune.selection.units`);
+3. *bias* (``compensate="bias"`` or ``["bias", "reconstruct"]``): every removed unit's input held at its calibration
+   mean, folded into its output projection's bias (:mod:`headprune.core.biases`; one added where there is none):
+   exact mean replacement, so it is not guarded (FLAP's bias compensation);
+4. *remove*: physical surgery of heads and neurons (exactly what masking them computes);
+5. *reconstruct* (``compensate="reconstruct"`` or ``["bias", "reconstruct"]``, the bias then refitted too): least-squares refit of every output / down projection
+   (:mod:`.reconstruct`) on the calibration batches -- or on ``fit_batches``, more examples than the
+   scores need: the refit uses no labels, and with ``k x d_out`` numbers per projection it overfits a
+   few thousand tokens (on the SST-2 MiniLM classifier at 60% of FLOPs, 4096 phrases instead of 512
+   cut the KL divergence from the unpruned model by a third on held-out sentences,
+   ``benchmarks/fit_size.py``) -- kept only if it lowers the mean loss on the
+   *validation* batches, which neither the scores nor the fit saw (``val_batches``; else ``val_share`` of the
+   calibration batches, spread over their order, are held out for it). With three disjoint sets --
+   calibration, validation, and the test data the result is reported on -- the guard cannot hide a
+   fit that only helps the examples it was fitted to.
+6. *distill* (``distill_epochs`` > 0, off by default): every weight of the pruned model trained for a few
+   passes over the fit batches to match the unpruned model's output distribution
+   (:mod:`.distill`; no labels read), kept only if it lowers the validation loss further.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+
+import torch
+from torch import nn
+
+from ..core.cost import flop_breakdown
+from ..core.ffn import find_ffns
+from ..core.kept import kept_neurons
+from ..core.kvcache import kv_cache_bytes
+from ..core.prune import prune_heads, prune_neurons
+from ..core.sites import find_sites
+from ..core.surgery import kept_heads
+from ..core.unit_cost import UnitCosts, unit_costs
+from ..core.verify import verify_surgery
+from ..errors import ConfigError
+from ..scoring.fluctuation import channel_stats
+from ..scoring.gradients import LossFn, mean_loss
+from ..scoring.scorer import ScoreRequest
+from ..selection.gqa import kv_groups
+from ..selection.units import select_units
+from .distill import distill
+from .replay import Plan, floats
+from .settings import PruneSettings
+
+
+@dataclass
+class UnitResult:
+    """The compressed ``model`` and what was done to it (JSON-ready through :meth:`to_dict`)."""
+
+    model: nn.Module
+    settings: dict
+    dropped_heads: dict[str, list[int]]
+    dropped_neurons: dict[str, list[int]]
+    kept_heads: dict[str, list[int]]
+    kept_neurons: dict[str, list[int]]
+    selection: dict
+    sizes: dict[str, dict]
+    stages: dict[str, str]  # stage -> "kept" | "rejected (...)" | "skipped"
+    val_loss: dict[str, float] = field(default_factory=dict)
+    reconstruction: list[dict] = field(default_factory=list)
+    distillation: dict = field(default_factory=dict)  # steps, seconds, lr, first and last training loss
+    split: dict[str, int] = field(default_factory=dict)  # calibration / validation batches and examples
+    seconds: dict[str, float] = field(default_factory=dict)
+    plan: Plan | None = None  # what was removed and folded in (plan.json; headprune apply replays it)
+
+    def to_dict(self) -> dict:
+        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("model", "plan")}
+        return out | {"model_class": type(self.model).__name__}
+
+    def summary(self) -> str:
+        """One line: what was kept, and which stages were kept or turned down."""
+        b, a = self.sizes["before"], self.sizes["after"]
+        stages = ", ".join(f"{k} {v}" for k, v in self.stages.items())
+        return (f"kept {a['heads']}/{b['heads']} heads, {a['neurons']}/{b['neurons']} neurons, "
+                f"{a['flops'] / b['flops']:.1%} of FLOPs, {a['params'] / b['params']:.1%} of parameters; "
+                f"stages: {stages}")
+
+
+def compress_pool(
+    model: nn.Module,
+    calib_batches: Iterable[Mapping[str, torch.Tensor]],
+    settings: PruneSettings,
+    *,
+    val_batches: Iterable[Mapping[str, torch.Tensor]] | None = None,
+    fit_batches: Iterable[Mapping[str, torch.Tensor]] | None = None,
+    prices: UnitCosts | None = None,
+    loss_fn: LossFn | None = None,
+    verify: bool = True,
+    progress: bool = False,
+) -> UnitResult:
+    """The pipeline of :func:`headprune.compression.compress` for heads and/or FFN neurons under one budget
+    (see the module doc): prune a copy of ``model``.
+
+    ``calib_batches``: labelled inputs for scores and the refit; ``val_batches``: labelled inputs for the
+    guard, disjoint from both the calibration data and whatever the result is evaluated on.
+    ``fit_batches``: inputs for the reconstruction (labels unused; default: ``calib_batches``); they may
+    include the calibration examples but not the validation ones, so they need ``val_batches``.
+    ``prices``: per-unit prices (e.g. measured seconds, :func:`headprune.bench.unit_latency.latency_prices`);
+    required for ``price="latency"``.
+    """
+    if not isinstance(settings, PruneSettings) or settings.head_plan:
+        raise ConfigError(f"settings={settings!r}; allowed: PruneSettings whose head_plan does not hold (neurons, "
+                          "a params / latency price, fluctuation scores, reconstruct / bias / linear, distillation)")
+    if settings.price == "latency" and prices is None:
+        raise ConfigError("price='latency' needs prices= (a latency table measured on the target machine)")
+    batches = list(calib_batches)
+    if not batches:
+        raise ConfigError("calib_batches: empty; compression needs calibration examples")
+    if settings.units != "heads" and not find_ffns(model):
+        raise ConfigError(f"units={settings.units!r}: {type(model).__name__} has no feed-forward block headprune "
+                          "can find; allowed: units='heads'")
+    calib, val = _split(batches, val_batches, settings)
+    fit = calib
+    if fit_batches is not None:
+        fit = list(fit_batches)
+        if not fit:
+            raise ConfigError("fit_batches: empty; allowed: inputs for the reconstruction, or None (the calibration "
+                              "batches)")
+        if val_batches is None and _guarded(settings):
+            raise ConfigError("fit_batches without val_batches: the guard's validation part would be held out of the "
+                              "calibration batches, which fit_batches may contain; allowed: pass val_batches too")
+    if verify:
+        verify_surgery(model)
+    start = time.perf_counter()
+    seconds = {}
+    before = sizes(model, settings)
+    costs = prices if prices is not None else unit_costs(model, settings.price, seq_len=settings.seq_len,
+                                                          tgt_len=settings.tgt_len)
+    head_scores, neuron_scores, stats = _scores(model, calib, settings, costs, loss_fn, progress)
+    seconds["score"] = time.perf_counter() - start
+    drop_h, drop_n, selection = select_units(head_scores, neuron_scores, costs, settings.share, units=settings.units,
+                                             groups=kv_groups(model), gqa=settings.gqa,
+                                             min_per_site=settings.min_per_site)
+    run = _Run(model, settings, loss_fn, verify, progress, seconds=seconds)
+    pruned, shifts = _cut(run, calib, stats, drop_h, drop_n)
+    pruned, rows, distilled = _compensate(run, pruned, fit, val)
+    seconds["total"] = time.perf_counter() - start
+    after = sizes(pruned, settings)
+    stages = run.stages
+    unreplayable = run.unreplayable + [k for k in (*(r.name for r in settings.refits), "distill")
+                                       if stages.get(k, "").startswith("kept")]
+    plan = Plan(dropped_heads=drop_h, dropped_neurons=drop_n, biases=floats(shifts),
+                sizes={"before": before, "after": after}, not_replayable=unreplayable)
+    return UnitResult(model=pruned, plan=plan, settings=settings.to_dict(), dropped_heads=drop_h,
+                      dropped_neurons=drop_n, kept_heads=kept_heads(pruned),
+                      kept_neurons=kept_neurons(pruned) if find_ffns(pruned, skip_moe=True) else {},
+                      selection=selection, sizes={"before": before, "after": after}, stages=stages,
+                      val_loss=run.val_loss, reconstruction=rows, distillation=distilled, seconds=seconds,
+                      split={"calib_batches": len(calib), "val_batches": len(val),
+                             "calib_examples": _examples(calib), "val_examples": _examples(val),
+                             "fit_batches": len(fit), "fit_examples": _examples(fit)})
+
+
+@dataclass
+class _Run:
+    """What the stages of one :func:`compress_pool` call read and record."""
+
+    model: nn.Module  # the unpruned model (the teacher)
+    settings: PruneSettings
+    loss_fn: LossFn | None
+    verify: bool
+    progress: bool
+    seconds: dict = field(default_factory=dict)
+    stages: dict = field(default_factory=lambda: {"select": "kept"})
+    val_loss: dict = field(default_factory=dict)  # the validation loss per stage key, measured once each
+    unreplayable: list = field(default_factory=list)  # kept stages whose weight updates the plan lacks
+
+    def loss(self, key: str, m: nn.Module, val: list) -> float:
+        if key not in self.val_loss:
+            self.val_loss[key] = mean_loss(m, val, loss_fn=self.loss_fn)
+        return self.val_loss[key]
+
+    def keep_if_better(self, key: str, candidate: nn.Module, current_key: str, current: nn.Module, val: list):
+        """(model, its key, the stage's note): ``candidate`` unless the guard measures a higher validation loss."""
+        if not self.settings.guard:
+            return candidate, key, "kept (unguarded)"
+        self.loss("unpruned", self.model, val)
+        old, new = self.loss(current_key, current, val), self.loss(key, candidate, val)
+        if new <= old:
+            return candidate, key, "kept"
+        return current, current_key, f"rejected (validation loss {new:.4f} > {old:.4f} without it)"
+
+
+def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.Module, dict | None]:
+    """(a pruned copy of the model, the bias shifts of the stand-in or None): the stand-in, then the cut."""
+    t = time.perf_counter()
+    model, settings = run.model, run.settings
+    pruned = copy.deepcopy(model)
+    shifts = None
+    standin = settings.standin
+    if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
+        if stats is None or (standin.gram and stats.second is None):  # before the cut, which keeps biases
+            stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
+                                  gram=standin.gram, progress=run.progress)
+        done = standin.apply(pruned, model, stats, drop_h, drop_n, settings)
+        run.stages[standin.name], shifts = done if isinstance(done, tuple) else (done, None)
+        if shifts is None:
+            run.unreplayable.append(standin.name)
+    prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
+    if any(drop_n.values()):
+        prune_neurons(pruned, {k: v for k, v in drop_n.items() if v}, verify=run.verify)  # its own trial
+    pruned.eval()
+    run.seconds["select+remove"] = time.perf_counter() - t
+    run.stages["remove"] = "kept"
+    return pruned, shifts
+
+
+def _compensate(run: _Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.Module, list, dict]:
+    """(the model kept, the refits' rows, the distillation's record): the refits in order, then distillation, each
+    kept only where the guard says so."""
+    model, settings = run.model, run.settings
+    rows, distilled = [], {}
+    current_key = "pruned"
+    run.stages["reconstruct"] = "skipped"
+    for refit in settings.refits:  # in the order given, each on the model the ones before left
+        t = time.perf_counter()
+        candidate = copy.deepcopy(pruned)
+        rows += refit.apply(candidate, model, fit, settings, run.progress) or []
+        run.seconds[refit.name] = time.perf_counter() - t
+        key = getattr(refit, "done", refit.name)
+        pruned, current_key, run.stages[refit.name] = run.keep_if_better(key, candidate, current_key, pruned, val)
+    if settings.distill_epochs:
+        t = time.perf_counter()
+        candidate = copy.deepcopy(pruned)
+        info = distill(candidate, model, fit, epochs=settings.distill_epochs, lr=settings.distill_lr,
+                       seed=settings.seed, progress=run.progress)
+        distilled = {k: v for k, v in info.items() if k != "losses"} | {"loss_first": info["losses"][0],
+                                                                        "loss_last": info["losses"][-1]}
+        run.seconds["distill"] = time.perf_counter() - t
+        pruned, current_key, run.stages["distill"] = run.keep_if_better("distilled", candidate, current_key, pruned,
+                                                                        val)
+    return pruned, rows, distilled
+
+
+def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitCosts, loss_fn, progress: bool):
+    """(head scores, neuron scores, channel statistics or None) of ``settings.scorer`` for the one-budget search."""
+    request = ScoreRequest(units=settings.units, loss_fn=loss_fn, seed=settings.seed, costs=costs,
+                           gram=bool(settings.standin and settings.standin.gram), progress=progress)
+    found = settings.scorer.score(model, calib, request)
+    return found.heads, found.neurons, found.stats
+
+
+def _split(batches: list, val_batches, settings: PruneSettings) -> tuple[list, list]:
+    """(calibration, validation) batches: ``val_batches`` as given, else the last share held out."""
+    if val_batches is not None:
+        val = list(val_batches)
+        if not val:
+            raise ConfigError("val_batches: empty; allowed: labelled batches disjoint from the calibration data")
+        return batches, val
+    if not _guarded(settings):
+        return batches, []
+    if len(batches) < 2:
+        raise ConfigError(f"calibration has {len(batches)} batch; holding out a validation part needs >= 2 batches "
+                          "(or pass val_batches)")
+    n = len(batches)
+    n_val = min(n - 1, max(1, math.ceil(settings.val_share * n)))
+    held = held_out(n, n_val)
+    return [b for i, b in enumerate(batches) if i not in held], [batches[i] for i in sorted(held)]
+
+
+def _guarded(settings: PruneSettings) -> bool:
+    """Whether a compensation stage runs and is judged on validation data."""
+    return settings.guard and (bool(settings.refits) or settings.distill_epochs > 0)
+
+
+def held_out(n: int, n_val: int) -> set[int]:
+    """``n_val`` of ``n`` batch positions spread evenly over the order (evaluators yield batches sorted by
+    length, so the last ones would be the shortest examples only)."""
+    return {min(n - 1, int((i + 0.5) * n / n_val)) for i in range(n_val)}
+
+
+def _examples(batches: list) -> int:
+    return sum(int(next(iter(b.values())).shape[0]) for b in batches)
+
+
+def sizes(model: nn.Module, settings: PruneSettings) -> dict:
+    """Heads, FFN neurons, parameters, FLOPs (all, and of attention) at ``settings``' lengths, KV-cache bytes per
+    token: what a compression record holds before and after."""
+    flops = flop_breakdown(model, settings.seq_len, tgt_len=settings.tgt_len)
+    return {"heads": sum(s.num_heads for s in find_sites(model)),
+            "neurons": sum(f.width for f in find_ffns(model, skip_moe=True)),
+            "params": sum(p.numel() for p in model.parameters()), "flops": flops["total"],
+            "attention_flops": flops["projections"] + flops["attention"],
+            "seq_len": settings.seq_len, "tgt_len": settings.tgt_len,
+            "kv_cache_bytes_per_token": kv_cache_bytes(model)["per_token"]}

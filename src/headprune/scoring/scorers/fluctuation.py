@@ -1,0 +1,41 @@
+"""``fluctuation`` / ``fluctuation-raw``: FLAP's input fluctuation of each unit (one forward pass, no labels).
+
+``fluctuation`` standardises it per kind over all layers and makes it a knapsack value per price, as FLAP
+ranks heads and neurons together (:func:`~headprune.scoring.fluctuation.knapsack_scores`);
+``fluctuation-raw`` keeps the expected squared output change of holding each unit at its mean, an additive
+score the budget trades against price like the Fisher's. The channel statistics come along for the
+stand-ins (:mod:`headprune.core.biases`, :mod:`headprune.core.standins`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import ConfigError
+from ..fluctuation import fluctuation_scores, knapsack_scores
+from ..scorer import ScoreRequest, UnitScores
+
+
+@dataclass(frozen=True)
+class FluctuationScorer:
+    standardise: bool = True
+    plan: bool = False
+    pool: bool = True
+    fisher: bool = False
+    label_free: bool = True
+
+    @property
+    def name(self) -> str:
+        return "fluctuation" if self.standardise else "fluctuation-raw"
+
+    def score(self, model, batches, request: ScoreRequest) -> UnitScores:
+        found = fluctuation_scores(model, batches, heads=request.units != "neurons", neurons=request.units != "heads",
+                                   gram=request.gram, progress=request.progress)
+        if not self.standardise:
+            return UnitScores({k: found.raw[k] for k in found.heads}, {k: found.raw[k] for k in found.neurons},
+                              stats=found.stats)
+        if request.costs is None:
+            raise ConfigError("scores='fluctuation' needs the pool's prices (request.costs) to rank heads and neurons")
+        floor = min(float(v.min()) for v in (*found.heads.values(), *found.neurons.values()))
+        return UnitScores(knapsack_scores(found.heads, request.costs.heads, floor),
+                          knapsack_scores(found.neurons, request.costs.neurons, floor), stats=found.stats)

@@ -1,0 +1,27 @@
+"""``random``: seeded uniform scores per head (a baseline); heads only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...core.sites import find_sites
+from ...errors import ConfigError
+from ..scorer import ScoreRequest, UnitScores
+
+
+@dataclass(frozen=True)
+class RandomScorer:
+    name: str = "random"
+    plan: bool = True
+    pool: bool = False
+    fisher: bool = False
+    label_free: bool = True
+
+    def score(self, model, batches, request: ScoreRequest) -> UnitScores:
+        if request.units != "heads":
+            raise ConfigError(f"scores='random' with units={request.units!r}; allowed: units='heads'")
+        g = torch.Generator().manual_seed(request.seed)
+        return UnitScores({s.name: torch.rand(s.num_heads, generator=g, dtype=torch.float64)
+                           for s in find_sites(model)})
