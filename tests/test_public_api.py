@@ -53,7 +53,7 @@ COMMANDS = {
     "curve": [*TASK, "--calib-data", "--calib-data2", "--calib-split", "--calib-limit", "--gqa", "--kind",
               "--min-per-site", "--oracle-from", "--orders", "--seeds", "--step", "--output", "--fresh", "--quiet",
               "--progress"],
-    "demo": ["--fresh", "--output", "--quick"],
+    "demo": ["--check", "--fresh", "--output", "--quick"],
     "dynamics": [*TASK, "--calib-data", "--calib-data2", "--calib-limit", "--calib-split", "--kind", "--step", "--output",
                  "--fresh", "--quiet", "--progress"],
     "evaluate": [*TASK, "--block-size", "--heads-off", "--json", "--max-length", "--max-new-tokens", "--quiet",
