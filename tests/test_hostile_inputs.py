@@ -1,0 +1,172 @@
+"""Bad and hostile inputs, tried as a new user would: each is refused in one line (exit 2, no traceback),
+the message names the real cause, and nothing is written. Every fixture is built here, on the spot."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import transformers as T
+from typer.testing import CliRunner
+
+import headprune as hp
+from headprune.cli import app
+from headprune.core import load_tokenizer
+from headprune.errors import ConfigError, DataError, UnsupportedModelError
+from tiny import bert, llama, word_tokenizer
+
+runner = CliRunner()
+TEXTS = ["a good film", "a bad film", "not good at all", "very good indeed"] * 4
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory):
+    """A sound classifier with its tokenizer, and broken copies of it."""
+    root = tmp_path_factory.mktemp("hostile")
+    tok = word_tokenizer(TEXTS)
+    torch.manual_seed(0)
+    model = bert()
+    good = root / "good"
+    model.save_pretrained(good)
+    tok.save_pretrained(good)
+
+    llama_over_bert = root / "llama_over_bert"  # a Llama config over BERT weights
+    shutil.copytree(good, llama_over_bert)
+    config = llama().config
+    config.architectures = ["LlamaForCausalLM"]
+    config.save_pretrained(llama_over_bert)
+
+    headless = root / "headless"  # a classifier config over an encoder's weights: no classification head
+    T.BertModel(model.config).save_pretrained(headless)
+    tok.save_pretrained(headless)
+    raw = json.loads((headless / "config.json").read_text())
+    raw["architectures"] = ["BertForSequenceClassification"]
+    (headless / "config.json").write_text(json.dumps(raw))
+
+    bad_config = root / "bad_config"  # hidden size 32 with 5 heads: transformers refuses to build it
+    shutil.copytree(good, bad_config)
+    raw = json.loads((bad_config / "config.json").read_text())
+    raw["num_attention_heads"] = 5
+    (bad_config / "config.json").write_text(json.dumps(raw))
+
+    pickled = root / "pickled"  # a pickle checkpoint whose unpickling would run code
+    shutil.copytree(good, pickled)
+    (pickled / "model.safetensors").unlink()
+    torch.save({**model.state_dict(), "x": _Payload()}, pickled / "pytorch_model.bin")
+
+    bad_tokenizer = root / "bad_tokenizer"
+    shutil.copytree(good, bad_tokenizer)
+    (bad_tokenizer / "tokenizer.json").write_text("{not json", encoding="utf-8")
+
+    data = root / "data.tsv"
+    data.write_text("sentence\tlabel\n" + "".join(f"{t}\t{i % 2}\n" for i, t in enumerate(TEXTS)), encoding="utf-8")
+    return root
+
+
+class _Payload:
+    def __reduce__(self):
+        return (print, ("unpickled: code ran",))
+
+
+def _commands(model_dir, data, out):
+    task = ["--task", "classification", "--data", str(data)]
+    return {
+        "sites": ["sites", str(model_dir)],
+        "prune": ["prune", str(model_dir), "--drop", '{"encoder.0.self": [0]}', "-o", str(out)],
+        "compress": ["compress", str(model_dir), *task, "--allow-same-data", "--share", "0.25", "-o", str(out)],
+        "evaluate": ["evaluate", str(model_dir), *task],  # writes nothing in any case
+        "importance": ["importance", str(model_dir), *task, "-o", str(out)],
+    }
+
+
+def _refused(args, out, *messages):
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for message in messages:
+        assert message in result.output, result.output
+    assert not out.exists(), f"{args[0]} wrote {out}"
+    return result.output
+
+
+@pytest.mark.parametrize("command", ["sites", "prune", "compress", "evaluate", "importance"])
+@pytest.mark.parametrize("broken, keys", [
+    ("llama_over_bert", ["21 newly initialised", "lm_head.weight", "model.embed_tokens.weight"]),
+    ("headless", ["2 newly initialised", "classifier.bias", "classifier.weight"]),
+])
+def test_weights_that_do_not_match_the_config_are_refused_by_every_command(dirs, tmp_path, command, broken, keys):
+    out = tmp_path / "out"
+    args = _commands(dirs / broken, dirs / "data.tsv", out)[command]
+    _refused(args, out, "weights do not match config.json", *keys)
+
+
+def test_the_sound_model_passes_the_same_commands(dirs, tmp_path):
+    """The fixture itself is sound: the refusals above are about the weights, not the command lines."""
+    for command in ("sites", "evaluate"):
+        out = tmp_path / command
+        result = runner.invoke(app, _commands(dirs / "good", dirs / "data.tsv", out)[command])
+        assert result.exit_code == 0, result.output
+
+
+def test_library_load_refuses_newly_initialised_weights_and_names_them(dirs):
+    with pytest.raises(DataError, match=r"21 newly initialised .*lm_head\.weight.* \(21 in all\).*41 keys"):
+        hp.load_model(dirs / "llama_over_bert")
+    with pytest.raises(DataError, match="classifier.bias, classifier.weight"):
+        hp.load_pruned(dirs / "headless")
+
+
+def test_a_fresh_head_only_when_asked_and_never_scored_as_trained(dirs):
+    """``new_head=True`` allows the missing head (and only it: a Llama over BERT stays refused); the
+    head is random, so evaluation refuses to report its accuracy."""
+    from headprune.evaluation.classification import Classification
+    from headprune.evaluation.data import ClassificationData
+
+    model = hp.load_model(dirs / "headless", new_head=True)
+    reference = T.BertModel.from_pretrained(dirs / "headless")
+    assert torch.equal(model.bert.encoder.layer[0].attention.self.query.weight,
+                       reference.encoder.layer[0].attention.self.query.weight)  # the body is the checkpoint's
+    with pytest.raises(DataError, match="newly initialised"):
+        hp.load_model(dirs / "llama_over_bert", new_head=True)
+    data = ClassificationData(texts=TEXTS[:4], text_pairs=None, labels=["0", "1", "0", "1"], source="inline")
+    task = Classification(load_tokenizer(dirs / "headless"), data, label2id={"0": 0, "1": 1})
+    with pytest.raises(ConfigError, match="new, untrained head .*classifier"):
+        task.evaluate(model)
+
+
+@pytest.mark.parametrize("broken, error, message", [
+    ("bad_config", UnsupportedModelError, "cannot build the model its config.json describes (ValueError: The "
+     "hidden size (32) is not a multiple of the number of attention heads (5))"),
+    ("pickled", DataError, "a pickle checkpoint (pytorch_model.bin) that torch refuses to load safely"),
+])
+def test_load_failures_are_one_typed_line(dirs, tmp_path, capsys, broken, error, message):
+    with pytest.raises(error) as e:
+        hp.load_model(dirs / broken)
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert "code ran" not in capsys.readouterr().out  # the pickle was never run
+    out = tmp_path / "out"
+    _refused(_commands(dirs / broken, dirs / "data.tsv", out)["prune"], out, message)
+    assert "code ran" not in capsys.readouterr().out
+
+
+def test_a_tokenizer_that_is_not_json_is_one_line(dirs, tmp_path):
+    with pytest.raises(DataError, match="tokenizer in .*bad_tokenizer.* cannot be loaded"):
+        load_tokenizer(dirs / "bad_tokenizer")
+    out = tmp_path / "out"
+    _refused(_commands(dirs / "bad_tokenizer", dirs / "data.tsv", out)["evaluate"], out, "cannot be loaded")
+
+
+def test_a_file_given_as_the_model_directory_is_called_a_file(dirs, tmp_path):
+    out = tmp_path / "out"
+    text = _refused(["sites", str(dirs / "good" / "config.json")], out, "is a file, not a directory")
+    assert "does not exist" not in text
+
+
+def test_training_a_head_refuses_a_body_the_weights_do_not_hold(dirs, tmp_path):
+    """``train classifier`` adds a fresh head on purpose; the encoder under it must still be the checkpoint's."""
+    out = tmp_path / "out"
+    _refused(["train", "classifier", str(dirs / "llama_over_bert"), "--data", str(dirs / "data.tsv"), "--epochs", "1",
+              "-o", str(out)], out, "weights do not match config.json", "model.embed_tokens.weight")
