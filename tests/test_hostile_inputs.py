@@ -170,3 +170,69 @@ def test_training_a_head_refuses_a_body_the_weights_do_not_hold(dirs, tmp_path):
     out = tmp_path / "out"
     _refused(["train", "classifier", str(dirs / "llama_over_bert"), "--data", str(dirs / "data.tsv"), "--epochs", "1",
               "-o", str(out)], out, "weights do not match config.json", "model.embed_tokens.weight")
+
+
+# ---------------------------------------------------------------- selection: no silent answers
+
+
+def test_select_heads_refuses_non_finite_scores():
+    nan = {"encoder.0.self": torch.full((4,), float("nan")), "encoder.1.self": torch.rand(4)}
+    with pytest.raises(ConfigError, match=r"scores\['encoder.0.self'\] holds 4 non-finite values"):
+        hp.select_heads(nan, None, n_drop=2)
+    inf = {"encoder.0.self": torch.tensor([1.0, float("inf"), 2.0, 3.0])}
+    with pytest.raises(ConfigError, match=r"head 1: inf"):
+        hp.select_heads(inf, None, fraction=0.5)
+
+
+@pytest.mark.parametrize("mode", ["uniform", "groups"])
+def test_n_keep_keeps_exactly_n_or_names_the_nearest_feasible_counts(mode):
+    """Brute force over the GQA layout (2 sites x 2 key/value groups x 3 query heads): uniform keeps k heads of
+    every group of a site (2k per site), groups keeps whole groups (3 per group); any other count is refused."""
+    model = llama()
+    groups = hp.kv_groups(model)
+    per_site = {0, 2, 4, 6} if mode == "uniform" else {0, 3, 6}
+    feasible = {a + b for a in per_site for b in per_site}
+    g = torch.Generator().manual_seed(0)
+    scores = {site: torch.rand(len(kv), generator=g) for site, kv in groups.items()}
+    for n in range(13):
+        if n in feasible:
+            drop = hp.select_heads(scores, groups, gqa=mode, n_keep=n)
+            assert 12 - sum(len(v) for v in drop.values()) == n
+        else:
+            below, above = max(k for k in feasible if k < n), min(k for k in feasible if k > n)
+            with pytest.raises(ConfigError, match=rf"n_keep={n}: cannot keep exactly {n} heads .*allowed: {below} or "
+                                                  rf"{above} "):
+                hp.select_heads(scores, groups, gqa=mode, n_keep=n)
+
+
+def test_compress_n_keep_on_gqa_refuses_a_count_it_cannot_keep(tmp_path):
+    model = T.LlamaForCausalLM(T.LlamaConfig(hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
+                                             num_key_value_heads=2, intermediate_size=37, max_position_embeddings=160,
+                                             vocab_size=64, pad_token_id=0, bos_token_id=1, eos_token_id=2))
+    texts = [f"the cat {w} on the mat and the dog ran far away" for w in ("sat", "lay", "slept", "ate")] * 6
+    hp.save_pruned(model, tmp_path / "llama", word_tokenizer(texts))
+    (tmp_path / "a.txt").write_text("\n".join(texts[:12]), encoding="utf-8")
+    (tmp_path / "b.txt").write_text("\n".join(texts[12:]), encoding="utf-8")
+    out = tmp_path / "out"
+    _refused(["compress", str(tmp_path / "llama"), "--task", "lm", "--data", str(tmp_path / "a.txt"),
+              "--calib-data", str(tmp_path / "b.txt"), "--n-keep", "5", "-o", str(out)], out,
+             "cannot keep exactly 5 heads", "allowed: 4 or 6")
+
+
+# ---------------------------------------------------------------- refusals name the flags typed
+
+
+@pytest.mark.parametrize("args, message, library", [
+    (["compress", "{good}", "--task", "classification", "--data", "{data}", "--allow-same-data", "--share", "0.5",
+      "--min-per-site", "10"], "--share 0.5: --min-per-site 10 keeps more than that; allowed: a larger --share or a "
+     "smaller --min-per-site", ["flops=", "min_per_site"]),
+    (["ablate", "{good}", "--task", "classification", "--data", "{data}", "--resamples", "1"],
+     "--resamples 1 is too few for 8 tests at --alpha 0.01", ["n_resamples"]),
+    (["train", "classifier", "{good}", "--data", "{data}", "--epochs", "0"], "--epochs 0; allowed: an integer >= 1",
+     ["Settings", "epochs="]),
+])
+def test_refusals_name_the_flags_not_the_library_parameters(dirs, tmp_path, args, message, library):
+    out = tmp_path / "out"
+    args = [a.format(good=dirs / "good", data=dirs / "data.tsv") for a in args] + ["-o", str(out)]
+    text = _refused(args, out, message)
+    assert not any(word in text for word in library), text

@@ -192,9 +192,11 @@ def compress_command(
     sig = signature(model_dir=model_dir, task=task, data=data, data2=data2, calib=calib, calib_data=calib_data,
                     calib_data2=calib_data2, calib_split=calib_split, calib_limit=calib_limit, flags=flags, ev=ev,
                     calib_ev=calib_ev)
-    report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=heads, signature=sig,
-                          bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
-                          verify=verify, progress=bars)
+    budget = {} if former_given else {"flops": "--share", "keep": "--share", "kv": "--share"}  # what --share became
+    with in_setting_terms({**budget, "n_keep": "--keep-heads" if keep_heads is not None else "--n-keep"}):
+        report = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings=heads, signature=sig,
+                              bench_batch=None if no_bench else bench_batch, bench_repeats=bench_repeats,
+                              verify=verify, progress=bars)
     echo_headline(output)
     typer.echo(f"compressed {model_dir} -> {output}; report: {report}")
     _former_lines(translated)

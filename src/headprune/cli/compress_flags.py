@@ -42,15 +42,16 @@ class Translated:
 
 
 @contextmanager
-def in_setting_terms() -> Iterator[None]:
-    """Errors raised inside the block name the flags of :data:`SETTING_FLAGS` (``share=0`` -> ``--share 0``)."""
+def in_setting_terms(budget: dict[str, str] | None = None) -> Iterator[None]:
+    """Errors raised inside the block name the flags of :data:`SETTING_FLAGS` (``share=0`` -> ``--share 0``);
+    ``budget``: the flag each library budget came from (``--share 0.5`` reaches selection as ``flops=0.5``)."""
     try:
         yield
     except (DataError, ConfigError) as err:
         message = str(err)
         for phrase, cli in PHRASES:
             message = message.replace(phrase, cli)
-        names = {**ARGUMENT_FLAGS, **DATA_FLAGS["--data"], **SETTING_FLAGS}
+        names = {**ARGUMENT_FLAGS, **DATA_FLAGS["--data"], **SETTING_FLAGS, **(budget or {})}
         alternatives = "|".join(sorted(names, key=len, reverse=True))
         message = re.sub(rf"\b({alternatives})=(?=[\s,;)]|$)", lambda m: names[m[1]], message)
         raise type(err)(re.sub(rf"\b({alternatives})=", lambda m: names[m[1]] + " ", message)) from err

@@ -6,6 +6,9 @@ the same command resumes after the newest one.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
@@ -31,6 +34,22 @@ SEED = typer.Option(0, "--seed", help="Seed of the initial weights (the new head
                     "and of the batch order and dropout of every epoch.")
 LIMIT = typer.Option(None, "--limit", help="Only the first N training examples (default: all).")
 OUT = typer.Option(..., "-o", "--output", help="Output directory (epoch-k checkpoints, final/, train_log.jsonl).")
+
+
+# settings field -> the flag that sets it (a refused value is named as typed)
+FLAGS = {"epochs": "--epochs", "batch_size": "--batch-size", "lr": "--lr", "max_length": "--max-length",
+         "attention_heads": "--heads", "d_model": "--d-model", "ffn_dim": "--ffn-dim", "vocab_size": "--vocab-size",
+         "warmup_steps": "--warmup-steps", "encoder_layers": "--layers", "decoder_layers": "--layers", "seed": "--seed"}
+
+
+@contextmanager
+def _flag_terms() -> Iterator[None]:
+    """A settings error (``ClassifierTrainSettings.epochs=0; ...``) re-raised naming the flag (``--epochs 0``)."""
+    try:
+        yield
+    except ConfigError as err:
+        text = re.sub(r"\b\w+TrainSettings\.(\w+)=", lambda m: f"{FLAGS[m[1]]} " if m[1] in FLAGS else m[0], str(err))
+        raise ConfigError(text) from err
 
 
 def _options(**values) -> dict:
@@ -99,8 +118,9 @@ def classifier(
 
     cols = dict(text_column=column(text_column), text_pair_column=column(text_pair_column),
                 label_column=column(label_column))
-    settings = ClassifierTrainSettings(**_options(epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length),
-                                       seed=seed)
+    with _flag_terms():
+        settings = ClassifierTrainSettings(**_options(epochs=epochs, batch_size=batch_size, lr=lr,
+                                                      max_length=max_length), seed=seed)
     if max_length is not None:
         _check_positions(model_dir, max_length)
     mapping = _label_map(label_map)
@@ -175,8 +195,9 @@ def translation(
                          d_model=d_model, ffn_dim=ffn_dim, vocab_size=vocab_size, warmup_steps=warmup_steps)
     if layers is not None:
         overrides.update(encoder_layers=layers, decoder_layers=layers)
-    settings = (TranslationTrainSettings.iwslt(**overrides, seed=seed) if preset == "iwslt"
-                else TranslationTrainSettings(**overrides, seed=seed))
+    with _flag_terms():
+        settings = (TranslationTrainSettings.iwslt(**overrides, seed=seed) if preset == "iwslt"
+                    else TranslationTrainSettings(**overrides, seed=seed))
     cols = dict(source_column=column(source_column), target_column=column(target_column))
     with in_cli_terms("--data"):
         train = load_parallel(data, data2, **cols, limit=limit, split=split)

@@ -63,7 +63,7 @@ def budget_heads(
             raise ConfigError(f"n_keep={n_keep!r}; allowed: an integer 0..{total}")
         if n_keep < floor:
             raise ConfigError(f"n_keep={n_keep} is below what min_per_site={min_per_site} keeps ({floor} heads); "
-                              f"allowed: n_keep >= {floor} or a smaller min_per_site")
+                              f"allowed: n_keep >= {floor} or a smaller min_per_site=")
         return lowest_heads(pool, n_heads=total - n_keep, min_per_site=min_per_site)
     check_share("flops", flops)
     return _knapsack(pool, _costs(costs, pool), flops, min_per_site)

@@ -67,7 +67,8 @@ def select_gqa(
     """Heads to drop ({site: sorted indices}), lowest scores first, under one budget and a GQA ``mode``.
 
     Budgets (exactly one): ``n_drop`` / ``fraction`` (heads dropped: at most that many of the pool),
-    ``keep`` / ``n_keep`` (share / count of the pool's heads kept: at least that many), ``flops``
+    ``keep`` (share of the pool's heads kept: at least that many), ``n_keep`` (exactly that
+    many heads kept, or a refusal naming the nearest counts the GQA mode can keep), ``flops``
     (share of the pool's head FLOPs kept, ``costs`` from :func:`headprune.core.cost.head_costs`), ``kv``
     (share of the pool's KV-cache bytes per token kept, ``kv_bytes`` {site: bytes per token of one
     cached key/value head} from :func:`headprune.core.kvcache.kv_head_bytes`). ``groups``: {site: [H]
@@ -106,8 +107,37 @@ def select_gqa(
         drop = lowest_heads(pool, n_heads=n, min_per_site=min_per_site)
         warn_kv_growth(drop, groups)
         return drop
-    return _greedy(pool, _units(pool, groups, mode), lambda unit, spent: spent + len(unit[1]) <= n,
+    drop = _greedy(pool, _units(pool, groups, mode), lambda unit, spent: spent + len(unit[1]) <= n,
                    lambda unit: len(unit[1]), min_per_site)
+    return drop if n_keep is None else _exactly_kept(drop, pool, groups, mode, n_keep, min_per_site)
+
+
+def _exactly_kept(drop: DroppedHeads, pool: dict[str, torch.Tensor], groups: dict[str, list[int]], mode: str,
+                  n_keep: int, min_per_site: int) -> DroppedHeads:
+    """``drop`` when it keeps exactly ``n_keep`` heads; else a refusal naming the nearest counts ``mode`` can keep
+    (uniform GQA takes one query head from every key/value group at a time, ``groups`` whole groups)."""
+    kept = sum(s.numel() for s in pool.values()) - sum(len(v) for v in drop.values())
+    if kept == n_keep:
+        return drop
+    feasible = {0}
+    for name, steps in _units(pool, groups, mode).items():
+        floor = min(min_per_site, pool[name].numel())
+        options, left = [0], pool[name].numel()
+        for step in steps:
+            if left - len(step) < floor:
+                break
+            left -= len(step)
+            options.append(pool[name].numel() - left)
+        feasible = {a + pool[name].numel() - b for a in feasible for b in options}
+    below = max((k for k in feasible if k < n_keep), default=None)
+    above = min((k for k in feasible if k > n_keep), default=None)
+    near = " or ".join(str(k) for k in (below, above) if k is not None)
+    why = (f"the lowest-score steps keep {kept}" if n_keep in feasible else
+           "gqa='uniform' keeps the same number of query heads in every key/value group" if mode == "uniform" else
+           "gqa='groups' drops whole key/value groups")
+    why += f", and min_per_site={min_per_site}" if min_per_site else ""
+    raise ConfigError(f"n_keep={n_keep}: cannot keep exactly {n_keep} heads ({why}); allowed: {near} "
+                      f"(the nearest counts gqa={mode!r} can keep), or gqa='free'")
 
 
 def kv_growth(drop: Mapping[str, Sequence[int]], groups: Groups) -> tuple[float, str | None, float, int, int]:
@@ -311,7 +341,7 @@ def _by_flops(pool, groups, mode, share, costs: HeadCosts | None, min_per_site) 
     while total > budget * (1 + 1e-12):
         if not heap:
             raise ConfigError(f"flops={share}: min_per_site={min_per_site} keeps more than that; allowed: a larger "
-                              "flops share or a smaller min_per_site")
+                              "flops= or a smaller min_per_site=")
         _, i, saved = heapq.heappop(heap)
         name = names[i]
         heads = units[name][nxt[name]]
@@ -350,7 +380,7 @@ def _by_kv(pool, groups, share, kv_bytes, min_per_site) -> dict[str, list[int]]:
                  >= min(min_per_site, pool[name].numel())]
         if not open_:
             raise ConfigError(f"kv={share}: min_per_site={min_per_site} keeps more cache than that; allowed: a larger "
-                              "kv share or a smaller min_per_site")
+                              "kv= or a smaller min_per_site=")
         name, heads = min(open_, key=lambda t: (_mean(pool[t[0]], t[1]) / price[t[0]], order[t[0]]))
         drop[name] = drop.get(name, []) + heads
         nxt[name] += 1

@@ -45,9 +45,10 @@ def select_heads(
     """Heads to drop ({site: sorted indices}) under one budget; see the module doc.
 
     ``groups``: :func:`headprune.kv_groups` ``(model)``, or None for a model without grouped-query
-    attention. Left out (deprecated): the former head-by-head rule of ``keep`` / ``n_keep`` / ``flops``,
+    attention. Non-finite scores are refused. Left out (deprecated): the former head-by-head rule of ``keep`` / ``n_keep`` / ``flops``,
     which can grow a GQA model's KV cache.
     """
+    _check_finite(scores)
     if groups is _NOT_GIVEN:
         others = {k: v for k, v in (("n_drop", n_drop), ("fraction", fraction), ("kv", kv), ("kv_bytes", kv_bytes),
                                     ("same_per_site", same_per_site or None)) if v is not None}
@@ -65,3 +66,15 @@ def select_heads(
     return select_gqa(scores, groups, mode=gqa, n_drop=n_drop, fraction=fraction, keep=keep, n_keep=n_keep,
                       flops=flops, costs=costs, kv=kv, kv_bytes=kv_bytes, min_per_site=min_per_site, sites=sites,
                       same_per_site=same_per_site)
+
+
+def _check_finite(scores: Mapping[str, torch.Tensor]) -> None:
+    """Scores that order heads: a NaN or infinite score orders nothing (all-NaN scores would drop the first heads)."""
+    if not isinstance(scores, Mapping):
+        raise ConfigError(f"scores: {type(scores).__name__}; allowed: a mapping site -> one score per head")
+    for name, s in scores.items():
+        values = torch.as_tensor(s, dtype=torch.float64).flatten()
+        bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
+        if bad:
+            raise ConfigError(f"scores[{name!r}] holds {len(bad)} non-finite values (head {bad[0]}: "
+                              f"{values[bad[0]].item()}); allowed: finite scores (rescore; a NaN score orders nothing)")
