@@ -236,3 +236,78 @@ def test_refusals_name_the_flags_not_the_library_parameters(dirs, tmp_path, args
     args = [a.format(good=dirs / "good", data=dirs / "data.tsv") for a in args] + ["-o", str(out)]
     text = _refused(args, out, message)
     assert not any(word in text for word in library), text
+
+
+# ---------------------------------------------------------------- data files as users write them
+
+ROWS = "sentence\tlabel\na good film\t1\nnot good at all\t0\n"
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-8-sig", "utf-16", "utf-32"])
+def test_data_files_read_in_every_encoding_their_byte_order_mark_names(tmp_path, encoding):
+    from headprune.evaluation.data import load_classification
+
+    path = tmp_path / "d.tsv"
+    path.write_bytes(ROWS.encode(encoding))  # Python's utf-16/utf-32 codecs write the mark
+    data = load_classification(path)
+    assert data.texts == ["a good film", "not good at all"] and data.labels == ["1", "0"]
+
+
+@pytest.mark.parametrize("raw, library, cli", [
+    (ROWS.encode("utf-16-le"), "line 1 holds NUL bytes, so it is not UTF-8 text; it looks like UTF-16-LE without a "
+     "byte-order mark", "iconv -f utf-16le -t utf-8"),
+    (ROWS.encode("utf-16-be"), "it looks like UTF-16-BE without a byte-order mark", "iconv -f utf-16be -t utf-8"),
+    ("sentence\tlabel\ncaf\u00e9 ok\t1\n".encode("latin-1"), "not valid UTF-8 text (invalid continuation byte: byte "
+     "0xe9 at offset 18, line 2; no byte-order mark)", "iconv -f cp1252 -t utf-8"),
+])
+def test_data_in_another_encoding_is_refused_naming_what_was_found(dirs, tmp_path, raw, library, cli):
+    from headprune.evaluation.data import load_classification
+
+    path = tmp_path / "d.tsv"
+    path.write_bytes(raw)
+    with pytest.raises(DataError) as e:
+        load_classification(path)
+    assert library in str(e.value)
+    text = _refused(["evaluate", str(dirs / "good"), "--task", "classification", "--data", str(path)],
+                    tmp_path / "out", library.split(";")[0], cli)
+    assert "latin1" not in text
+
+
+def test_a_field_longer_than_the_csv_module_limit_is_read(tmp_path):
+    """csv's default limit is 131,072 characters per field; a long valid line is data, not an error."""
+    from headprune.evaluation.data import load_classification
+
+    long = "word " * 30000  # 150,000 characters
+    tsv, quoted = tmp_path / "d.tsv", tmp_path / "d.csv"
+    tsv.write_text(f"sentence\tlabel\n{long}\t1\nshort\t0\n", encoding="utf-8")
+    quoted.write_text(f'sentence,label\n"{long}",1\nshort,0\n', encoding="utf-8")
+    for path in (tsv, quoted):
+        data = load_classification(path)
+        assert data.texts == [long, "short"] and data.labels == ["1", "0"]
+    import csv
+
+    assert csv.field_size_limit() == 131072  # raised only while a row is read
+
+
+def test_an_unclosed_quote_is_reported_where_it_opens_and_a_closed_one_spans_lines(dirs, tmp_path):
+    from headprune.evaluation.data import load_classification
+
+    ok = tmp_path / "ok.csv"
+    ok.write_text('sentence,label\n"two\nlines",1\nnext,0\n', encoding="utf-8")
+    assert load_classification(ok).texts == ["two\nlines", "next"]
+    bad = tmp_path / "bad.csv"
+    bad.write_text('sentence,label\n"never closed,1\nsecond,0\nthird,1\n', encoding="utf-8")
+    with pytest.raises(DataError, match=r"line 2: a quoted field opens on this line and its quote is not closed "
+                                        r"\(the row runs to line 4"):
+        load_classification(bad)
+    text = _refused(["evaluate", str(dirs / "good"), "--task", "classification", "--data", str(bad)],
+                    tmp_path / "out", "line 2: a quoted field opens on this line")
+    assert "no column" not in text and "line 3" not in text
+
+
+def test_a_header_with_a_repeated_name_is_refused_as_a_duplicate(dirs, tmp_path):
+    path = tmp_path / "d.tsv"
+    path.write_text("sentence\tlabel\tsentence\na good film\t1\tb\n", encoding="utf-8")
+    text = _refused(["evaluate", str(dirs / "good"), "--task", "classification", "--data", str(path)],
+                    tmp_path / "out", "the header names column 'sentence' twice (positions 0, 2)")
+    assert "--text-column" not in text and "no such column" not in text
