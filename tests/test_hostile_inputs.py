@@ -311,3 +311,70 @@ def test_a_header_with_a_repeated_name_is_refused_as_a_duplicate(dirs, tmp_path)
     text = _refused(["evaluate", str(dirs / "good"), "--task", "classification", "--data", str(path)],
                     tmp_path / "out", "the header names column 'sentence' twice (positions 0, 2)")
     assert "--text-column" not in text and "no such column" not in text
+
+
+# ---------------------------------------------------------------- what a newcomer sees is true and consistent
+
+
+def test_help_shows_switches_as_switches():
+    """``--json <bool>`` read as if it took a value (and ``--json true`` is refused: a switch takes none)."""
+    for args in ([], ["sites"], ["compress"], ["evaluate"], ["train", "classifier"], ["demo"]):
+        result = runner.invoke(app, [*args, "--help"], terminal_width=200)
+        assert result.exit_code == 0, result.output
+        assert "<bool>" not in result.output, args
+        assert ("<path>" in result.output or "<str>" in result.output) or not args  # typed options keep their type
+    result = runner.invoke(app, ["sites", "x", "--json", "true"])
+    assert result.exit_code == 2  # a switch takes no value (click: unexpected extra argument)
+
+
+def test_evaluate_prints_scores_in_the_format_every_command_uses(dirs):
+    args = ["evaluate", str(dirs / "good"), "--task", "classification", "--data", str(dirs / "data.tsv")]
+    text = runner.invoke(app, args)
+    data = json.loads(runner.invoke(app, [*args, "--json"]).stdout)
+    assert text.exit_code == 0, text.output
+    lines = dict(line.split(": ", 1) for line in text.stdout.splitlines() if ": " in line)
+    assert lines["accuracy"].split()[0] == f"{100 * data['score']:.2f}"  # 46.88, not 0.4688
+    assert lines["matthews"] == f"{100 * data['extra']['matthews']:.2f}"
+
+
+def test_progress_lines_go_to_a_terminal_only():
+    import io
+
+    from headprune.cli.options import status
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    tty, pipe = Terminal(), io.StringIO()
+    status("loading m ...", tty)
+    status("loading m ...", pipe)
+    assert tty.getvalue() == "headprune: loading m ...\n" and pipe.getvalue() == ""
+
+
+def test_a_noisy_speed_up_is_not_printed_as_a_number():
+    from headprune.bench.figures import bench_table
+
+    class Result:
+        runs = [{"model": m, "batch": 2, "examples_per_s": e, "examples_per_s_q25": e, "examples_per_s_q75": e,
+                 "latency_s": 0.01} for m, e in (("a", 100.0), ("b", 232.0))]
+        speedups = [{"model": "b", "reference": "a", "batch": 2, "measured": 2.3217, "measured_q25": 0.91,
+                     "measured_q75": 3.9, "noisy": True, "ratio_of_medians": 2.3217, "flop_limit": 1.35,
+                     "efficiency": 3.8}]
+        settings = {"noisy_times": 0.1}
+
+    table = bench_table(Result())
+    row = next(line for line in table.splitlines() if line.startswith("b "))
+    assert row.split()[6] == "noisy!" and "3.80" not in row and "1.350x" in row  # the limit stays, the speed-up goes
+    Result.speedups[0]["noisy"] = False
+    assert "2.322x" in bench_table(Result())
+
+
+def test_compress_on_an_encoder_prints_no_empty_kv_cache_line(dirs, tmp_path):
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["compress", str(dirs / "good"), "--task", "classification", "--data",
+                                 str(dirs / "data.tsv"), "--allow-same-data", "--share", "0.5", "--no-bench", "-o",
+                                 str(out)])
+    assert result.exit_code == 0, result.output
+    assert "KV cache per token" not in result.output and "0 -> 0 bytes" not in result.output
+    assert "accuracy" in result.output

@@ -15,11 +15,11 @@ import typer
 
 from ..errors import ConfigError
 from ..train.settings import ClassifierTrainSettings, TranslationTrainSettings
-from .app import app, friendly
+from .app import App, app, friendly
 from .dataflags import in_cli_terms, parse_label_map, split_option
 from .options import LABEL, PAIR, SRC, TEXT, TGT, column
 
-train_app = typer.Typer(no_args_is_help=True, help="Fine-tune a classifier or train a translation model.")
+train_app = App(no_args_is_help=True, help="Fine-tune a classifier or train a translation model.")
 app.add_typer(train_app, name="train")
 
 _C, _T, _I = ClassifierTrainSettings(), TranslationTrainSettings(), TranslationTrainSettings.iwslt()  # defaults

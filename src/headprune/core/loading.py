@@ -57,7 +57,8 @@ def check_load_report(model: nn.Module, info: dict, path: str | Path, *, new_hea
     parameter was newly initialised (missing from the checkpoint, or of another shape). Checkpoint keys the
     model has no use for (a base model from a checkpoint with a head) are logged, not refused: nothing is
     random. ``new_head`` allows missing keys outside the base model and marks the model with them."""
-    missing = set(map(str, info.get("missing_keys") or ())) - tied_keys(model, set(map(str, info.get("missing_keys") or ())))
+    reported = set(map(str, info.get("missing_keys") or ()))
+    missing = reported - tied_keys(model, reported)
     unexpected = set(map(str, info.get("unexpected_keys") or ()))
     wrong = sorted(f"{k} {tuple(a)} vs {tuple(b)}" for k, a, b in (info.get("mismatched_keys") or ()))
     fresh = _head_keys(model, missing) if new_head else set()
