@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -378,3 +379,36 @@ def test_compress_on_an_encoder_prints_no_empty_kv_cache_line(dirs, tmp_path):
     assert result.exit_code == 0, result.output
     assert "KV cache per token" not in result.output and "0 -> 0 bytes" not in result.output
     assert "accuracy" in result.output
+
+
+# ---------------------------------------------------------------- no deprecated transformers usage
+
+
+def test_a_transformers_deprecation_reached_from_headprune_code_is_an_error():
+    """The suite's own guard (conftest + pyproject filterwarnings): transformers logs some deprecations instead of
+    warning (``out.past_key_values``); read from a headprune frame, they fail the test run."""
+    import conftest
+
+    code = compile("out.past_key_values", str(Path(conftest.SOURCE) / "bench" / "decode.py"), "eval")
+    out = T.modeling_outputs.CausalLMOutputWithPast(logits=torch.zeros(1), **{_cache_key(): torch.ones(1)})
+    T.utils.logging.get_logger("transformers.utils.generic").warning_once.cache_clear()
+    with pytest.raises(FutureWarning, match="transformers: .*deprecated"):
+        eval(code, {"__name__": "headprune.bench.decode"}, {"out": out})
+
+
+def _cache_key() -> str:
+    fields = T.modeling_outputs.CausalLMOutputWithPast.__dataclass_fields__
+    return "cache" if "cache" in fields else "past_key_values"
+
+
+def test_the_generated_cache_is_read_under_either_name():
+    from headprune.bench.decode import cache_bytes, generated_cache
+
+    model = llama().eval()
+    out = model.generate(input_ids=torch.tensor([[5, 6, 7]]), max_new_tokens=2, do_sample=False, pad_token_id=0,
+                         return_dict_in_generate=True)
+    cache = generated_cache(out)
+    by_hand = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert by_hand > 0 and cache_bytes(cache) == by_hand
+    assert generated_cache({"sequences": 1, "past_key_values": cache}) is cache  # an older transformers' output
+    assert generated_cache({"sequences": 1}) is None
