@@ -185,25 +185,44 @@ def test_select_heads_refuses_non_finite_scores():
         hp.select_heads(inf, None, fraction=0.5)
 
 
-@pytest.mark.parametrize("mode", ["uniform", "groups"])
-def test_n_keep_keeps_exactly_n_or_names_the_nearest_feasible_counts(mode):
+@pytest.mark.parametrize("mode, min_per_site", [("uniform", 0), ("groups", 0), ("uniform", 3), ("free", 3)])
+def test_n_keep_keeps_exactly_n_or_names_the_nearest_feasible_counts(mode, min_per_site):
     """Brute force over the GQA layout (2 sites x 2 key/value groups x 3 query heads): uniform keeps k heads of
-    every group of a site (2k per site), groups keeps whole groups (3 per group); any other count is refused."""
+    every group of a site (2k per site), groups keeps whole groups (3 per group), free any number; min_per_site
+    keeps at least that many per site. Any other count is refused, naming the nearest feasible ones."""
+    import warnings
+
     model = llama()
     groups = hp.kv_groups(model)
-    per_site = {0, 2, 4, 6} if mode == "uniform" else {0, 3, 6}
+    per_site = {"uniform": {0, 2, 4, 6}, "groups": {0, 3, 6}, "free": set(range(7))}[mode]
+    per_site = {k for k in per_site if k >= min_per_site}
     feasible = {a + b for a in per_site for b in per_site}
     g = torch.Generator().manual_seed(0)
     scores = {site: torch.rand(len(kv), generator=g) for site, kv in groups.items()}
     for n in range(13):
         if n in feasible:
-            drop = hp.select_heads(scores, groups, gqa=mode, n_keep=n)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", hp.errors.KVCacheWarning)  # free: uneven groups are its choice
+                drop = hp.select_heads(scores, groups, gqa=mode, n_keep=n, min_per_site=min_per_site)
             assert 12 - sum(len(v) for v in drop.values()) == n
         else:
-            below, above = max(k for k in feasible if k < n), min(k for k in feasible if k > n)
-            with pytest.raises(ConfigError, match=rf"n_keep={n}: cannot keep exactly {n} heads .*allowed: {below} or "
-                                                  rf"{above} "):
-                hp.select_heads(scores, groups, gqa=mode, n_keep=n)
+            near = " or ".join(str(k) for k in (max((k for k in feasible if k < n), default=None),
+                                               min(k for k in feasible if k > n)) if k is not None)
+            with pytest.raises(ConfigError, match=rf"n_keep={n}: cannot keep exactly {n} heads .*allowed: {near} \("):
+                hp.select_heads(scores, groups, gqa=mode, n_keep=n, min_per_site=min_per_site)
+
+
+def test_n_keep_with_the_same_heads_per_site_keeps_a_multiple_of_the_sites():
+    model = bert()  # 2 sites x 4 heads, no GQA: same_per_site keeps 2k heads
+    g = torch.Generator().manual_seed(1)
+    scores = {s.name: torch.rand(s.num_heads, generator=g) for s in hp.find_sites(model)}
+    groups = hp.kv_groups(model)
+    for n in (2, 4, 6):
+        drop = hp.select_heads(scores, groups, n_keep=n, same_per_site=True)
+        assert {4 - len(drop.get(site, [])) for site in scores} == {n // 2}
+    with pytest.raises(ConfigError, match=r"n_keep=3: .*same_per_site=True keeps the same number in each of the 2 "
+                                          r"sites\); allowed: 2 or 4 \("):
+        hp.select_heads(scores, groups, n_keep=3, same_per_site=True)
 
 
 def test_compress_n_keep_on_gqa_refuses_a_count_it_cannot_keep(tmp_path):
