@@ -61,6 +61,10 @@ def dirs(tmp_path_factory):
     shutil.copytree(good, bad_tokenizer)
     (bad_tokenizer / "tokenizer.json").write_text("{not json", encoding="utf-8")
 
+    bad_json = root / "bad_json"  # a config.json that is not JSON
+    shutil.copytree(good, bad_json)
+    (bad_json / "config.json").write_text("{oops", encoding="utf-8")
+
     data = root / "data.tsv"
     data.write_text("sentence\tlabel\n" + "".join(f"{t}\t{i % 2}\n" for i, t in enumerate(TEXTS)), encoding="utf-8")
     return root
@@ -151,6 +155,16 @@ def test_load_failures_are_one_typed_line(dirs, tmp_path, capsys, broken, error,
     out = tmp_path / "out"
     _refused(_commands(dirs / broken, dirs / "data.tsv", out)["prune"], out, message)
     assert "code ran" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["sites", "{m}"], ["evaluate", "{m}", "--task", "classification", "--data", "{d}"],
+                                     ["train", "classifier", "{m}", "--data", "{d}", "-o", "{o}"],
+                                     ["train", "classifier", "{m}", "--data", "{d}", "--max-length", "16", "-o", "{o}"]])
+def test_a_config_that_is_not_json_is_named_as_the_config(dirs, tmp_path, command):
+    out = tmp_path / "out"
+    args = [a.format(m=dirs / "bad_json", d=dirs / "data.tsv", o=out) for a in command]
+    text = _refused(args, out, "config.json in", "cannot be read as JSON")
+    assert "tokenizer" not in text
 
 
 def test_a_tokenizer_that_is_not_json_is_one_line(dirs, tmp_path):

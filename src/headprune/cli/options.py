@@ -221,9 +221,10 @@ def check_checkpoint(model_dir: Path, task: str) -> None:
     """:func:`headprune.evaluation.build.check_model` from ``config.json`` alone (no weights loaded)."""
     import transformers
 
+    from ..core.checkpoint import hf_config
     from ..evaluation.build import check_model
 
-    config = transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    config = hf_config(Path(model_dir))
     arch = (getattr(config, "architectures", None) or [None])[0]
     cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
     if isinstance(cls, type):

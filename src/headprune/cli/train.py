@@ -78,13 +78,12 @@ def _threads(threads: int | None) -> None:
 
 def _check_positions(model_dir: Path, max_length: int) -> None:
     """``--max-length`` within the pretrained model's position table (from its config alone)."""
-    import transformers
-
+    from ..core.checkpoint import hf_config
     from ..evaluation.build import position_limit
 
     if not (Path(model_dir) / "config.json").is_file():
         return  # the loader names a directory without a model
-    positions = position_limit(transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True))
+    positions = position_limit(hf_config(Path(model_dir)))
     if positions is not None and max_length > positions:
         raise ConfigError(f"--max-length {max_length}; allowed: an integer 2..{positions} (the model has "
                           f"{positions} positions)")

@@ -106,6 +106,17 @@ def read_config(path: Path) -> dict:
     return raw
 
 
+def hf_config(path: Path):
+    """transformers' config of the directory ``path`` after :func:`read_config`'s checks; a config transformers
+    refuses is one typed line naming the directory."""
+    read_config(path)
+    try:
+        return transformers.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise UnsupportedModelError(f"config.json in {str(path)!r} cannot be loaded by transformers "
+                                    f"{transformers.__version__}: {str(e).strip().splitlines()[0]}") from None
+
+
 def pruned_record(raw: dict, path: Path) -> tuple[dict | None, dict | None]:
     """The kept heads and original head counts recorded in a config dict (current or 0.1.0 names);
     ``(None, None)`` for an unpruned model. Types are checked here, indices by ``heads_to_drop``."""

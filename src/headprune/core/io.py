@@ -17,7 +17,7 @@ import transformers
 from torch import nn
 
 from ..errors import ConfigError, DataError, HeadpruneError, UnsupportedModelError
-from .checkpoint import check_output_dir
+from .checkpoint import check_output_dir, read_config
 from .gguf import is_gguf, load_gguf, load_gguf_tokenizer
 from .quiet import transformers_bars_off
 from .records import KEPT_KEY, KEPT_NEURONS_KEY, config_record
@@ -95,6 +95,8 @@ def load_tokenizer(model_dir: str | Path):
     path = Path(model_dir)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")):
         return None
+    if (path / "config.json").is_file():
+        read_config(path)  # AutoTokenizer reads it too: its faults are named as the config's, not the tokenizer's
     settings = path / "tokenizer_config.json"
     if settings.is_file():
         try:

@@ -25,7 +25,7 @@ import transformers
 from torch import nn
 from transformers.utils import logging as hf_logging
 
-from ..errors import ConfigError, HeadpruneError, PlanError, UnsupportedModelError
+from ..errors import ConfigError, HeadpruneError, PlanError
 from ..provenance import __version__
 from .calls import template_from_record
 from .checkpoint import (
@@ -33,6 +33,7 @@ from .checkpoint import (
     check_output_dir,
     finish_layout,
     from_pretrained_pruned,
+    hf_config,
     pruned_record,
     read_config,
     weight_files,
@@ -128,13 +129,8 @@ def read_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
     are refused.
     """
     path = Path(path)
-    raw = read_config(path)
-    kept, original = pruned_record(raw, path)
-    try:
-        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
-    except (ValueError, KeyError, TypeError, OSError) as e:
-        raise UnsupportedModelError(f"config.json in {str(path)!r} cannot be loaded by transformers "
-                                    f"{transformers.__version__}: {str(e).strip().splitlines()[0]}") from None
+    kept, original = pruned_record(read_config(path), path)
+    config = hf_config(path)
     cls = model_class or _architecture(config, path)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
         raise ConfigError(f"model_class={cls!r}; allowed: a transformers PreTrainedModel class")

@@ -30,9 +30,11 @@ def _pretrained_body(model_dir: str | Path, **config) -> nn.Module:
     head is what this module trains, so the model is not marked as holding an untrained one."""
     from transformers.utils import logging as hf_logging
 
+    from ..core.checkpoint import read_config
     from ..core.loading import NEW_HEAD_ATTR, check_load_report, load_failure
     from ..core.quiet import transformers_bars_off
 
+    read_config(Path(model_dir))  # unreadable, custom code, quantized: one typed line before transformers reads it
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # transformers' "newly initialized" notice: the head is meant to be new
     try:
