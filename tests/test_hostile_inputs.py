@@ -61,6 +61,12 @@ def dirs(tmp_path_factory):
     shutil.copytree(good, bad_tokenizer)
     (bad_tokenizer / "tokenizer.json").write_text("{not json", encoding="utf-8")
 
+    resized = root / "resized"  # the config says intermediate_size 40; the weights hold 37
+    shutil.copytree(good, resized)
+    raw = json.loads((resized / "config.json").read_text())
+    raw["intermediate_size"] = 40
+    (resized / "config.json").write_text(json.dumps(raw))
+
     bad_json = root / "bad_json"  # a config.json that is not JSON
     shutil.copytree(good, bad_json)
     (bad_json / "config.json").write_text("{oops", encoding="utf-8")
@@ -122,6 +128,24 @@ def test_library_load_refuses_newly_initialised_weights_and_names_them(dirs):
         hp.load_model(dirs / "llama_over_bert")
     with pytest.raises(DataError, match="classifier.bias, classifier.weight"):
         hp.load_pruned(dirs / "headless")
+
+
+def test_weights_of_another_shape_are_refused_naming_both_shapes(dirs, tmp_path):
+    with pytest.raises(DataError, match=r"6 of another shape in the weights \(bert.encoder.layer.0.intermediate.dense"
+                                        r".bias \(37,\) vs \(40,\)"):
+        hp.load_model(dirs / "resized")
+    out = tmp_path / "out"
+    _refused(_commands(dirs / "resized", dirs / "data.tsv", out)["prune"], out, "of another shape", "(37, 32) vs (40, 32)")
+
+
+def test_training_replaces_a_head_for_another_number_of_labels(dirs, tmp_path):
+    """The saved classifier has 3 labels, the data 2: train classifier draws a 2-label head and keeps the body."""
+    out = tmp_path / "out"
+    result = runner.invoke(app, ["train", "classifier", str(dirs / "good"), "--data", str(dirs / "data.tsv"),
+                                 "--epochs", "1", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    trained = hp.load_model(out / "final")
+    assert trained.config.num_labels == 2 and trained.classifier.out_features == 2
 
 
 def test_a_fresh_head_only_when_asked_and_never_scored_as_trained(dirs):

@@ -56,13 +56,14 @@ def check_load_report(model: nn.Module, info: dict, path: str | Path, *, new_hea
     """Refuse ``model`` (typed :class:`DataError`, one line) when transformers' load report ``info`` says a
     parameter was newly initialised (missing from the checkpoint, or of another shape). Checkpoint keys the
     model has no use for (a base model from a checkpoint with a head) are logged, not refused: nothing is
-    random. ``new_head`` allows missing keys outside the base model and marks the model with them."""
+    random. ``new_head`` allows missing (or resized) keys outside the base model and marks the model with them."""
     reported = set(map(str, info.get("missing_keys") or ()))
     missing = reported - tied_keys(model, reported)
     unexpected = set(map(str, info.get("unexpected_keys") or ()))
-    wrong = sorted(f"{k} {tuple(a)} vs {tuple(b)}" for k, a, b in (info.get("mismatched_keys") or ()))
-    fresh = _head_keys(model, missing) if new_head else set()
+    shapes = {str(k): (tuple(a), tuple(b)) for k, a, b in (info.get("mismatched_keys") or ())}
+    fresh = _head_keys(model, missing | set(shapes)) if new_head else set()  # a head of another size: new too
     missing -= fresh
+    wrong = sorted(f"{k} {a} vs {b}" for k, (a, b) in shapes.items() if k not in fresh)
     where = f"model directory {str(path)!r}"
     if missing or wrong:
         parts = ([f"{len(missing)} newly initialised (missing from the weights: {_keys(missing)})"] if missing else [])

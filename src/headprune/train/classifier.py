@@ -40,7 +40,8 @@ def _pretrained_body(model_dir: str | Path, **config) -> nn.Module:
     try:
         with transformers_bars_off():
             model, info = AutoModelForSequenceClassification.from_pretrained(
-                str(model_dir), local_files_only=True, output_loading_info=True, **config)
+                str(model_dir), local_files_only=True, output_loading_info=True, ignore_mismatched_sizes=True,
+                **config)  # a head for another number of labels is replaced; a body of another shape refused
     except (HeadpruneError, OSError):
         raise
     except Exception as e:  # noqa: BLE001  # a config transformers cannot build, a refused pickle
