@@ -36,6 +36,7 @@ from ..core.sites import find_sites, kv_of_heads
 from ..core.surgery import DroppedHeads
 from ..errors import ConfigError, KVCacheWarning
 from .budget import budget_heads
+from .counts import exactly_kept
 from .lowest import lowest_heads
 
 GQA_MODES = ("uniform", "groups", "free")
@@ -103,53 +104,17 @@ def select_gqa(
     n = _drop_count(total, n_drop, fraction, keep, n_keep)
     if same_per_site:
         drop = _same_per_site(pool, groups, mode, n, min_per_site)
-        return drop if n_keep is None else _exactly_kept(drop, pool, groups, mode, n_keep, min_per_site, same=True)
+        return drop if n_keep is None else exactly_kept(drop, pool, groups, (mode, _units(pool, groups, mode)), n_keep,
+                                                        min_per_site, same=True)
     if mode == "free":
         drop = lowest_heads(pool, n_heads=n, min_per_site=min_per_site)
-        drop = drop if n_keep is None else _exactly_kept(drop, pool, groups, mode, n_keep, min_per_site)
+        drop = drop if n_keep is None else exactly_kept(drop, pool, groups, None, n_keep, min_per_site)
         warn_kv_growth(drop, groups)
         return drop
     drop = _greedy(pool, _units(pool, groups, mode), lambda unit, spent: spent + len(unit[1]) <= n,
                    lambda unit: len(unit[1]), min_per_site)
-    return drop if n_keep is None else _exactly_kept(drop, pool, groups, mode, n_keep, min_per_site)
-
-
-def _exactly_kept(drop: DroppedHeads, pool: dict[str, torch.Tensor], groups: dict[str, list[int]], mode: str,
-                  n_keep: int, min_per_site: int, *, same: bool = False) -> DroppedHeads:
-    """``drop`` when it keeps exactly ``n_keep`` heads; else a refusal naming the nearest counts ``mode`` can keep
-    (uniform GQA takes one query head from every key/value group at a time, ``groups`` whole groups; ``same``:
-    every site keeps the same number, same_per_site)."""
-    kept = sum(s.numel() for s in pool.values()) - sum(len(v) for v in drop.values())
-    if kept == n_keep:
-        return drop
-    units = {k: [[h] for h in range(v.numel())] for k, v in pool.items()} if mode == "free" else \
-        _units(pool, groups, mode)
-    feasible = {0}
-    for name, steps in units.items():
-        floor = min(min_per_site, pool[name].numel())
-        options, left = [0], pool[name].numel()
-        for step in steps:
-            if left - len(step) < floor:
-                break
-            left -= len(step)
-            options.append(pool[name].numel() - left)
-        feasible = {a + pool[name].numel() - b for a in feasible for b in options}
-        if same:  # sites of one layout, stepped together
-            feasible = {len(pool) * (pool[name].numel() - b) for b in options}
-            break
-    below = max((k for k in feasible if k < n_keep), default=None)
-    above = min((k for k in feasible if k > n_keep), default=None)
-    near = " or ".join(str(k) for k in (below, above) if k is not None)
-    gqa = any(len(set(groups[name])) < len(groups[name]) for name in pool)  # query heads sharing a key/value head
-    why = [f"the lowest-score steps keep {kept}" if n_keep in feasible else
-           "gqa='uniform' keeps the same number of query heads in every key/value group" if gqa and mode == "uniform"
-           else "gqa='groups' drops whole key/value groups" if gqa and mode == "groups" else ""]
-    why += [f"same_per_site=True keeps the same number in each of the {len(pool)} sites"] if same else []
-    why += [f"min_per_site={min_per_site} keeps at least {min(feasible)}"] if min_per_site else []
-    other = ", or gqa='free'" if gqa and mode != "free" and not same else \
-        ", or a smaller min_per_site=" if min_per_site else ""
-    raise ConfigError(f"n_keep={n_keep}: cannot keep exactly {n_keep} heads ({', and '.join(w for w in why if w)}); "
-                      f"allowed: {near} (the nearest counts that can be kept){other}")
+    return drop if n_keep is None else exactly_kept(drop, pool, groups, (mode, _units(pool, groups, mode)), n_keep,
+                                                        min_per_site)
 
 
 def kv_growth(drop: Mapping[str, Sequence[int]], groups: Groups) -> tuple[float, str | None, float, int, int]:
