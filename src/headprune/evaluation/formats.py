@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import json
@@ -69,8 +70,6 @@ def file_encoding(path: Path, encoding: str) -> str:
 
 def _decode_error(path: Path, encoding: str) -> str:
     """Where ``path`` stops being ``encoding`` (byte offset, line, the byte) and what it looks like instead."""
-    import codecs
-
     decoder = codecs.getincrementaldecoder(encoding)()
     offset, lines, head = 0, 1, b""
     with _raw(path) as handle:
@@ -116,8 +115,6 @@ def iter_lines(path: str | Path, encoding: str = "utf-8") -> Iterator[str]:
     if path.is_dir():
         raise DataError(f"{describe(path)} is a directory; expected a text file")
     try:
-        import codecs
-
         codecs.lookup(encoding)
     except LookupError as err:
         raise DataError(f"encoding={encoding!r} is not a known text encoding (e.g. 'utf-8', 'latin-1')") from err
