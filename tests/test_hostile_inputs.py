@@ -469,3 +469,13 @@ def test_the_generated_cache_is_read_under_either_name():
     assert by_hand > 0 and cache_bytes(cache) == by_hand
     assert generated_cache({"sequences": 1, "past_key_values": cache}) is cache  # an older transformers' output
     assert generated_cache({"sequences": 1}) is None
+
+
+def test_weights_the_model_does_not_use_are_said_not_refused(dirs, caplog):
+    """A base model from a classifier's directory leaves the head's weights out: nothing is random, so it loads,
+    and the log names what was left out. Its weights are the checkpoint's (compared with transformers' own load)."""
+    with caplog.at_level("WARNING", logger="headprune"):
+        model = hp.load_pruned(dirs / "good", model_class=T.BertModel)
+    assert "2 weights the model has no use for were left out (classifier.bias, classifier.weight)" in caplog.text
+    reference = T.BertForSequenceClassification.from_pretrained(dirs / "good")
+    assert torch.equal(model.encoder.layer[1].output.dense.weight, reference.bert.encoder.layer[1].output.dense.weight)
