@@ -335,7 +335,7 @@ CORE_LAYERS = (
     ("model", {"runtime", "layouts", "sites", "ffn", "kept", "cost", "unit_cost", "kvcache"}),
     ("masks", {"masking", "folding"}),
     ("surgery", {"snapshot", "surgery", "neurons", "biases", "standins"}),
-    ("io", {"checkpoint", "stock", "saving"}),
+    ("io", {"loading", "checkpoint", "stock", "saving"}),
     ("verify", {"trial", "verify"}),
     ("public", {"prune", "io"}),
 )

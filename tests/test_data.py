@@ -245,7 +245,7 @@ def test_parallel_length_mismatch_names_both_files(tmp_path):
 
 def test_bad_encoding_suggests_encoding_argument(tmp_path):
     path = write(tmp_path / "d.tsv", "sentence\tlabel\ncaf\u00e9\t1\n", encoding="latin-1")
-    with pytest.raises(DataError, match=r"not valid utf-8 text.*encoding="):
+    with pytest.raises(DataError, match=r"not valid UTF-8 text.*encoding="):
         load_classification(path)
     assert load_classification(path, encoding="latin-1").texts == ["caf\u00e9"]
     with pytest.raises(DataError, match="encoding='klingon'"):

@@ -258,4 +258,5 @@ def test_evaluate_prints_each_score_once(tiny):
     assert keys[0] == "accuracy" and len(keys) == len(set(keys)) and {"matthews", "signature"} <= set(keys)
     as_json = json.loads(runner.invoke(app, ["evaluate", str(model), "--task", "classification", "--data", str(data),
                                              "--json"]).stdout)
-    assert result.stdout.splitlines()[0].startswith(f"accuracy: {as_json['score']:.4f}")
+    # one format per metric across commands: accuracy x 100 with 2 decimals, as compress, ablate and curve print it
+    assert result.stdout.splitlines()[0].startswith(f"accuracy: {100 * as_json['score']:.2f}  (n=")

@@ -135,4 +135,13 @@ def _generate(model: nn.Module, prompt: dict, new_tokens: int) -> tuple[float, i
         out = model.generate(**prompt, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
                              use_cache=True, pad_token_id=pad, return_dict_in_generate=True)
         seconds = time.perf_counter() - start
-    return seconds, cache_bytes(out.past_key_values)
+    return seconds, cache_bytes(generated_cache(out))
+
+
+def generated_cache(out):
+    """The cache ``generate`` returned, under the key the output holds: ``cache`` (newer transformers, where
+    ``past_key_values`` is a deprecated alias) or ``past_key_values`` (older); looked up by the output's own
+    keys, so neither version warns. None when it holds neither."""
+    keys = list(out.keys())
+    name = next((k for k in ("cache", "past_key_values") if k in keys), None)
+    return None if name is None else out[name]

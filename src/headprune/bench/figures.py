@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 def bench_table(result: BenchResult) -> str:
     """Plain-text table: examples/s (IQR), latency, measured speed-up (IQR of the paired ratios), FLOP
-    limit, efficiency; ``!`` marks a noisy speed-up; a footer says how each column is computed."""
+    limit, efficiency; a noisy speed-up (bench.json's ``noisy``) shows ``noisy!`` instead of a number; a footer
+    says how each column is computed."""
     w = max([22] + [len(r["model"]) for r in result.runs])  # a long name (a .gguf file) keeps the columns aligned
     head = (f"{'model':<{w}} {'batch':>5} {'examples/s':>11} {'IQR':>15} {'latency ms':>10} "
             f"{'col ratio':>9} {'speed-up':>9} {'ratio IQR':>13} {'FLOP limit':>10} {'efficiency':>10}")
@@ -27,9 +28,11 @@ def bench_table(result: BenchResult) -> str:
         s = ups.get((r["model"], r["batch"]))
         if s:
             spread = f"{s['measured_q25']:.3f}-{s['measured_q75']:.3f}"
-            mark = "!" if s.get("noisy") else " "
-            up = (f"{s['ratio_of_medians']:>8.3f}x {s['measured']:>7.3f}x{mark} {spread:>13} {s['flop_limit']:>9.3f}x "
-                  f"{_two_decimals(s['efficiency']):>10}")
+            if s.get("noisy"):  # bench.json marks it unreadable: no number is printed as a result
+                up = f"{s['ratio_of_medians']:>8.3f}x {'noisy!':>9} {spread:>13} {s['flop_limit']:>9.3f}x {'-':>10}"
+            else:
+                up = (f"{s['ratio_of_medians']:>8.3f}x {s['measured']:>7.3f}x  {spread:>13} {s['flop_limit']:>9.3f}x "
+                      f"{_two_decimals(s['efficiency']):>10}")
         else:
             up = f"{'-':>9} {'-':>9} {'-':>13} {'-':>10} {'-':>10}"
         iqr = f"{r['examples_per_s_q25']:.1f}-{r['examples_per_s_q75']:.1f}"
@@ -42,8 +45,9 @@ def bench_table(result: BenchResult) -> str:
              "accumulates); efficiency = (speed-up - 1) / (FLOP limit - 1)."]
     if any(s.get("noisy") for s in result.speedups):
         limit = result.settings.get("noisy_times", 0.1)
-        notes.append("! noisy: the ratio IQR is wider than the speed-up's distance from 1, or a model's round "
-                     f"times vary by more than {limit:.0%} (IQR / median): the speed-up cannot be read.")
+        notes.append("noisy!: the ratio IQR is wider than the speed-up's distance from 1, or a model's round "
+                     f"times vary by more than {limit:.0%} (IQR / median): the speed-up cannot be read, so none is "
+                     "shown (bench.json keeps the measurement).")
     return "\n".join(lines + [""] + [textwrap.fill(n, width=len(head)) for n in notes])
 
 

@@ -12,12 +12,45 @@ import json
 from pathlib import Path
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from ..errors import HeadpruneError
 from ..provenance import __version__
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
-                  help="Find, score and physically remove the attention heads a transformer does not need.")
+
+class _Switches:
+    """Help that shows a plain switch (``--json``, ``--quiet``) as a switch: no ``<bool>`` after it, which read
+    as if it took a value (``--json true`` is refused: a switch takes none)."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False) and param.metavar is None:
+                param.metavar = ""  # typer shows the metavar, when set, in place of the type
+        return params
+
+
+class Command(_Switches, TyperCommand):
+    pass
+
+
+class Group(_Switches, TyperGroup):
+    pass
+
+
+class App(typer.Typer):
+    """``typer.Typer`` whose commands and groups show switches as switches (:class:`_Switches`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("cls", Group)
+        super().__init__(*args, **kwargs)
+
+    def command(self, *args, cls=None, **kwargs):
+        return super().command(*args, cls=cls or Command, **kwargs)
+
+
+app = App(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+          help="Find, score and physically remove the attention heads a transformer does not need.")
 
 
 def friendly(fn):

@@ -13,7 +13,7 @@ import typer
 from ..bench.settings import PRUNE_ORDERS, BenchSettings
 from ..errors import ConfigError
 from .app import app, friendly
-from .options import DEVICE, device_dtype
+from .options import DEVICE, device_dtype, status
 
 _D = BenchSettings()  # flag defaults are the library's
 
@@ -83,6 +83,7 @@ def bench(
     models, refs, dropped = {}, {}, {}
     for model_dir in model_dirs:
         name = _unique(model_dir.name or str(model_dir), models)
+        status(f"loading {model_dir} ...")
         model = load_model(model_dir, dtype=place["dtype"])
         models[name] = model
         if prune_fraction is None:
@@ -113,6 +114,7 @@ def bench(
     for name in models:
         if name != first and name not in refs:
             refs[name] = first
+    status(f"timing {len(models)} models at batch sizes {', '.join(map(str, sizes))} ...")
     result = benchmark(models, batch_sizes=sizes, seq_len=seq_len, tgt_len=tgt_len, warmup=warmup,
                        repeats=repeats, min_repeat_s=min_repeat_s, memory=not no_memory, seed=seed,
                        reference=refs or None)
@@ -134,7 +136,8 @@ def bench(
     (output / "bench.json").write_text(json.dumps(result.to_dict(), indent=2) + "\n")
     result.plot(output / "bench.png")
     typer.echo(result.table())
-    typer.echo(_kv_lines(result))
+    if any(info["kv_cache_bytes_per_token"] for info in result.models.values()):  # an encoder caches nothing
+        typer.echo(_kv_lines(result))
     if decode:
         typer.echo(decode_table(result.extra["decode"]))
     if onnx:

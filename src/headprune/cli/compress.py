@@ -217,15 +217,16 @@ def _names(settings) -> str:
 
 
 @contextmanager
-def in_setting_terms() -> Iterator[None]:
-    """Errors raised inside the block name the flags of :data:`SETTING_FLAGS` (``share=0`` -> ``--share 0``)."""
+def in_setting_terms(budget: dict[str, str] | None = None) -> Iterator[None]:
+    """Errors raised inside the block name the flags of :data:`SETTING_FLAGS` (``share=0`` -> ``--share 0``);
+    ``budget``: the flag each library budget came from (``--share 0.5`` reaches selection as ``flops=0.5``)."""
     try:
         yield
     except (DataError, ConfigError) as err:
         message = str(err)
         for phrase, cli in PHRASES:
             message = message.replace(phrase, cli)
-        names = {**ARGUMENT_FLAGS, **DATA_FLAGS["--data"], **SETTING_FLAGS}
+        names = {**ARGUMENT_FLAGS, **DATA_FLAGS["--data"], **SETTING_FLAGS, **(budget or {})}
         alternatives = "|".join(sorted(names, key=len, reverse=True))
         message = re.sub(rf"\b({alternatives})=(?=[\s,;)]|$)", lambda m: names[m[1]], message)
         raise type(err)(re.sub(rf"\b({alternatives})=", lambda m: names[m[1]] + " ", message)) from err
@@ -268,7 +269,8 @@ def compress_command(
                     verify=not no_verify, progress=bars)
     if not settings.head_plan:
         _pool_inputs(run, t, settings, inputs, calib, calib2, calib_split, bench)
-    with in_cli_terms("--calib-data"):  # e.g. too few calibration batches to hold out a validation part
+    budget = {"flops": "--share", "keep": "--share", "kv": "--share", "n_keep": "--n-keep"}  # what --share became
+    with in_cli_terms("--calib-data"), in_setting_terms(budget):  # e.g. too few calibration batches to hold out
         report, summary = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings, run)
     echo_headline(output)
     typer.echo(f"compressed {model_dir} -> {output}: {summary}; report: {report}")

@@ -41,8 +41,12 @@ PHRASES = (
     ("or None for all", "or left out for all"),
     ("allowed: None or ", "allowed: "),  # a flag that is given has a value
     ("(or pass val_batches)", "(or pass --val-data, or a smaller --batch-size)"),
-    ("pass encoding= with the file's encoding, e.g. encoding='latin-1'",
-     "convert it to UTF-8 first (e.g. iconv -f latin1 -t utf-8)"),
+    ("pass encoding= with the file's encoding, e.g. encoding='utf-16-le'",
+     "convert it to UTF-8 first (iconv -f utf-16le -t utf-8)"),
+    ("pass encoding= with the file's encoding, e.g. encoding='utf-16-be'",
+     "convert it to UTF-8 first (iconv -f utf-16be -t utf-8)"),
+    ("pass encoding= with the file's encoding, e.g. encoding='cp1252'",
+     "convert it to UTF-8 first from its encoding (e.g. iconv -f cp1252 -t utf-8 for Windows Western text)"),
 )
 LABEL_MAP_HELP = ("Classification: the data's labels as the model's label ids, LABEL=ID pairs, e.g. "
                   "negative=0,positive=1 (an ID may be one of the model's label names; default: labels are matched "

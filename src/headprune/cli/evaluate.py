@@ -44,6 +44,7 @@ def evaluate(
     """Evaluate a model on a task: corpus score, examples/s and the signature that reproduces it."""
     from ..core.masking import mask_from_heads
     from ..evaluation.build import check_task
+    from ..evaluation.metrics import format_score
     from ..provenance import code_identity, versions
 
     check_task(task)
@@ -63,10 +64,11 @@ def evaluate(
     if as_json:
         typer.echo(json.dumps({"task": task, **out, "extra": extra, "signature": signature}, indent=2))
         return
-    typer.echo(f"{result.metric}: {result.score:.4f}  (n={result.n}, {result.examples_per_s:.1f} examples/s, "
-               f"{result.tokens_per_s:.0f} tokens/s)")
+    # scores as every command prints them (format_score: accuracy, F1, Matthews x 100); --json keeps fractions
+    typer.echo(f"{result.metric}: {format_score(result.metric, result.score)}  (n={result.n}, "
+               f"{result.examples_per_s:.1f} examples/s, {result.tokens_per_s:.0f} tokens/s)")
     for key, value in extra.items():
         if key == result.metric:
             continue  # the first line has it
-        typer.echo(f"{key}: {value:.4f}" if isinstance(value, float) else f"{key}: {value}")
+        typer.echo(f"{key}: {format_score(key, value)}" if isinstance(value, float) else f"{key}: {value}")
     typer.echo("signature: " + ", ".join(f"{k}={v}" for k, v in signature.items() if k != "versions"))

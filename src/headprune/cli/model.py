@@ -10,7 +10,7 @@ import typer
 from ..errors import ConfigError, HeadpruneError
 from .app import app, echo_headline, friendly, json_arg, no_repeated_heads
 from .dataflags import argument_as_flag
-from .options import DEVICE, DTYPE, device_dtype
+from .options import DEVICE, DTYPE, device_dtype, status
 
 
 @app.command()
@@ -25,6 +25,7 @@ def sites(
     from ..core.io import load_model
     from ..core.sites import sites_table
 
+    status(f"loading {model_dir} ...")
     model = load_model(model_dir, **device_dtype(device, dtype))
     rows = sites_table(model)
     family = getattr(model.config, "model_type", None) or type(model).__name__
@@ -84,9 +85,11 @@ def prune(
         raise HeadpruneError("give the heads to remove with --drop; e.g. --drop \'{\"encoder.0.self\": [0, 3]}\'")
     dropped = no_repeated_heads(json_arg(drop, "--drop"), "--drop")
     check_output_dir(output)  # refused before any work; save_pruned checks again and writes atomically
+    status(f"loading {model_dir} ...")
     model = load_model(model_dir, **device_dtype(device, dtype))
     before = sum(p.numel() for p in model.parameters())
     groups = kv_groups(model)
+    status("removing the heads (checked on a shrunk copy first) ...")
     with argument_as_flag("dropped", "--drop"):
         prune_heads(model, dropped, verify=not no_verify)
     factor, worst, worst_factor, cached, was = kv_growth(dropped, groups)
@@ -95,6 +98,7 @@ def prune(
                    f"{cached} key/value heads cached instead of {was}); keep the same query heads in every key/value "
                    "group (compress --gqa uniform) to avoid it", err=True)
     after = sum(p.numel() for p in model.parameters())
+    status(f"saving {output} ...")
     save_pruned(model, output, tokenizer=load_tokenizer(model_dir))  # complete, or no output at all
     typer.echo(f"pruned {model_dir} -> {output}: {before:,} -> {after:,} parameters ({after / before:.1%})")
 

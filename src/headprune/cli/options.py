@@ -76,6 +76,15 @@ def show_progress(quiet: bool, forced: bool, stream=None) -> bool:
     return bool(isatty and isatty())
 
 
+def status(message: str, stream=None) -> None:
+    """One line of progress on stderr (``loading ...``) when it is a terminal, so a step that takes seconds does
+    not look hung; nothing into a pipe or a file, where output is read, not watched."""
+    stream = sys.stderr if stream is None else stream
+    isatty = getattr(stream, "isatty", None)
+    if isatty and isatty():
+        print(f"headprune: {message}", file=stream, flush=True)
+
+
 @dataclasses.dataclass
 class Flags:
     """A group of flags: subclasses declare ``name: type = dataclasses.field(default=typer.Option(...))``."""
@@ -190,6 +199,7 @@ def load_model_dir(model_dir: Path, task: str | None = None, device: str | None 
 
     if task is not None:
         check_task(task)
+    status(f"loading {model_dir} ...")
     model = load_model(model_dir, **device_dtype(device, dtype))
     if task is not None:
         check_model(task, model, str(model_dir))
@@ -211,9 +221,10 @@ def check_checkpoint(model_dir: Path, task: str) -> None:
     """:func:`headprune.evaluation.build.check_model` from ``config.json`` alone (no weights loaded)."""
     import transformers
 
+    from ..core.checkpoint import hf_config
     from ..evaluation.build import check_model
 
-    config = transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True)
+    config = hf_config(Path(model_dir))
     arch = (getattr(config, "architectures", None) or [None])[0]
     cls = getattr(transformers, arch, None) if isinstance(arch, str) else None
     if isinstance(cls, type):

@@ -59,9 +59,10 @@ def ablate(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: P
     settings = sweep.settings()
     t = TaskSetup(model_dir, task, flags)
     ev = t.on(data, data2)
-    report = run_ablation(t.model, ev, output, signature=run_signature(model_dir, task, data, data2, ev, sweep.seed, flags),
-                          sites=sweep.site_list(), settings=settings, fresh=fresh,
-                          progress=show_progress(quiet, progress))
+    with in_cli_terms():  # e.g. n_resamples too few for the sweep: named as --resamples
+        report = run_ablation(t.model, ev, output, signature=run_signature(model_dir, task, data, data2, ev, sweep.seed, flags),
+                              sites=sweep.site_list(), settings=settings, fresh=fresh,
+                              progress=show_progress(quiet, progress))
     echo_headline(output, report)
 
 
@@ -94,8 +95,9 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
                                    **({"--choose-data2": content_sha256(choose_data2)} if choose_data2 else {})})
         if choose_split:
             sig.update(choose_split=choose_split)
-    report = run_all_but_one(t.model, ev, output, choose_on=choose, signature=sig, sites=sweep.site_list(),
-                             settings=settings, fresh=fresh, progress=show_progress(quiet, progress))
+    with in_cli_terms():  # e.g. n_resamples too few for the sweep: named as --resamples
+        report = run_all_but_one(t.model, ev, output, choose_on=choose, signature=sig, sites=sweep.site_list(),
+                                 settings=settings, fresh=fresh, progress=show_progress(quiet, progress))
     echo_headline(output, report)
 
 
@@ -122,8 +124,9 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
            **({"split_b": split_b} if split_b else {})}
     sig["data_sha256"].update({"--data-b": content_sha256(data_b),
                                **({"--data2-b": content_sha256(data2_b)} if data2_b else {})})
-    report = run_cross_domain(t.model, ev_a, ev_b, output, names=pair, signature=sig, sites=sweep.site_list(),
-                              settings=settings, fresh=fresh, progress=show_progress(quiet, progress))
+    with in_cli_terms():  # e.g. n_resamples too few for the sweep: named as --resamples
+        report = run_cross_domain(t.model, ev_a, ev_b, output, names=pair, signature=sig, sites=sweep.site_list(),
+                                  settings=settings, fresh=fresh, progress=show_progress(quiet, progress))
     echo_headline(output, report)
 
 

@@ -6,17 +6,20 @@ the same command resumes after the newest one.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import typer
 
 from ..errors import ConfigError
 from ..train.settings import ClassifierTrainSettings, TranslationTrainSettings
-from .app import app, friendly
+from .app import App, app, friendly
 from .dataflags import in_cli_terms, parse_label_map, split_option
 from .options import LABEL, PAIR, SRC, TEXT, TGT, column
 
-train_app = typer.Typer(no_args_is_help=True, help="Fine-tune a classifier or train a translation model.")
+train_app = App(no_args_is_help=True, help="Fine-tune a classifier or train a translation model.")
 app.add_typer(train_app, name="train")
 
 _C, _T, _I = ClassifierTrainSettings(), TranslationTrainSettings(), TranslationTrainSettings.iwslt()  # defaults
@@ -31,6 +34,22 @@ SEED = typer.Option(0, "--seed", help="Seed of the initial weights (the new head
                     "and of the batch order and dropout of every epoch.")
 LIMIT = typer.Option(None, "--limit", help="Only the first N training examples (default: all).")
 OUT = typer.Option(..., "-o", "--output", help="Output directory (epoch-k checkpoints, final/, train_log.jsonl).")
+
+
+# settings field -> the flag that sets it (a refused value is named as typed)
+FLAGS = {"epochs": "--epochs", "batch_size": "--batch-size", "lr": "--lr", "max_length": "--max-length",
+         "attention_heads": "--heads", "d_model": "--d-model", "ffn_dim": "--ffn-dim", "vocab_size": "--vocab-size",
+         "warmup_steps": "--warmup-steps", "encoder_layers": "--layers", "decoder_layers": "--layers", "seed": "--seed"}
+
+
+@contextmanager
+def _flag_terms() -> Iterator[None]:
+    """A settings error (``ClassifierTrainSettings.epochs=0; ...``) re-raised naming the flag (``--epochs 0``)."""
+    try:
+        yield
+    except ConfigError as err:
+        text = re.sub(r"\b\w+TrainSettings\.(\w+)=", lambda m: f"{FLAGS[m[1]]} " if m[1] in FLAGS else m[0], str(err))
+        raise ConfigError(text) from err
 
 
 def _options(**values) -> dict:
@@ -59,13 +78,12 @@ def _threads(threads: int | None) -> None:
 
 def _check_positions(model_dir: Path, max_length: int) -> None:
     """``--max-length`` within the pretrained model's position table (from its config alone)."""
-    import transformers
-
+    from ..core.checkpoint import hf_config
     from ..evaluation.build import position_limit
 
     if not (Path(model_dir) / "config.json").is_file():
         return  # the loader names a directory without a model
-    positions = position_limit(transformers.AutoConfig.from_pretrained(model_dir, local_files_only=True))
+    positions = position_limit(hf_config(Path(model_dir)))
     if positions is not None and max_length > positions:
         raise ConfigError(f"--max-length {max_length}; allowed: an integer 2..{positions} (the model has "
                           f"{positions} positions)")
@@ -99,8 +117,9 @@ def classifier(
 
     cols = dict(text_column=column(text_column), text_pair_column=column(text_pair_column),
                 label_column=column(label_column))
-    settings = ClassifierTrainSettings(**_options(epochs=epochs, batch_size=batch_size, lr=lr, max_length=max_length),
-                                       seed=seed)
+    with _flag_terms():
+        settings = ClassifierTrainSettings(**_options(epochs=epochs, batch_size=batch_size, lr=lr,
+                                                      max_length=max_length), seed=seed)
     if max_length is not None:
         _check_positions(model_dir, max_length)
     mapping = _label_map(label_map)
@@ -175,8 +194,9 @@ def translation(
                          d_model=d_model, ffn_dim=ffn_dim, vocab_size=vocab_size, warmup_steps=warmup_steps)
     if layers is not None:
         overrides.update(encoder_layers=layers, decoder_layers=layers)
-    settings = (TranslationTrainSettings.iwslt(**overrides, seed=seed) if preset == "iwslt"
-                else TranslationTrainSettings(**overrides, seed=seed))
+    with _flag_terms():
+        settings = (TranslationTrainSettings.iwslt(**overrides, seed=seed) if preset == "iwslt"
+                    else TranslationTrainSettings(**overrides, seed=seed))
     cols = dict(source_column=column(source_column), target_column=column(target_column))
     with in_cli_terms("--data"):
         train = load_parallel(data, data2, **cols, limit=limit, split=split)

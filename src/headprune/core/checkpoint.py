@@ -42,6 +42,7 @@ from transformers.utils import logging as hf_logging
 
 from ..errors import ConfigError, DataError, PlanError, UnsupportedModelError
 from .biases import add_zero_biases, added_biases
+from .loading import tied_keys
 from .neurons import cut_neurons, neurons_to_drop
 from .records import KEPT_KEY, KEPT_NEURONS_KEY, LEGACY_KEYS, ORIGINAL_KEY, ORIGINAL_NEURONS_KEY
 from .surgery import cut_heads, heads_to_drop
@@ -103,6 +104,17 @@ def read_config(path: Path) -> dict:
         raise UnsupportedModelError(f"model directory {str(path)!r}: model_type {model_type!r} is not one "
                                     f"transformers {transformers.__version__} knows")
     return raw
+
+
+def hf_config(path: Path):
+    """transformers' config of the directory ``path`` after :func:`read_config`'s checks; a config transformers
+    refuses is one typed line naming the directory."""
+    read_config(path)
+    try:
+        return transformers.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        raise UnsupportedModelError(f"config.json in {str(path)!r} cannot be loaded by transformers "
+                                    f"{transformers.__version__}: {str(e).strip().splitlines()[0]}") from None
 
 
 def pruned_record(raw: dict, path: Path) -> tuple[dict | None, dict | None]:
@@ -245,9 +257,9 @@ def from_pretrained_pruned(cls: type, path: Path, config, kept: dict, original: 
     afterwards. transformers re-creates non-persistent buffers it does not know (RepeatHeads'
     index) empty: those of headprune's modules are put back from the freshly built skeleton.
 
-    Weights of the wrong shape always raise :class:`PlanError`; missing or unexpected ones too when
-    ``strict`` (not when the caller chose another class, e.g. the base model of a checkpoint with a
-    head: then transformers' own load report says what was dropped or initialised).
+    Weights of the wrong shape or missing (newly initialised) always raise :class:`PlanError`;
+    unexpected ones too when ``strict`` (not when the caller chose another class, e.g. the base model
+    of a checkpoint with a head: then transformers' own load report says what was dropped).
     """
     config = copy.deepcopy(config)  # the caller's stays untouched
     neurons = tuple(getattr(config, key, None) for key in (KEPT_NEURONS_KEY, ORIGINAL_NEURONS_KEY))
@@ -275,9 +287,10 @@ def from_pretrained_pruned(cls: type, path: Path, config, kept: dict, original: 
             model.get_buffer(name).copy_(value)
     if hasattr(model.config, MARKER_KEY):
         delattr(model.config, MARKER_KEY)
-    misfit = {"wrong shape": sorted(f"{k} {tuple(a)} vs {tuple(b)}" for k, a, b in info["mismatched_keys"])}
+    misfit = {"wrong shape": sorted(f"{k} {tuple(a)} vs {tuple(b)}" for k, a, b in info["mismatched_keys"]),
+              "missing": sorted(set(info["missing_keys"]) - tied_keys(model, set(info["missing_keys"])))}  # newly initialised: refused whatever the class
     if strict:
-        misfit.update(missing=sorted(info["missing_keys"]), unexpected=sorted(info["unexpected_keys"]))
+        misfit.update(unexpected=sorted(info["unexpected_keys"]))
     misfit = {k: v for k, v in misfit.items() if v}
     if misfit or info["error_msgs"]:
         detail = "; ".join(f"{k} {v[:3]}{' ...' if len(v) > 3 else ''}" for k, v in misfit.items())

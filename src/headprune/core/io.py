@@ -16,8 +16,8 @@ import torch
 import transformers
 from torch import nn
 
-from ..errors import ConfigError, UnsupportedModelError
-from .checkpoint import check_output_dir
+from ..errors import ConfigError, DataError, HeadpruneError, UnsupportedModelError
+from .checkpoint import check_output_dir, read_config
 from .gguf import is_gguf, load_gguf, load_gguf_tokenizer
 from .quiet import transformers_bars_off
 from .records import KEPT_KEY, KEPT_NEURONS_KEY, config_record
@@ -30,7 +30,7 @@ __all__ = ["save_pruned", "load_pruned", "load_model", "load_tokenizer", "check_
 @transformers_bars_off()
 def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | str | None = None,
                 device: torch.device | str | None = None, attn_implementation: str | None = None,
-                verify: bool = True, device_map: str | dict | None = None) -> nn.Module:
+                verify: bool = True, device_map: str | dict | None = None, new_head: bool = False) -> nn.Module:
     """Load a model written by :func:`save_pruned` (or any local Hugging Face directory), in eval mode.
 
     ``model_class`` defaults to the config's first architecture (e.g. ``BertForSequenceClassification``);
@@ -42,9 +42,13 @@ def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
     plain ``from_pretrained`` with these arguments. Custom code (``auto_map``) and quantized models
     are refused. A pruned model is then checked like one about to be pruned (:mod:`.verify`: the
     family may not be exact under this environment's transformers); ``verify=False`` skips that.
+    Weights that leave any parameter newly initialised (missing from the checkpoint, or of another shape:
+    e.g. a config over another model's weights, a classifier without its head) are refused with a typed
+    error naming the keys (:mod:`.loading`); ``new_head=True`` allows a fresh head outside the base model
+    (to fine-tune a headless encoder), and evaluation then refuses to report its accuracy.
     """
     model = read_pruned(path, model_class=model_class, dtype=dtype, device=device,
-                        attn_implementation=attn_implementation, device_map=device_map)
+                        attn_implementation=attn_implementation, device_map=device_map, new_head=new_head)
     give_removed_sites_calls(model)  # from its config.json; computed from the model for older directories
     if verify and config_record(model.config, KEPT_KEY):
         units = ("heads", "neurons") if config_record(model.config, KEPT_NEURONS_KEY) else ("heads",)
@@ -56,9 +60,11 @@ def load_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
 
 
 def load_model(model_dir: str | Path, *, model_class: type | None = None, device: torch.device | str | None = None,
-               dtype: torch.dtype | str | None = None, device_map: str | dict | None = None) -> nn.Module:
+               dtype: torch.dtype | str | None = None, device_map: str | dict | None = None,
+               new_head: bool = False) -> nn.Module:
     """A model from a local directory: pruned ones get their kept heads replayed; eval mode; the saved dtype
-    unless ``dtype``; on ``device`` (default CPU) or spread by ``device_map`` (see :func:`load_pruned`).
+    unless ``dtype``; on ``device`` (default CPU) or spread by ``device_map``; weights that leave a parameter
+    newly initialised refused unless ``new_head`` allows a fresh head (see :func:`load_pruned`).
     A path ending in ``.gguf`` is a GGUF file, loaded through transformers' GGUF reader (:mod:`.gguf`)."""
     if is_gguf(model_dir):
         if device_map is not None:
@@ -67,12 +73,16 @@ def load_model(model_dir: str | Path, *, model_class: type | None = None, device
                                         if dtype is not None else {}))
         return model.to(device) if device is not None else model
     path = Path(model_dir)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"model directory {str(path)!r} is a file, not a directory; expected a local Hugging "
+                          "Face model directory (config.json + weights) or a .gguf file")
     if not path.is_dir():
         raise ConfigError(f"model directory {str(path)!r} does not exist; expected a local Hugging Face model "
                           "directory (config.json + weights)")
     if not (path / "config.json").is_file():
         raise ConfigError(f"model directory {str(path)!r} has no config.json")
-    return load_pruned(path, model_class=model_class, device=device, dtype=dtype, device_map=device_map).eval()
+    return load_pruned(path, model_class=model_class, device=device, dtype=dtype, device_map=device_map,
+                       new_head=new_head).eval()
 
 
 def load_tokenizer(model_dir: str | Path):
@@ -85,6 +95,8 @@ def load_tokenizer(model_dir: str | Path):
     path = Path(model_dir)
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "spiece.model")):
         return None
+    if (path / "config.json").is_file():
+        read_config(path)  # AutoTokenizer reads it too: its faults are named as the config's, not the tokenizer's
     settings = path / "tokenizer_config.json"
     if settings.is_file():
         try:
@@ -94,4 +106,11 @@ def load_tokenizer(model_dir: str | Path):
         if custom:
             raise UnsupportedModelError(f"tokenizer in {str(path)!r} needs custom code (tokenizer_config.json "
                                         "auto_map); headprune never runs code from a model directory")
-    return AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    except HeadpruneError:
+        raise
+    except Exception as e:  # noqa: BLE001  # a tokenizer file that transformers or tokenizers cannot read
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise DataError(f"tokenizer in {str(path)!r} cannot be loaded ({type(e).__name__}: {first}); "
+                        "save a working tokenizer beside the model (tokenizer.save_pretrained(dir))") from None

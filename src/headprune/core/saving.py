@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 import transformers
 from torch import nn
+from transformers.utils import logging as hf_logging
 
-from ..errors import ConfigError, DataError, HeadpruneError, PlanError, UnsupportedModelError
+from ..errors import ConfigError, HeadpruneError, PlanError
 from ..provenance import __version__
 from .calls import template_from_record
 from .checkpoint import (
@@ -32,10 +33,12 @@ from .checkpoint import (
     check_output_dir,
     finish_layout,
     from_pretrained_pruned,
+    hf_config,
     pruned_record,
     read_config,
     weight_files,
 )
+from .loading import check_load_report, load_failure
 from .quiet import transformers_bars_off
 from .records import CALLS_KEY, KEPT_KEY, LAYOUT_KEY, VERSION_KEY, config_record
 from .runtime import give_calls
@@ -110,9 +113,11 @@ def _first_line(e: BaseException) -> str:
 
 def read_pruned(path: str | Path, *, model_class: type | None = None, dtype: torch.dtype | str | None = None,
                 device: torch.device | str | None = None, attn_implementation: str | None = None,
-                device_map: str | dict | None = None) -> nn.Module:
+                device_map: str | dict | None = None, new_head: bool = False) -> nn.Module:
     """Load a model written by :func:`save_pruned` (or any local Hugging Face directory), in eval mode,
     without checking that its pruned family runs exactly here (:func:`headprune.load_pruned` checks).
+    Weights that leave a parameter newly initialised are refused (:mod:`.loading`), except, with
+    ``new_head``, a fresh head outside the base model of an unpruned directory.
 
     ``model_class`` defaults to the config's first architecture (e.g. ``BertForSequenceClassification``);
     ``dtype`` and ``attn_implementation`` default to what the model was saved with; ``device``
@@ -124,13 +129,8 @@ def read_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
     are refused.
     """
     path = Path(path)
-    raw = read_config(path)
-    kept, original = pruned_record(raw, path)
-    try:
-        config = transformers.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
-    except (ValueError, KeyError, TypeError, OSError) as e:
-        raise UnsupportedModelError(f"config.json in {str(path)!r} cannot be loaded by transformers "
-                                    f"{transformers.__version__}: {str(e).strip().splitlines()[0]}") from None
+    kept, original = pruned_record(read_config(path), path)
+    config = hf_config(path)
     cls = model_class or _architecture(config, path)
     if not (isinstance(cls, type) and issubclass(cls, transformers.PreTrainedModel)):
         raise ConfigError(f"model_class={cls!r}; allowed: a transformers PreTrainedModel class")
@@ -148,10 +148,7 @@ def read_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
         model = from_pretrained_pruned(cls, path, config, kept, original, weights, strict=model_class is None,
                                        **kwargs)
     else:
-        try:
-            model = cls.from_pretrained(path, config=config, **kwargs)  # type: ignore[attr-defined]  # checked above
-        except OSError as e:  # no weights file transformers knows
-            raise DataError(f"cannot load weights from {str(path)!r}: {str(e).strip().splitlines()[0]}") from None
+        model = _plain(cls, path, config, new_head=new_head, **kwargs)
     if hasattr(model.config, LAYOUT_KEY):  # said why it was saved so; not part of the model
         delattr(model.config, LAYOUT_KEY)
     record = config_record(model.config, CALLS_KEY) or {}
@@ -159,6 +156,25 @@ def read_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
     if device is not None:
         model.to(device)
     return model.eval()
+
+
+def _plain(cls: type, path: Path, config, *, new_head: bool, **kwargs) -> nn.Module:
+    """``cls.from_pretrained`` of an unpruned directory, held to its load report (:mod:`.loading`); what
+    transformers raises on a bad directory is one typed line. transformers' own report is not printed:
+    a misfit is refused instead."""
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        # a tensor of another shape is reported (mismatched_keys) and refused below, naming it and both shapes
+        model, info = cls.from_pretrained(path, config=config, output_loading_info=True, ignore_mismatched_sizes=True,
+                                          **kwargs)
+    except HeadpruneError:
+        raise
+    except Exception as e:  # noqa: BLE001  # transformers, torch or safetensors refusing the directory
+        raise load_failure(e, path) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    return check_load_report(model, info, path, new_head=new_head)
 
 
 def _architecture(config, path: Path) -> type:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core.loading import new_head_keys
 from ..core.masking import masked
 from ..errors import ConfigError, DataError
 
@@ -45,6 +46,16 @@ class EvalResult:
 
 def mask_context(model, mask: Mapping[str, torch.Tensor] | None):
     return nullcontext() if mask is None else masked(model, mask)
+
+
+def check_trained(model, where: str) -> None:
+    """Refuse to score a model loaded with a fresh head (``new_head=True``): its accuracy would be a random
+    head's, reported as the trained model's."""
+    fresh = new_head_keys(model)
+    if fresh:
+        raise ConfigError(f"{where}: the model was loaded with a new, untrained head ({', '.join(fresh[:3])}"
+                          f"{' ...' if len(fresh) > 3 else ''}); allowed: a trained model (fine-tune it first, "
+                          "e.g. headprune train classifier)")
 
 
 def check_strings(name: str, values: Any) -> list[str]:

@@ -15,7 +15,7 @@ from ..checks import check_int
 from ..core.devices import input_device, to_device
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
-from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
+from .base import EvalResult, check_finite, check_strings, check_trained, check_unbatched, mask_context
 from .batching import Batches, length_buckets, pad_rows
 from .data import ClassificationData, check_limit, encode_labels
 from .metrics import accuracy_from_confusion, confusion_matrix, f1_from_confusion, matthews_from_confusion
@@ -100,6 +100,7 @@ class Classification:
     def evaluate(self, model, mask: Mapping[str, torch.Tensor] | None = None, *, progress: bool = False,
                  limit: int | None = None) -> EvalResult:
         check_unbatched(mask, "Classification.evaluate")
+        check_trained(model, "Classification.evaluate")
         if type(model).__name__.endswith(GENERATIVE):
             raise ConfigError(f"Classification.evaluate: {type(model).__name__} is a generative model; allowed: a "
                               "sequence classification model (e.g. BertForSequenceClassification)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import csv
 import gzip
 import json
@@ -42,31 +43,94 @@ def check_file(path: str | Path) -> Path:
     return path
 
 
-def _utf8_sig(encoding: str) -> str:
-    # GLUE's MRPC files start with a byte-order mark; 'utf-8-sig' drops it and reads plain UTF-8 alike
-    return "utf-8-sig" if encoding.lower().replace("-", "").replace("_", "") == "utf8" else encoding
+BOMS = ((b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"), (b"\xef\xbb\xbf", "utf-8-sig"),
+        (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))  # longest first: UTF-32-LE starts like UTF-16-LE
+
+
+def _is_utf8(encoding: str) -> bool:
+    return encoding.lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")
+
+
+def _raw(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def file_encoding(path: Path, encoding: str) -> str:
+    """The encoding to read ``path`` with: for UTF-8 (the default), a byte-order mark decides (UTF-8 with or
+    without one; UTF-16 or UTF-32 by theirs); any other encoding is the caller's."""
+    if not _is_utf8(encoding):
+        return encoding
+    try:
+        with _raw(path) as handle:
+            start = handle.read(4)
+    except (gzip.BadGzipFile, EOFError, zlib.error):
+        return "utf-8-sig"  # the text read reports the broken gzip file
+    return next((name for bom, name in BOMS if start.startswith(bom)), "utf-8-sig")
+
+
+def _decode_error(path: Path, encoding: str) -> str:
+    """Where ``path`` stops being ``encoding`` (byte offset, line, the byte) and what it looks like instead."""
+    decoder = codecs.getincrementaldecoder(encoding)()
+    offset, lines, head = 0, 1, b""
+    with _raw(path) as handle:
+        while block := handle.read(1 << 20):
+            head = head or block[:4096]
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as err:
+                bad = block[err.start]
+                lines += block[:err.start].count(b"\n")
+                where = f"byte 0x{bad:02x} at offset {offset + err.start}, line {lines}"
+                break
+            offset, lines = offset + len(block), lines + block.count(b"\n")
+        else:
+            where = "the file ends inside a character"
+    return f"{where}; no byte-order mark){_hint(head)}"
+
+
+def _hint(head: bytes) -> str:
+    """What to pass for a file that is not the encoding read: UTF-16 without its mark when every other byte
+    of ``head`` (the file's first bytes) is NUL, else an 8-bit code page as an example."""
+    zeros = (head[1::2].count(0), head[0::2].count(0))
+    if len(head) >= 4 and max(zeros) > len(head) // 4:  # ASCII text in UTF-16: every other byte NUL
+        name = "utf-16-le" if zeros[0] > zeros[1] else "utf-16-be"
+        return (f"; it looks like {name.upper()} without a byte-order mark; pass encoding= with the file's encoding, "
+                f"e.g. encoding='{name}'")
+    return "; pass encoding= with the file's encoding, e.g. encoding='cp1252'"
+
+
+def _no_nul(path: Path, line: str, number: int) -> str:
+    """``line`` of a text file; a NUL character (never in text: UTF-16 read as UTF-8) is refused."""
+    if "\x00" in line:
+        with _raw(path) as handle:
+            head = handle.read(4096)
+        raise DataError(f"file {describe(path)} line {number} holds NUL bytes, so it is not UTF-8 text{_hint(head)}")
+    return line
 
 
 def iter_lines(path: str | Path, encoding: str = "utf-8") -> Iterator[str]:
-    """Lines of a text file (gzip if the name ends in .gz), newlines kept; read errors -> DataError."""
+    """Lines of a text file (gzip if the name ends in .gz), newlines kept; read errors -> DataError. UTF-8 is
+    read with or without a byte-order mark, and a UTF-16 or UTF-32 file by its mark (:func:`file_encoding`)."""
     path = check_file(path)
     if path.is_dir():
         raise DataError(f"{describe(path)} is a directory; expected a text file")
     try:
-        if path.suffix == ".gz":
-            handle = gzip.open(path, "rt", encoding=_utf8_sig(encoding), newline="")
-        else:
-            handle = open(path, encoding=_utf8_sig(encoding), newline="")
+        codecs.lookup(encoding)
     except LookupError as err:
         raise DataError(f"encoding={encoding!r} is not a known text encoding (e.g. 'utf-8', 'latin-1')") from err
+    used = file_encoding(path, encoding)
+    if path.suffix == ".gz":
+        handle = gzip.open(path, "rt", encoding=used, newline="")
+    else:
+        handle = open(path, encoding=used, newline="")
     with handle:
         try:
-            yield from handle
+            for number, line in enumerate(handle, start=1):
+                yield _no_nul(path, line, number) if _is_utf8(used) else line
         except UnicodeDecodeError as err:
-            raise DataError(
-                f"file {describe(path)} is not valid {encoding} text ({err.reason} at byte {err.start}); "
-                "pass encoding= with the file's encoding, e.g. encoding='latin-1'"
-            ) from err
+            name = "UTF-8" if _is_utf8(used) else used
+            raise DataError(f"file {describe(path)} is not valid {name} text ({err.reason}: "
+                            f"{_decode_error(path, used)}") from err
         except (gzip.BadGzipFile, EOFError, zlib.error) as err:
             raise DataError(f"file {describe(path)} ends in .gz but is not a readable gzip file: {err}") from err
 
@@ -91,13 +155,43 @@ def table_format(path: Path) -> str:
     return TABLE_SUFFIXES[suffix.lower()]
 
 
-def _numbered(reader: Any, path: Path) -> Iterator[tuple[int, list[str]]]:
-    try:
-        for row in reader:
-            if row and any(field.strip() for field in row):  # blank lines carry no example
-                yield reader.line_num, row
-    except csv.Error as err:
-        raise DataError(f"file {describe(path)} line {reader.line_num}: malformed row ({err})") from err
+FIELD_LIMIT = 2**31 - 1  # csv's own default (131,072 characters) refuses long but valid fields
+
+
+def _tab_rows(path: Path, encoding: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number, fields) of a TSV: one line one row, tab-separated, quote characters kept as they are
+    (GLUE's files hold unbalanced quotes, MRPC) and fields of any length."""
+    for number, line in enumerate(iter_lines(path, encoding), start=1):
+        row = line.rstrip("\r\n").split("\t")
+        if any(f.strip() for f in row):  # blank lines carry no example
+            yield number, row
+
+
+def _csv_rows(path: Path, encoding: str) -> Iterator[tuple[int, list[str]]]:
+    """(line number where the row starts, fields) of a CSV. A quoted field may hold line breaks; one whose
+    quote never closes is refused at the line it opens, not blamed on a later line that looks short."""
+    reader = csv.reader(iter_lines(path, encoding))
+    width = None
+    while True:
+        start = reader.line_num + 1
+        limit = csv.field_size_limit(FIELD_LIMIT)  # raised only while csv reads a row: no process-wide change
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:
+            raise DataError(f"file {describe(path)} line {start}: malformed row ({err})") from err
+        finally:
+            csv.field_size_limit(limit)
+        if not (row and any(f.strip() for f in row)):
+            continue
+        width = len(row) if width is None else width
+        spans = reader.line_num > start and any("\n" in f or "\r" in f for f in row)
+        if spans and (len(row) != width or row[-1].endswith(("\n", "\r"))):
+            raise DataError(f"file {describe(path)} line {start}: a quoted field opens on this line and its quote is "
+                            f"not closed (the row runs to line {reader.line_num} with {len(row)} fields instead of "
+                            f"{width}); close the quote, or write a quote inside a quoted field as \"\"")
+        yield start, row
 
 
 _COLA_MARK = re.compile(r"^[*?#]*$")
@@ -111,11 +205,7 @@ def looks_like_cola(rows: list[list[str]]) -> bool:
 
 
 def read_delimited(path: Path, fmt: str, *, encoding: str, header: bool | None, by_position: bool) -> Table:
-    if fmt == "tsv":  # GLUE TSVs hold unbalanced quote characters (MRPC): never treat quotes specially
-        reader = csv.reader(iter_lines(path, encoding), delimiter="\t", quoting=csv.QUOTE_NONE)
-    else:
-        reader = csv.reader(iter_lines(path, encoding))
-    rows = _numbered(reader, path)
+    rows = _tab_rows(path, encoding) if fmt == "tsv" else _csv_rows(path, encoding)
     peek = list(islice(rows, 5))  # [(line number, fields)]
     if not peek:
         raise DataError(f"file {describe(path)} is empty")
@@ -123,6 +213,11 @@ def read_delimited(path: Path, fmt: str, *, encoding: str, header: bool | None, 
         header = not by_position and not looks_like_cola([r for _, r in peek])
     width = len(peek[0][1])
     columns = [c.strip() for c in peek[0][1]] if header else [str(i) for i in range(width)]
+    repeated = next((c for i, c in enumerate(columns) if c and c in columns[:i]), None)
+    if repeated is not None:
+        where = [i for i, c in enumerate(columns) if c == repeated]
+        raise DataError(f"file {describe(path)} line {peek[0][0]}: the header names column {repeated!r} twice "
+                        f"(positions {', '.join(map(str, where))}); allowed: one column per name (rename one)")
     head_rows = peek[1:] if header else peek
     return Table(str(path), columns, list(range(width)), header, chain(head_rows, rows))
 

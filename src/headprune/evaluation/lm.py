@@ -13,7 +13,7 @@ from ..core.devices import input_device, to_device
 from ..core.inputs import token_cross_entropy
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
-from .base import EvalResult, check_finite, check_unbatched, mask_context
+from .base import EvalResult, check_finite, check_trained, check_unbatched, mask_context
 from .batching import Batches
 from .metrics import perplexity
 
@@ -69,6 +69,7 @@ class LanguageModelling:
     def evaluate(self, model, mask: Mapping[str, torch.Tensor] | None = None, *, progress: bool = False,
                  limit: int | None = None) -> EvalResult:
         check_unbatched(mask, "LanguageModelling.evaluate")
+        check_trained(model, "LanguageModelling.evaluate")
         model.eval()
         start = time.perf_counter()
         batches = list(self.batches(limit=limit))

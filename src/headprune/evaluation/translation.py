@@ -27,7 +27,7 @@ from ..core.inputs import token_cross_entropy
 from ..distributed import gather, reduce_arrays, shard, spread
 from ..errors import ConfigError, DataError
 from ..extras import require
-from .base import EvalResult, check_finite, check_strings, check_unbatched, mask_context
+from .base import EvalResult, check_finite, check_strings, check_trained, check_unbatched, mask_context
 from .batching import Batches, length_buckets, pad_rows
 from .data import ParallelData, check_limit
 from .metrics import bleu_statistics
@@ -122,6 +122,7 @@ class Translation:
         BLEU, CHRF = metrics.BLEU, metrics.CHRF
 
         _check(model, mask, "Translation.evaluate")
+        check_trained(model, "Translation.evaluate")
         for name, p in model.named_parameters():  # generate turns NaN into plausible-looking tokens
             check_finite(p.detach(), f"parameter {name}")
         check_limit(limit)

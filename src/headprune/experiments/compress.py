@@ -122,8 +122,9 @@ def _heads_results(done: _Done) -> None:
     headline = [
         *kept_rows(metric, before.score, after.score, size, counts=("heads",),
                    shares=(("model FLOPs", "flops"), ("attention FLOPs", "attention_flops"), ("parameters", "params"))),
-        ["KV cache per token", f"{size['before']['kv_cache_bytes_per_token']:,} -> "
-                               f"{size['after']['kv_cache_bytes_per_token']:,} bytes"],
+        *([["KV cache per token", f"{size['before']['kv_cache_bytes_per_token']:,} -> "
+                                  f"{size['after']['kv_cache_bytes_per_token']:,} bytes"]]
+          if size["before"]["kv_cache_bytes_per_token"] else []),  # an encoder caches nothing: no "0 -> 0"
         ["compression time", f"{result.seconds['total']:.1f} s"]]
     if result.calib_loss:  # which stages the guard kept: a rejected stage leaves the model as the one before
         headline.append(["stages", ", ".join(f"{k} {'rejected' if k in result.rejected else 'kept'}"
@@ -131,7 +132,7 @@ def _heads_results(done: _Done) -> None:
     if speed is not None:
         up = speed.speedups[0]
         headline.append([f"speed-up at batch {bench_batch} (FLOP limit {up['flop_limit']:.2f}x)",
-                         f"{up['measured']:.2f}x" + (" (noisy)" if up.get("noisy") else "")])
+                         "noisy: not readable (compress.json keeps it)" if up.get("noisy") else f"{up['measured']:.2f}x"])
     sig = run.signature
     run.write_json("results.json", {
         "title": f"Compressed with {settings.method} ({_budget(settings)})", "experiment": "compress",

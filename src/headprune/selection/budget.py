@@ -58,7 +58,7 @@ def budget_heads(
         n_keep = total - budget.count_removed(total)
         if n_keep < floor:
             raise ConfigError(f"n_keep={n_keep} is below what min_per_site={min_per_site} keeps ({floor} heads); "
-                              f"allowed: n_keep >= {floor} or a smaller min_per_site")
+                              f"allowed: n_keep >= {floor} or a smaller min_per_site=")
         return lowest_heads(pool, n_heads=total - n_keep, min_per_site=min_per_site)
     return _knapsack(pool, _costs(costs, pool), flops, min_per_site)
 

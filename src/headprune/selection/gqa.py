@@ -37,6 +37,7 @@ from ..core.surgery import DroppedHeads
 from ..errors import ConfigError, KVCacheWarning
 from .budget import budget_heads
 from .budgets import Budget
+from .counts import exactly_kept
 from .lowest import lowest_heads
 
 GQA_MODES = ("uniform", "groups", "free")
@@ -68,7 +69,8 @@ def select_gqa(
     """Heads to drop ({site: sorted indices}), lowest scores first, under one budget and a GQA ``mode``.
 
     Budgets (exactly one): ``n_drop`` / ``fraction`` (heads dropped: at most that many of the pool),
-    ``keep`` / ``n_keep`` (share / count of the pool's heads kept: at least that many), ``flops``
+    ``keep`` (share of the pool's heads kept: at least that many), ``n_keep`` (exactly that
+    many heads kept, or a refusal naming the nearest counts the GQA mode can keep), ``flops``
     (share of the pool's head FLOPs kept, ``costs`` from :func:`headprune.core.cost.head_costs`), ``kv``
     (share of the pool's KV-cache bytes per token kept, ``kv_bytes`` {site: bytes per token of one
     cached key/value head} from :func:`headprune.core.kvcache.kv_head_bytes`). ``groups``: {site: [H]
@@ -99,13 +101,18 @@ def select_gqa(
         return _by_flops(pool, groups, mode, flops, costs, min_per_site)
     n = budget.count_removed(total)
     if same_per_site:
-        return _same_per_site(pool, groups, mode, n, min_per_site)
+        drop = _same_per_site(pool, groups, mode, n, min_per_site)
+        return drop if n_keep is None else exactly_kept(drop, pool, groups, (mode, _units(pool, groups, mode)), n_keep,
+                                                        min_per_site, same=True)
     if mode == "free":
         drop = lowest_heads(pool, n_heads=n, min_per_site=min_per_site)
+        drop = drop if n_keep is None else exactly_kept(drop, pool, groups, None, n_keep, min_per_site)
         warn_kv_growth(drop, groups)
         return drop
-    return _greedy(pool, _units(pool, groups, mode), lambda unit, spent: spent + len(unit[1]) <= n,
+    drop = _greedy(pool, _units(pool, groups, mode), lambda unit, spent: spent + len(unit[1]) <= n,
                    lambda unit: len(unit[1]), min_per_site)
+    return drop if n_keep is None else exactly_kept(drop, pool, groups, (mode, _units(pool, groups, mode)), n_keep,
+                                                        min_per_site)
 
 
 def kv_growth(drop: Mapping[str, Sequence[int]], groups: Groups) -> tuple[float, str | None, float, int, int]:
@@ -298,7 +305,7 @@ def _by_flops(pool, groups, mode, share, costs: HeadCosts | None, min_per_site) 
     while total > budget * (1 + 1e-12):
         if not heap:
             raise ConfigError(f"flops={share}: min_per_site={min_per_site} keeps more than that; allowed: a larger "
-                              "flops share or a smaller min_per_site")
+                              "flops= or a smaller min_per_site=")
         _, i, saved = heapq.heappop(heap)
         name = names[i]
         heads = units[name][nxt[name]]
@@ -337,7 +344,7 @@ def _by_kv(pool, groups, share, kv_bytes, min_per_site) -> dict[str, list[int]]:
                  >= min(min_per_site, pool[name].numel())]
         if not open_:
             raise ConfigError(f"kv={share}: min_per_site={min_per_site} keeps more cache than that; allowed: a larger "
-                              "kv share or a smaller min_per_site")
+                              "kv= or a smaller min_per_site=")
         name, heads = min(open_, key=lambda t: (_mean(pool[t[0]], t[1]) / price[t[0]], order[t[0]]))
         drop[name] = drop.get(name, []) + heads
         nxt[name] += 1

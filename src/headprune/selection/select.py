@@ -43,7 +43,9 @@ def select_heads(
     ``groups``: :func:`headprune.kv_groups` ``(model)``, or None for a model without grouped-query
     attention (the paper's plain head-by-head rule: :func:`headprune.lowest_heads`;
     :func:`headprune.selection.budget.budget_heads` for a FLOP budget).
+    Non-finite scores are refused.
     """
+    _check_finite(scores)
     if costs is not None and not isinstance(costs, HeadCosts):
         if not isinstance(costs, Mapping):
             raise ConfigError(f"costs: {type(costs).__name__}; allowed: HeadCosts or a mapping site -> [heads]")
@@ -51,3 +53,15 @@ def select_heads(
     return select_gqa(scores, groups, mode=gqa, n_drop=n_drop, fraction=fraction, keep=keep, n_keep=n_keep,
                       flops=flops, costs=costs, kv=kv, kv_bytes=kv_bytes, min_per_site=min_per_site, sites=sites,
                       same_per_site=same_per_site)
+
+
+def _check_finite(scores: Mapping[str, torch.Tensor]) -> None:
+    """Scores that order heads: a NaN or infinite score orders nothing (all-NaN scores would drop the first heads)."""
+    if not isinstance(scores, Mapping):
+        raise ConfigError(f"scores: {type(scores).__name__}; allowed: a mapping site -> one score per head")
+    for name, s in scores.items():
+        values = torch.as_tensor(s, dtype=torch.float64).flatten()
+        bad = (~torch.isfinite(values)).nonzero().flatten().tolist()
+        if bad:
+            raise ConfigError(f"scores[{name!r}] holds {len(bad)} non-finite values (head {bad[0]}: "
+                              f"{values[bad[0]].item()}); allowed: finite scores (rescore; a NaN score orders nothing)")

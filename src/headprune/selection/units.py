@@ -85,7 +85,7 @@ def select_units(
     budget = share * total - forced_price
     if budget < -1e-12 * total:
         raise ConfigError(f"min_per_site={min_per_site} keeps {forced_price / total:.3g} of the pool's price, more than "
-                          f"share={share}; allowed: a larger share or a smaller min_per_site")
+                          f"share={share}; allowed: a larger share= or a smaller min_per_site=")
     budget = max(budget, 0.0)
     if "heads" in ranked and "neurons" in ranked:
         keep = _enumerate(ranked["heads"], ranked["neurons"], budget)

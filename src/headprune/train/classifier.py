@@ -9,10 +9,11 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from ..checks import is_int
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, HeadpruneError
 from ..evaluation.batching import length_buckets, pad_rows
 from ..provenance import versions
 from .batching import epoch_seed
@@ -21,6 +22,35 @@ from .checks import check_stop, check_texts
 from .job import Job
 from .loop import TrainResult, fit
 from .settings import ClassifierTrainSettings
+
+
+def _pretrained_body(model_dir: str | Path, **config) -> nn.Module:
+    """The encoder of ``model_dir`` with a fresh classification head: every parameter of the body must come
+    from the checkpoint (a config over other weights is refused, :mod:`headprune.core.loading`); the new
+    head is what this module trains, so the model is not marked as holding an untrained one."""
+    from transformers.utils import logging as hf_logging
+
+    from ..core.checkpoint import read_config
+    from ..core.loading import NEW_HEAD_ATTR, check_load_report, load_failure
+    from ..core.quiet import transformers_bars_off
+
+    read_config(Path(model_dir))  # unreadable, custom code, quantized: one typed line before transformers reads it
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # transformers' "newly initialized" notice: the head is meant to be new
+    try:
+        with transformers_bars_off():
+            model, info = AutoModelForSequenceClassification.from_pretrained(
+                str(model_dir), local_files_only=True, output_loading_info=True, ignore_mismatched_sizes=True,
+                **config)  # a head for another number of labels is replaced; a body of another shape refused
+    except (HeadpruneError, OSError):
+        raise
+    except Exception as e:  # noqa: BLE001  # a config transformers cannot build, a refused pickle
+        raise load_failure(e, model_dir) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    check_load_report(model, info, model_dir, new_head=True)
+    model.__dict__.pop(NEW_HEAD_ATTR, None)
+    return model
 
 
 def finetune_classifier(
@@ -85,20 +115,22 @@ def finetune_classifier(
     if tokenizer.pad_token_id is None:
         raise ConfigError("tokenizer must have a pad token (tokenizer.pad_token_id is None)")
 
-    out = prepare_dir(output_dir)
-    fingerprint = data_fingerprint(texts, pairs, labels, label_names, n_labels)
-    resume = find_resume(out, "classifier", s, fingerprint)
-    torch.manual_seed(s.seed)
     label_kw: dict[str, Any] = {}
     if label_names is not None:
         label_kw = {"id2label": dict(enumerate(label_names)),
                     "label2id": {n: i for i, n in enumerate(label_names)}}
+    torch.manual_seed(s.seed)  # the fresh head's draw; a body the weights do not hold is refused before out exists
+    fresh = _pretrained_body(model_dir_or_model, num_labels=n_labels, **label_kw) if from_dir else None
+    out = prepare_dir(output_dir)
+    fingerprint = data_fingerprint(texts, pairs, labels, label_names, n_labels)
+    resume = find_resume(out, "classifier", s, fingerprint)
+    if resume is not None or fresh is None:
+        torch.manual_seed(s.seed)
     if resume is not None:
         cls = AutoModelForSequenceClassification if from_dir else type(model_dir_or_model)
         model = cls.from_pretrained(str(out / f"epoch-{resume[0]}"), local_files_only=True)
-    elif from_dir:
-        model = AutoModelForSequenceClassification.from_pretrained(str(model_dir_or_model),
-                                                                   num_labels=n_labels, local_files_only=True, **label_kw)
+    elif fresh is not None:
+        model = fresh
     else:
         model = model_dir_or_model
         if model.config.num_labels != n_labels:
