@@ -46,7 +46,7 @@ COMMANDS = {
                  "--min-per-site", "--seq-len", "--tgt-len", "--damping", "--max-scale", "--target", "--no-guard",
                  "--val-share", "--bench-batch", "--bench-repeats", "--no-bench", "--seed", "--val-data", "--val-data2",
                  "--val-split", "--val-limit", "--fit-limit", "--distill-epochs", "--distill-lr", "--output", "--quiet",
-                 "--progress", "--no-verify",
+                 "--progress", "--no-verify", "--multiple-of",
                  # former flags (hidden, deprecated for one release)
                  "--keep", "--keep-heads", "--flops", "--kv", "--method", "--tune-target", "--trust-unverified"],
     "cross-domain": [*TASK, *SWEEP, "--data-b", "--data2-b", "--split-b", "--names", "--output", "--fresh", "--quiet",

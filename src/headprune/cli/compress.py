@@ -92,6 +92,10 @@ def compress_command(
     bench_repeats: int = typer.Option(5, "--bench-repeats", help="Timed rounds of the speed measurement."),
     no_bench: bool = typer.Option(False, "--no-bench", help="Skip the speed measurement."),
     seed: int = typer.Option(0, "--seed", help="Seed of --scores random and of the distillation order."),
+    multiple_of: int = typer.Option(1, "--multiple-of", help="Every FFN width and attention width (heads x "
+                                    "head_dim) pruning changes is a multiple of N: 32 / 256 for llama.cpp's Q4_0 / "
+                                    "Q8_0 and K-quant blocks, 64 / 128 for GPU tiles (the budget over heads and "
+                                    "neurons; default 1: any width)."),
     val_data: str = typer.Option(None, "--val-data", help="reconstruct: validation data for its guard, disjoint from "
                                  "--calib-data and --data (default: --val-share of the calibration batches, spread "
                                  "over their lengths, is held out)."),
@@ -133,7 +137,8 @@ def compress_command(
     common = {"gqa": gqa, "same_per_site": same_per_site, "min_per_site": min_per_site,
               "seq_len": DEFAULT_SEQ_LEN if seq_len is None else seq_len, "tgt_len": tgt_len, "damping": damping,
               "max_scale": max_scale, "target": target or tune_target or "residual", "guard": not no_guard,
-              "val_share": val_share, "distill_epochs": distill_epochs, "distill_lr": distill_lr, "seed": seed}
+              "val_share": val_share, "distill_epochs": distill_epochs, "distill_lr": distill_lr, "seed": seed,
+              "multiple_of": multiple_of}
     former_given = [f for f, v in (("--keep", keep), ("--keep-heads", keep_heads), ("--flops", flops), ("--kv", kv),
                                    ("--method", method)) if v is not None]
     if former_given:

@@ -25,7 +25,7 @@ SETTING_FLAGS = {"share": "--share", "n_keep": "--n-keep", "price": "--price", "
                  "max_scale": "--max-scale", "val_share": "--val-share", "same_per_site": "--same-per-site",
                  "min_per_site": "--min-per-site", "seq_len": "--seq-len", "tgt_len": "--tgt-len",
                  "damping": "--damping", "distill_epochs": "--distill-epochs", "distill_lr": "--distill-lr",
-                 "seed": "--seed", "guard": "--no-guard"}
+                 "seed": "--seed", "guard": "--no-guard", "multiple_of": "--multiple-of"}
 FORMER_METHODS = ("ih", "fisher", "fisher+rearrange", "fisher+tune", "random")  # --method of the head plan
 POOL_METHODS = {"fisher": "none", "fisher+tune": "reconstruct", "fisher+reconstruct": "reconstruct"}
 
@@ -134,7 +134,8 @@ def settings_from_former(*, units: str, keep, keep_heads, flops, kv, method, pri
     if common["same_per_site"] and (gqa == "free" or flops is not None or kv is not None):
         raise ConfigError(f"--same-per-site with --gqa {gqa} and {', '.join(budgets)}; allowed: --gqa uniform or "
                           "groups with --keep or --keep-heads")
-    head_fields = {k: v for k, v in common.items() if k not in ("val_share", "distill_epochs", "distill_lr")}
+    head_fields = {k: v for k, v in common.items() if k not in ("val_share", "distill_epochs", "distill_lr",
+                                                                 "multiple_of")}
     with in_cli_terms():  # the former checks and messages
         CompressSettings(keep=keep, n_keep=keep_heads, flops=flops, kv=kv, method=method, **head_fields)
     if method_given:

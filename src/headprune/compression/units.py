@@ -55,6 +55,7 @@ from ..errors import ConfigError
 from ..scoring.fluctuation import channel_stats, fluctuation_scores, knapsack_scores
 from ..scoring.gradients import LossFn, mean_loss
 from ..scoring.units import unit_fisher
+from ..selection.aligned import select_aligned
 from ..selection.gqa import GQA_MODES, kv_groups
 from ..selection.units import UNITS, select_units
 from .distill import distill
@@ -87,6 +88,7 @@ class UnitSettings:
     distill_epochs: int = 0  # passes of distillation over the fit batches after the refit (0: none)
     distill_lr: float = 2e-5  # its peak learning rate (AdamW, linear decay to 0; benchmarks/distill_selection.py)
     seed: int = 0  # order of the distillation batches
+    multiple_of: int = 1  # every changed FFN / attention width a multiple of this (1: any width; selection.aligned)
 
     def __post_init__(self):
         check_share("share", self.share)
@@ -104,6 +106,7 @@ class UnitSettings:
         check_int("distill_epochs", self.distill_epochs, 0)
         check_number("distill_lr", self.distill_lr, low=0, strict=True)
         check_int("seed", self.seed, 0)
+        check_int("multiple_of", self.multiple_of, 1)
 
 
 @dataclass
@@ -203,9 +206,15 @@ def compress_pool(
                                                           tgt_len=settings.tgt_len)
     head_scores, neuron_scores, stats = _scores(model, calib, settings, costs, loss_fn, progress)
     seconds["score"] = time.perf_counter() - start
-    drop_h, drop_n, selection = select_units(head_scores, neuron_scores, costs, settings.share, units=settings.units,
-                                             groups=kv_groups(model), gqa=settings.gqa,
-                                             min_per_site=settings.min_per_site)
+    if settings.multiple_of > 1:  # every changed width a multiple of the block (selection.aligned)
+        drop_h, drop_n, selection = select_aligned(
+            head_scores, neuron_scores, costs, settings.share, multiple_of=settings.multiple_of,
+            head_dims={s.name: s.head_dim for s in find_sites(model)}, units=settings.units, groups=kv_groups(model),
+            gqa=settings.gqa, min_per_site=settings.min_per_site)
+    else:
+        drop_h, drop_n, selection = select_units(head_scores, neuron_scores, costs, settings.share,
+                                                 units=settings.units, groups=kv_groups(model), gqa=settings.gqa,
+                                                 min_per_site=settings.min_per_site)
     t = time.perf_counter()
     pruned = copy.deepcopy(model)
     stages = {"select": "kept"}
