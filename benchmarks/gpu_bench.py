@@ -7,8 +7,9 @@
 Models are built from configs with random weights (speed does not depend on the values): Llama-3.2-1B and
 Llama-3-8B shapes in bfloat16 with sdpa attention, each pruned by headprune's surgery (``prune_heads``,
 ``prune_neurons``) to remove 20/30/50% of its non-embedding parameters: the same number of query heads from
-every key/value group (the KV cache stays), FFN widths uneven across layers, every kept FFN width and
-attention width (heads x head_dim) a multiple of ``--align`` (128: GPU tensor-core tiles). Workloads: prefill
+every key/value group (the KV cache stays), chosen by headprune's one budget in whole blocks
+(``selection.aligned``, random scores; widths may differ between layers), every kept FFN width and attention
+width (heads x head_dim) a multiple of 128 (GPU tensor-core tiles). Workloads: prefill
 of 1 x 2048 and 16 x 512 tokens (the last position's logits, as generation needs), and decode of batch 1 and
 32 with a key/value cache (a 128-token prompt prefilled outside the clock, then greedy steps). The paper's
 Table 4: a BERT-base shape (12 x 12 heads), 50% of the heads removed at random (uneven, as importance
@@ -132,33 +133,27 @@ def _build(kind: str, config: dict, spec: dict, device: torch.device):
 
 
 def _llm_plan(model, fraction: float, align: int, seed: int) -> tuple[dict, dict]:
-    """(dropped heads, dropped neurons) removing about ``fraction`` of the non-embedding parameters: the same
-    number of query heads from every key/value group of every layer, FFN widths uneven across layers (pairs of
-    layers one block above and below the mean width), every kept width a multiple of ``align``."""
+    """(dropped heads, dropped neurons) from headprune's one budget over heads and neurons in whole blocks
+    (:func:`headprune.selection.aligned.select_aligned`): ``1 - fraction`` of the parameters kept, every changed
+    width a multiple of ``align``, GQA uniform (the same query heads from every key/value group: the KV cache
+    stays), at least one head step per site. Scores are random (weights are random): each unit's score is its
+    price times a uniform draw, so heads and neurons are traded evenly (layers may keep different widths, as a real
+    plan's do)."""
     import headprune as hp
+    from headprune.core.unit_cost import unit_costs
+    from headprune.selection.aligned import select_aligned
+    from headprune.selection.gqa import kv_groups
 
     g = torch.Generator().manual_seed(seed)
-    sites, ffns = hp.find_sites(model), hp.find_ffns(model)
-    s0, hidden = sites[0], model.config.hidden_size
-    group = s0.num_heads // s0.num_kv_heads
-    # query heads per group to drop: the aligned choice nearest the fraction (q and o rows: 2 x hidden x head_dim)
-    fits = [d for d in range(group) if ((s0.num_heads - d * s0.num_kv_heads) * s0.head_dim) % align == 0]
-    per_group = min(fits, key=lambda d: abs(d / group - fraction))
-    non_embedding = _non_embedding(model)
-    head_params = 2 * hidden * s0.head_dim * per_group * s0.num_kv_heads * len(sites)
-    neuron_params = 3 * hidden  # gate and up rows, down column
-    mean_drop = max(0.0, fraction * non_embedding - head_params) / (neuron_params * len(ffns))
-    width = ffns[0].width
-    mean_keep = min(width, max(align, round((width - mean_drop) / align) * align))
-    keeps = [mean_keep] * len(ffns)
-    for i in range(0, len(ffns) - 1, 2):  # uneven, same total: one block more in one layer, one less in the next
-        if align <= keeps[i] - align and keeps[i] + align <= width:
-            keeps[i], keeps[i + 1] = keeps[i] + align, keeps[i + 1] - align
-    heads = {s.name: [grp * group + int(j) for grp in range(s.num_kv_heads)
-                      for j in torch.randperm(group, generator=g)[:per_group]] for s in sites}
-    neurons = {f.name: sorted(torch.randperm(f.width, generator=g)[: f.width - k].tolist())
-               for f, k in zip(ffns, keeps, strict=True)}
-    return heads, neurons
+    costs = unit_costs(model, "params")
+
+    def draw(prices):
+        return {k: v * torch.rand(v.shape, generator=g, dtype=torch.float64) for k, v in prices.items()}
+
+    heads, neurons, _ = select_aligned(draw(costs.heads), draw(costs.neurons), costs, 1 - fraction,
+                                       multiple_of=align, head_dims={s.name: s.head_dim for s in hp.find_sites(model)},
+                                       units="both", groups=kv_groups(model), gqa="uniform", min_per_site=1)
+    return {k: v for k, v in heads.items() if v}, {k: v for k, v in neurons.items() if v}
 
 
 def _non_embedding(model) -> int:
