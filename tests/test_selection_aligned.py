@@ -124,6 +124,10 @@ def test_bad_multiple_is_refused_with_its_name():
                        head_dims={}, units="neurons")
     with pytest.raises(ConfigError, match="multiple_of"):
         hp.PruneSettings(units="both", share=0.5, multiple_of=-2)
+    # the head plan (a count budget) cannot align widths: refused, naming the setting that needs the other path
+    with pytest.raises(ConfigError, match=r"price='count' with multiple_of=32"):
+        hp.PruneSettings(units="heads", share=0.5, price="count", multiple_of=32)
+    assert not hp.PruneSettings(units="heads", share=0.5, multiple_of=32).head_plan
 
 
 def test_compress_with_multiple_of_keeps_aligned_widths():

@@ -141,9 +141,9 @@ class PruneSettings:
         for reason, applies in ((f"units={self.units!r}", self.units != "heads"),
                                 (f"price={self.price!r}", self.price not in HEAD_PLAN_PRICES),
                                 (f"scores={self.scores!r}", self.scores.startswith("fluctuation")),
+                                (f"multiple_of={self.multiple_of}", self.multiple_of > 1),
                                 (f"compensate={self.compensate!r}", self.compensate in POOL_COMPENSATIONS[1:]),
-                                (f"distill_epochs={self.distill_epochs}", self.distill_epochs > 0),
-                                (f"multiple_of={self.multiple_of}", self.multiple_of > 1)):
+                                (f"distill_epochs={self.distill_epochs}", self.distill_epochs > 0)):
             if applies:
                 return reason
         return ""
