@@ -34,6 +34,7 @@ def fake_clock(monkeypatch, seconds: dict[str, list[float]]) -> None:
         return t, t
 
     monkeypatch.setattr(timing, "time_forward", time_forward)
+    monkeypatch.setattr(timing, "loadavg", lambda: [0.0, 0.0, 0.0])  # a quiet machine, whatever this one's load
 
 
 def _bench(monkeypatch, seconds):
@@ -102,3 +103,21 @@ def test_table_shows_the_columns_own_ratio_beside_the_paired_speed_up(monkeypatc
     assert up["noisy"] and paired == "noisy!"
     assert up["measured"] == pytest.approx(statistics.median([2.0, 2.0, 1.25, 1.25, 1.25]), abs=1e-3)
     assert "col ratio" in result.table()
+
+
+def test_a_busy_machine_marks_every_speed_up_unreliable_and_warns(monkeypatch):
+    fake_clock(monkeypatch, QUIET)
+    monkeypatch.setattr(timing, "loadavg", lambda: [64.0, 64.0, 64.0])  # more load than any machine's cores
+    result = benchmark({"a": build("bert"), "b": build("bert", seed=1)}, batch_sizes=(2,), seq_len=4, warmup=0,
+                       repeats=5, memory=False, min_repeat_s=0.0)
+    up = result.speedups[0]
+    assert up["reliable"] is False and result.machine["load"]["reliable"] is False
+    assert up["measured_low"] <= up["measured"] <= up["measured_high"]
+    [warning] = result.warnings()
+    assert "busy" in warning and "unreliable" in warning
+
+
+def test_quiet_machine_speed_ups_carry_the_median_interval(monkeypatch):
+    result = _bench(monkeypatch, QUIET)
+    up = result.speedups[0]
+    assert up["reliable"] is True and up["measured_low"] == pytest.approx(2.0) and 0 < up["coverage"] < 1

@@ -5,9 +5,11 @@ Names are imported on first use, so reading the settings' defaults (the CLI's fl
 from ..lazy import lazy_names
 
 SOURCES = {"machine_info": "machine", "BenchResult": "timing", "BenchSettings": "settings", "benchmark": "timing",
-           "fraction_plan": "timing", "model_info": "timing"}  # public name -> the module it is read from
+           "fraction_plan": "timing", "model_info": "timing", "paired_rounds": "protocol",
+           "ProtocolSettings": "protocol"}  # public name -> the module it is read from
 
-__all__ = ["machine_info", "BenchResult", "BenchSettings", "benchmark", "fraction_plan", "model_info"]
+__all__ = ["machine_info", "BenchResult", "BenchSettings", "benchmark", "fraction_plan", "model_info", "paired_rounds",
+           "ProtocolSettings"]
 
 
 __getattr__, __dir__ = lazy_names(__name__, SOURCES, __all__, globals())

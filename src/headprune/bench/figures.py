@@ -52,8 +52,13 @@ def bench_table(result: BenchResult) -> str:
 
 
 def bench_warnings(result: BenchResult) -> list[str]:
-    """One line per noisy speed-up: the spread that makes it unreadable and what to do about it."""
+    """One line if the machine was busier than its cores, and one per noisy speed-up: the spread that makes it
+    unreadable and what to do about it."""
     out, limit = [], result.settings.get("noisy_times", 0.1)
+    load = result.machine.get("load") or {}
+    if load and not load.get("reliable", True):
+        out.append(f"warning: the machine was busy ({load.get('reason')}): these speeds are unreliable; do not quote "
+                   "them, rerun on a quieter machine")
     for s in result.speedups:
         if not s.get("noisy"):
             continue

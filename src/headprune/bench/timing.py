@@ -8,7 +8,10 @@ runs once, in the order A B, B A, A B, ... (``alternate=True``), so slow drift o
 all models alike. Each round's time is the mean over ``calls`` forwards (chosen so that a repeat lasts
 at least ``min_repeat_s``). Reported: median and quartiles over rounds; the measured speed-up is the
 median over rounds of the paired ratio reference time / model time, beside the FLOP limit; the
-examples/s columns and the speed-up come from the same rounds. A speed-up is flagged ``noisy`` when
+examples/s columns and the speed-up come from the same rounds, with the median's distribution-free interval
+(``measured_low`` / ``measured_high``, :mod:`.protocol`); every speed-up is marked ``reliable`` only when the
+load of other processes plus torch's threads stayed within the cores (a warning says so otherwise). A
+speed-up is flagged ``noisy`` when
 the IQR of its paired ratios is wider than its distance from 1 (it cannot tell faster from slower) or
 either model's round times have an IQR above :data:`NOISY_TIMES` of their median.
 ``cpu_s`` / ``measured_cpu`` are the same from process CPU time: a diagnostic that other processes
@@ -46,6 +49,7 @@ from ..provenance import versions
 from ..selection.gqa import kv_groups, select_gqa
 from .figures import bench_plot, bench_table, bench_warnings
 from .machine import loadavg, machine_info, peak_rss_delta
+from .protocol import load_record, median_interval
 from .settings import PRUNE_ORDERS, BenchSettings
 
 NOISY_TIMES = 0.10  # a model's round times with IQR / median above this are too noisy to read a speed-up from
@@ -143,7 +147,12 @@ def benchmark(models: Mapping[str, nn.Module], *, batch_sizes: Sequence[int] = (
                      "repeats": {str(b): settings.repeats_for(b) for b in settings.batch_sizes}, "reference": refs,
                      "noisy_times": NOISY_TIMES,
                      "flop_kind": "FLOPs = 2 x multiply-accumulates of matmuls (Linear + QK^T + AV)"}
-    machine = {**machine_info(), "loadavg_start": load_start, "loadavg_end": loadavg()}
+    load = load_record(load_start, loadavg(), torch.get_num_threads())
+    for s in speedups:  # the speed protocol (.protocol): the median's interval, and whether the machine was free
+        interval = median_interval(s["paired"])
+        s.update(measured_low=interval["low"], measured_high=interval["high"], coverage=interval["coverage"],
+                 reliable=load["reliable"])
+    machine = {**machine_info(), "loadavg_start": load_start, "loadavg_end": loadavg(), "load": load}
     return BenchResult(settings_dict, machine, versions(), info, runs, speedups, time.perf_counter() - start)
 
 
@@ -235,7 +244,7 @@ def _speedup(name: str, ref: str, batch: int, times: dict, info: dict) -> dict:
     eff = (measured - 1) / (limit - 1) if abs(limit - 1) > 1e-9 else None
     spread = {"model": _relative_iqr(t["wall"]), "reference": _relative_iqr(ref_t["wall"])}
     noisy = q75 - q25 > abs(measured - 1) or max(spread.values()) > NOISY_TIMES
-    return {"model": name, "reference": ref, "batch": batch, "measured": measured, "measured_q25": q25,
+    return {"model": name, "reference": ref, "batch": batch, "measured": measured, "paired": paired, "measured_q25": q25,
             "measured_q75": q75, "measured_iqr": q75 - q25, "times_relative_iqr": spread, "noisy": noisy,
             "ratio_of_medians": statistics.median(ref_t["wall"]) / statistics.median(t["wall"]),
             "measured_cpu": statistics.median(paired_cpu), "flop_limit": limit, "efficiency": eff}

@@ -47,7 +47,7 @@ SETTING_FLAGS = {"share": "--share", "n_keep": "--n-keep", "price": "--price", "
                  "max_scale": "--max-scale", "val_share": "--val-share", "same_per_site": "--same-per-site",
                  "min_per_site": "--min-per-site", "seq_len": "--seq-len", "tgt_len": "--tgt-len",
                  "damping": "--damping", "distill_epochs": "--distill-epochs", "distill_lr": "--distill-lr",
-                 "seed": "--seed", "guard": "--no-guard"}
+                 "seed": "--seed", "guard": "--no-guard", "multiple_of": "--multiple-of"}
 
 
 def _option(default, flag: str, text: str):
@@ -101,6 +101,9 @@ class PruneFlags(Flags):
                                   "only if it lowers the validation loss; default 0: off).")
     distill_lr: float = _option(2e-5, "--distill-lr", "--distill-epochs: peak learning rate (AdamW, linear decay to 0).")
     seed: int = _option(0, "--seed", "Seed of --scores random and of the distillation order.")
+    multiple_of: int = _option(1, "--multiple-of", "Every FFN width and attention width (heads x head_dim) pruning "
+                               "changes is a multiple of N: 32 / 256 for llama.cpp's Q4_0 / Q8_0 and K-quant blocks, "
+                               "64 / 128 for GPU tiles (the budget over heads and neurons; default 1: any width).")
     config: Path = _option(None, "--config", "The settings from a TOML file instead of these flags: a [settings] "
                            "table of PruneSettings fields, as every compress run writes to compress.toml (rerun a "
                            "run with --config RUN/compress.toml).")

@@ -53,6 +53,7 @@ from ..errors import ConfigError
 from ..scoring.fluctuation import channel_stats
 from ..scoring.gradients import LossFn, mean_loss
 from ..scoring.scorer import ScoreRequest
+from ..selection.aligned import select_aligned
 from ..selection.gqa import kv_groups
 from ..selection.units import select_units
 from .distill import distill
@@ -145,9 +146,15 @@ def compress_pool(
                                                           tgt_len=settings.tgt_len)
     head_scores, neuron_scores, stats = _scores(model, calib, settings, costs, loss_fn, progress)
     seconds["score"] = time.perf_counter() - start
-    drop_h, drop_n, selection = select_units(head_scores, neuron_scores, costs, settings.share, units=settings.units,
-                                             groups=kv_groups(model), gqa=settings.gqa,
-                                             min_per_site=settings.min_per_site)
+    if settings.multiple_of > 1:  # every changed width a multiple of the block (selection.aligned)
+        drop_h, drop_n, selection = select_aligned(
+            head_scores, neuron_scores, costs, settings.share, multiple_of=settings.multiple_of,
+            head_dims={s.name: s.head_dim for s in find_sites(model)}, units=settings.units, groups=kv_groups(model),
+            gqa=settings.gqa, min_per_site=settings.min_per_site)
+    else:
+        drop_h, drop_n, selection = select_units(head_scores, neuron_scores, costs, settings.share,
+                                                 units=settings.units, groups=kv_groups(model), gqa=settings.gqa,
+                                                 min_per_site=settings.min_per_site)
     run = _Run(model, settings, loss_fn, verify, progress, seconds=seconds)
     pruned, shifts = _cut(run, calib, stats, drop_h, drop_n)
     pruned, rows, distilled = _compensate(run, pruned, fit, val)

@@ -73,6 +73,9 @@ class PruneSettings:
     distill_epochs: int = 0  # after reconstruct: passes of distillation over the fit batches (0: none)
     distill_lr: float = 2e-5  # its peak learning rate
     seed: int = 0  # of scores="random" and of the distillation order
+    multiple_of: int = 1  # every FFN width and attention width (heads x head_dim) pruning changes is a multiple
+    # of this: 32 / 256 for llama.cpp's legacy / K-quant blocks, 64 / 128 for GPU tiles (1: any width; the budget
+    # over heads and neurons, headprune.selection.aligned)
 
     def __post_init__(self):
         check_choice("units", self.units, UNITS)
@@ -85,7 +88,7 @@ class PruneSettings:
         self._compensations = get_compensations(self.compensate)
         check_choice("gqa", self.gqa, GQA_MODES)
         self._check_budget()
-        for name in ("min_per_site", "seq_len", "distill_epochs", "seed"):
+        for name in ("min_per_site", "seq_len", "distill_epochs", "seed", "multiple_of"):
             check_int(name, getattr(self, name), 0 if name in ("min_per_site", "distill_epochs", "seed") else 1)
         check_int("tgt_len", self.tgt_len, 1, optional=True)
         check_number("damping", self.damping, low=0)
@@ -184,6 +187,7 @@ class PruneSettings:
         for reason, applies in ((f"units={self.units!r}", self.units != "heads"),
                                 (f"price={self.price!r}", self.price not in HEAD_PLAN_PRICES),
                                 (f"scores={self._scorer.name!r}", not self._scorer.plan),
+                                (f"multiple_of={self.multiple_of}", self.multiple_of > 1),
                                 (f"compensate={self._compensate_text()}", pool_stage),
                                 (f"distill_epochs={self.distill_epochs}", self.distill_epochs > 0)):
             if applies:

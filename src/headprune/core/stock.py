@@ -13,8 +13,11 @@ own layout (:mod:`.checkpoint`), which plain ``from_pretrained`` refuses loudly.
 Not expressible: different head counts per layer, a site with no heads left, repeated key/value
 heads (uneven GQA), families whose config derives the head size from ``hidden_size /
 num_attention_heads`` (BERT, GPT-2, BART ...), config classes that refuse the shape (LlamaConfig checks
-``hidden_size % num_attention_heads`` in recent transformers, even with ``head_dim`` set). Anything that
-goes wrong while the stock form is written or reloaded is a reason too, never an error.
+``hidden_size % num_attention_heads`` in recent transformers, even with ``head_dim`` set) -- unless an
+equivalent architecture of another family (:func:`equivalent_configs`: Mistral for a Llama without biases
+or sliding window) builds the same parameters and, saved and reloaded with its Auto class, computes the
+same logits. Anything that goes wrong while the stock form is written or reloaded is a reason too, never
+an error.
 """
 
 from __future__ import annotations
@@ -47,69 +50,111 @@ TOLERANCE = 1e-5  # of the largest logit magnitude; in half precision 4 eps of t
 
 
 def stock_config(model: nn.Module):
-    """``(config, None)``: a stock config that builds exactly ``model``'s shapes, or ``(None, reason)``."""
+    """``(config, None)``: a stock config of ``model``'s own family that builds exactly its shapes, or
+    ``(None, reason)``."""
+    config, reason, _ = _family_config(model)
+    return config, reason
+
+
+def _family_config(model: nn.Module):
+    """(config, None, False) as :func:`stock_config`; (None, reason, refused): ``refused`` when the shape is
+    one stock layout but the family's own config class refuses or cannot build it (another may)."""
     kept = config_record(model.config, KEPT_KEY)
     if not kept:
-        return None, "the model is not pruned"
+        return None, "the model is not pruned", False
     biased = list(getattr(model.config, ADDED_BIASES_KEY, None) or [])
     if biased:
         return None, (f"the output projections of {', '.join(biased[:3])}{' ...' if len(biased) > 3 else ''} have "
-                      "biases (bias compensation) that a stock config of the family does not describe")
+                      "biases (bias compensation) that a stock config of the family does not describe"), False
     sites = find_sites(model)
     original = original_heads(model)
     if len(sites) != len(original):
-        return None, f"{len(original) - len(sites)} site(s) lost every head"
+        return None, f"{len(original) - len(sites)} site(s) lost every head", False
     counts = {(s.num_heads, s.num_kv_heads, s.head_dim) for s in sites}
     if len(counts) != 1:
-        return None, "the sites keep different numbers of heads"
+        return None, "the sites keep different numbers of heads", False
     if any(isinstance(m, RepeatHeads) for s in sites for m in (s.k.module, s.v.module)):
-        return None, "key/value heads are repeated (query heads kept unevenly across key/value groups)"
-    (heads, kv_heads, head_dim), = counts
-    config = copy.deepcopy(model.config)
-    record = {"kept_heads": kept, "original_heads": original}
-    for key in (KEPT_KEY, ORIGINAL_KEY, *LEGACY_KEYS.values(), LAYOUT_KEY, CALLS_KEY):
-        if hasattr(config, key):
-            delattr(config, key)
-    config.num_attention_heads, config.num_key_value_heads, config.head_dim = heads, kv_heads, head_dim
-    setattr(config, STOCK_KEY, record)
-    cls = _base_class(model)
+        return None, "key/value heads are repeated (query heads kept unevenly across key/value groups)", False
+    config = _stock_source(model)
+    reason = _builds(model, _base_class(model), config)
+    return (config, None, False) if reason is None else (None, reason, reason.startswith(REFUSED))
+
+
+REFUSED = "a stock config refuses the shape"  # the start of a reason another family's config may not have
+
+
+def _builds(model: nn.Module, cls: type, config) -> str | None:
+    """None when ``config`` validates as from_pretrained will validate it and ``cls`` built from it (on the meta
+    device) has exactly ``model``'s parameter and buffer names and shapes; else why not."""
     try:
         type(config).from_dict(config.to_dict())  # what from_pretrained will do: validated on the way in
         with torch.device("meta"):
             fresh = cls(copy.deepcopy(config))
     except Exception as e:  # a config the family cannot hold or build: not expressible
-        return None, (f"a stock {type(config).__name__} cannot say {heads} heads of size {head_dim} "
-                      f"({type(e).__name__}: {_first_line(e)})")
+        return (f"{REFUSED}: a stock {type(config).__name__} cannot say {config.num_attention_heads} heads of size "
+                f"{config.head_dim} ({type(e).__name__}: {_first_line(e)})")
     want = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     got = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
     if want != got:
         diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
-        return None, (f"a stock {cls.__name__} with {heads} heads has other shapes ({', '.join(diff[:3])} ...): its "
-                      "family does not read head_dim from the config")
-    return config, None
+        return (f"a stock {cls.__name__} with {config.num_attention_heads} heads has other shapes "
+                f"({', '.join(diff[:3])} ...): its family does not read head_dim from the config")
+    return None
 
 
 def write_stock(model: nn.Module, directory: Path) -> tuple[str | None, bool]:
     """Save ``model`` into the empty ``directory`` with its stock config and check that plain
     ``from_pretrained`` rebuilds it exactly. Returns ``(None, True)`` on success, else ``(reason, tried)``
     (``directory`` emptied; ``tried``: a stock config was built, so the failure was in writing or reloading).
+    When the family's own config refuses the shape, an equivalent architecture of another
+    family is tried the same way (saved, reloaded with the Auto class, logits compared).
     Never raises for the model's sake: any failure to build, write or reload the stock form is a reason
     (e.g. a config class that validates ``hidden_size % num_attention_heads``). ``model`` is not changed."""
+    tried = False
     try:
-        config, reason = stock_config(model)
-        if config is None:
-            return reason, False
-        reason = _write_and_check(model, config, directory)
+        config, reason, refused = _family_config(model)
+        if config is not None:
+            tried = True
+            reason = _write_and_check(model, config, directory, _base_class(model))
+        elif refused:
+            reasons = [reason]
+            for alt, auto in equivalent_configs(model):
+                tried = True
+                why = _write_and_check(model, alt, directory, auto)
+                if why is None:
+                    return None, True
+                reasons.append(f"as {alt.model_type}: {why}")
+                _empty(directory)
+            reason = "; ".join(reasons)
     except Exception as e:  # whatever transformers refuses, the caller falls back to headprune's layout
-        reason = f"the stock form could not be written ({type(e).__name__}: {_first_line(e)})"
+        reason, tried = f"the stock form could not be written ({type(e).__name__}: {_first_line(e)})", True
     if reason is not None:
-        for child in directory.iterdir():
-            shutil.rmtree(child) if child.is_dir() else child.unlink()
-    return reason, True
+        _empty(directory)
+    return reason, tried
 
 
-def _write_and_check(model: nn.Module, config, directory: Path) -> str | None:
+def _stock_source(model: nn.Module):
+    """The family config with the pruned shape and the stock record, unvalidated: what another family translates."""
+    config = copy.deepcopy(model.config)
+    for key in (KEPT_KEY, ORIGINAL_KEY, *LEGACY_KEYS.values(), LAYOUT_KEY, CALLS_KEY):
+        if hasattr(config, key):
+            delattr(config, key)
+    site = find_sites(model)[0]
+    config.num_attention_heads, config.num_key_value_heads, config.head_dim = (site.num_heads, site.num_kv_heads,
+                                                                               site.head_dim)
+    setattr(config, STOCK_KEY, {"kept_heads": config_record(model.config, KEPT_KEY),
+                                "original_heads": original_heads(model)})
+    return config
+
+
+def _empty(directory: Path) -> None:
+    for child in directory.iterdir():
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
+
+
+def _write_and_check(model: nn.Module, config, directory: Path, loader) -> str | None:
     saved = model.config
+    architectures = list(config.architectures or [])  # save_pretrained writes the saving class's name over it
     try:
         model.config = config
         model.save_pretrained(directory)
@@ -120,8 +165,10 @@ def _write_and_check(model: nn.Module, config, directory: Path) -> str | None:
     raw = json.loads(file.read_text(encoding="utf-8"))
     if isinstance(attn, str):
         raw["attn_implementation"] = attn
+    if config.model_type != saved.model_type:  # an equivalent architecture of another family
+        raw["architectures"] = architectures
     file.write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return _check_reload(model, directory)
+    return _check_reload(model, directory, loader)
 
 
 def _first_line(e: BaseException) -> str:
@@ -129,11 +176,12 @@ def _first_line(e: BaseException) -> str:
     return text[:300]
 
 
-def _check_reload(model: nn.Module, directory: Path) -> str | None:
-    cls = _base_class(model)
+def _check_reload(model: nn.Module, directory: Path, loader) -> str | None:
+    """Reload ``directory`` with ``loader.from_pretrained`` (the model's stock class, or an Auto class) and
+    compare logits with ``model``'s."""
     param = next(model.parameters())
     try:
-        plain = getattr(transformers, cls.__name__, cls).from_pretrained(
+        plain = getattr(transformers, loader.__name__, loader).from_pretrained(
             directory, dtype=param.dtype, local_files_only=True).eval()
     except Exception as e:  # any failure means: not loadable without headprune
         return f"plain from_pretrained failed ({type(e).__name__}: {_first_line(e)})"
@@ -164,3 +212,53 @@ def _tolerance(dtype: torch.dtype) -> float:
 
 def _base_class(model: nn.Module) -> type:
     return getattr(type(model), "_hp_base", type(model))
+
+
+# Decoder families whose configs read head_dim, tried in this order when a family's own config refuses a pruned
+# shape; a candidate is kept only by behaviour: the same parameter names and shapes, then equal logits on reload.
+EQUIVALENT_TYPES = ("mistral", "qwen2", "qwen3", "llama")
+NOT_COPIED = ("model_type", "architectures", "transformers_version", "_name_or_path", "auto_map")
+
+
+def equivalent_configs(model: nn.Module) -> list[tuple[object, type]]:
+    """[(config of another family, the Auto class that loads it)] that build exactly ``model``'s parameter names
+    and shapes: its config's fields copied, a sliding window the model does not have switched off (Mistral's
+    default is 4096). :func:`write_stock` then saves with each and keeps the first whose plain reload computes
+    the same logits (biases, norms or rotary settings a family reads differently show up there)."""
+    source = _stock_source(model)
+    auto = _auto_class(model)
+    if auto is None:
+        return []
+    raw = {k: v for k, v in source.to_dict().items() if k not in NOT_COPIED}
+    out = []
+    for model_type in EQUIVALENT_TYPES:
+        if model_type == source.model_type:
+            continue
+        try:
+            config = transformers.AutoConfig.for_model(model_type, **copy.deepcopy(raw))
+            if getattr(config, "sliding_window", None) is not None and getattr(source, "sliding_window", None) is None:
+                config.sliding_window = None
+            if getattr(config, "use_sliding_window", False) and not getattr(source, "use_sliding_window", False):
+                config.use_sliding_window = False
+            with torch.device("meta"):
+                cls = type(auto.from_config(copy.deepcopy(config)))
+        except Exception:  # a family that cannot take these fields is no candidate
+            continue
+        config.architectures = [cls.__name__]
+        if _builds(model, cls, config) is None:
+            out.append((config, auto))
+    return out
+
+
+def _auto_class(model: nn.Module):
+    """The Auto class that builds ``model``'s own class from its config (checked by building on the meta device)."""
+    cls = _base_class(model)
+    for auto in (transformers.AutoModelForCausalLM, transformers.AutoModelForSequenceClassification,
+                 transformers.AutoModelForTokenClassification, transformers.AutoModel):
+        try:
+            with torch.device("meta"):
+                if type(auto.from_config(copy.deepcopy(model.config))) is cls:
+                    return auto
+        except Exception:  # this Auto class does not take the family
+            continue
+    return None

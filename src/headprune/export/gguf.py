@@ -20,7 +20,8 @@ itself:
 Types (``outtype``): ``f32``, ``f16``, and the block quantisations the ``gguf`` package writes,
 ``q8_0``, ``q5_0``, ``q5_1``, ``q4_0``, ``q4_1`` (2-D weights only; norms stay float32, as in
 llama.cpp's converter; a weight whose rows are not a multiple of the 32-value block falls back to
-float16 and is listed in the report). K-quants (``Q4_K``...) are made from an f32/f16 file with
+float16 and is listed in the report, ``fallback_f16``; ``wider_than_unpruned`` lists those the unpruned
+model would have quantised: a pruned width off the block, which ``multiple_of`` avoids). K-quants (``Q4_K``...) are made from an f32/f16 file with
 llama.cpp's own quantizer (:func:`.llamacpp.quantize_gguf`).
 """
 
@@ -36,6 +37,9 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..core.ffn import find_ffns
+from ..core.kept import original_heads, original_neurons
+from ..core.sites import find_sites
 from ..errors import ConfigError
 from ..extras import require
 from ..provenance import __version__, versions
@@ -88,6 +92,7 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
                   "feed_forward_length": layout.per_layer("n_ff"), "head_dim": layout.head_dim,
                   "tensor_types": _count(written), "fallback_f16": sorted(n for n, t in written.items()
                                                                           if t == "F16" and outtype.startswith("q")),
+                  "wider_than_unpruned": wider_than_unpruned(gguf, model, layout, outtype, written),
                   "tokenizer": "source GGUF" if source_gguf is not None else "Hugging Face tokenizer",
                   "check": checks, "signature": signature or {}, "versions": versions()}
         os.replace(tmp, output)
@@ -99,15 +104,39 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
     return report
 
 
-def _qtype(gguf, outtype: str, array: np.ndarray):
+def _qtype(gguf, outtype: str, shape: tuple[int, ...]):
+    """The GGML type a tensor of ``shape`` ([out, in]) is written in: quantised along its input dimension in
+    blocks, float16 where that dimension is not a multiple of the block."""
     Q = gguf.GGMLQuantizationType
-    if array.ndim == 1 or outtype == "f32":
+    if len(shape) == 1 or outtype == "f32":
         return Q.F32
     if outtype == "f16":
         return Q.F16
     qtype = getattr(Q, outtype.upper())
     block = gguf.GGML_QUANT_SIZES[qtype][0]
-    return qtype if array.shape[-1] % block == 0 else Q.F16
+    return qtype if shape[-1] % block == 0 else Q.F16
+
+
+def wider_than_unpruned(gguf, model: nn.Module, layout: Layout, outtype: str, written: dict[str, str]) -> list[str]:
+    """Tensors written in a wider type (more bytes per weight) than the same tensor of the unpruned model would
+    be: an output projection (``attn_output``, input heads x head_dim) or ``ffn_down`` (input: the FFN width)
+    whose pruned width is not a multiple of the quantisation block where the unpruned one was
+    (``multiple_of`` in :class:`~headprune.compression.settings.PruneSettings` keeps them aligned)."""
+    heads = original_heads(model)
+    widths = original_neurons(model)
+    unpruned = {f"blk.{s.layer}.attn_output.weight": heads.get(s.name, s.num_heads) * s.head_dim
+                for s in find_sites(model)}
+    unpruned |= {f"blk.{f.layer}.ffn_down.weight": widths.get(f.name, f.width) for f in find_ffns(model)}
+    sizes = gguf.GGML_QUANT_SIZES
+    out = []
+    for name, width in unpruned.items():
+        if name not in written:
+            continue
+        before = _qtype(gguf, outtype, (*layout.tensors[name].shape[:-1], width))
+        after = getattr(gguf.GGMLQuantizationType, written[name])
+        if sizes[after][1] / sizes[after][0] > sizes[before][1] / sizes[before][0]:
+            out.append(name)
+    return sorted(out)
 
 
 def _write(gguf, layout: Layout, vocab: list[tuple], path: Path, outtype: str, name: str,
@@ -135,7 +164,7 @@ def _write(gguf, layout: Layout, vocab: list[tuple], path: Path, outtype: str, n
         w.add_key_value(key, value, vtype, sub_type=sub)
     types = {}
     for tname, array in layout.tensors.items():
-        qtype = _qtype(gguf, outtype, array)
+        qtype = _qtype(gguf, outtype, array.shape)
         types[tname] = qtype.name
         if qtype == gguf.GGMLQuantizationType.F32:
             w.add_tensor(tname, array.astype(np.float32))

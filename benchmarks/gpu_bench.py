@@ -1,0 +1,375 @@
+"""GPU speed of pruned models at real shapes (issue 37): tokens/s of prefill and decode, and the paper's Table 4.
+
+    make gpu-bench                                   # on a CUDA machine, no network: the real figures
+    python benchmarks/gpu_bench.py                   # the same, writes benchmarks/results/gpu_bench.json
+    python benchmarks/gpu_bench.py --dry-run --out /tmp/gpu_bench.json   # CPU, tiny shapes, the same schema
+
+Models are built from configs with random weights (speed does not depend on the values): Llama-3.2-1B and
+Llama-3-8B shapes in bfloat16 with sdpa attention, each pruned by headprune's surgery (``prune_heads``,
+``prune_neurons``) to remove 20/30/50% of its non-embedding parameters: the same number of query heads from
+every key/value group (the KV cache stays), chosen by headprune's one budget in whole blocks
+(``selection.aligned``, random scores; widths may differ between layers), every kept FFN width and attention
+width (heads x head_dim) a multiple of 128 (GPU tensor-core tiles). Workloads: prefill
+of 1 x 2048 and 16 x 512 tokens (the last position's logits, as generation needs), and decode of batch 1 and
+32 with a key/value cache (a 128-token prompt prefilled outside the clock, then greedy steps). The paper's
+Table 4: a BERT-base shape (12 x 12 heads), 50% of the heads removed at random (uneven, as importance
+pruning is), examples/s at batch 1/4/16/64 and 128 tokens.
+
+Every pair is timed with :func:`headprune.bench.protocol.paired_rounds` (alternating rounds, median ratio with
+a distribution-free interval, the load before and after). Each row carries the limit its workload implies:
+the FLOP ratio for prefill, the ratio of bytes read per generated token (weights + KV cache) for decode.
+Rounds are budgeted by time so the whole run stays under ``--time-limit`` (default 450 s, under 8 minutes on
+an H100 with set-up); a row that would start past the limit is recorded as skipped, not guessed. Without CUDA
+and without ``--dry-run`` it says so, exits 2 and writes nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import json
+import platform
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "gpu_bench.json"
+SCHEMA = 1
+FRACTIONS = (0.2, 0.3, 0.5)  # shares of non-embedding parameters removed
+PAPER_TABLE4 = {1: 1.019, 4: 1.027, 16: 1.175, 64: 1.175}  # BERT-base MNLI, 50% of heads, GTX 1080Ti
+LLAMA = {  # the published configs' shapes (no weights needed)
+    "llama-3.2-1b": dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
+                         head_dim=64, intermediate_size=8192, vocab_size=128256, tie_word_embeddings=True),
+    "llama-3-8b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
+                       head_dim=128, intermediate_size=14336, vocab_size=128256, tie_word_embeddings=False),
+}
+BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, vocab_size=30522)
+REAL = {"llms": LLAMA, "bert": BERT_BASE, "align": 128, "prefill": ((1, 2048), (16, 512)), "decode": (1, 32),
+        "prompt_len": 128, "new_tokens": 32, "table4_batches": (1, 4, 16, 64), "table4_seq": 128,
+        "dtype": "bfloat16", "min_rounds": 5, "budget_s": 6.0}
+DRY = {"llms": {"llama-tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
+                                   head_dim=8, intermediate_size=256, vocab_size=512, tie_word_embeddings=True)},
+       "bert": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=128),
+       "align": 16, "prefill": ((1, 32), (2, 16)), "decode": (1, 2), "prompt_len": 8, "new_tokens": 4,
+       "table4_batches": (1, 4), "table4_seq": 16, "dtype": "float32", "min_rounds": 3, "budget_s": 0.0}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help=f"JSON to write (default {RESULTS}; required with --dry-run)")
+    ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, the same JSON schema")
+    ap.add_argument("--time-limit", type=float, default=450.0, help="seconds after which no new row starts")
+    args = ap.parse_args(argv)
+    if args.dry_run and args.out is None:
+        print("gpu_bench: --dry-run needs --out PATH (it never overwrites the real figures)", file=sys.stderr)
+        return 2
+    if not args.dry_run and not torch.cuda.is_available():
+        print(f"gpu_bench: no CUDA device here (torch {torch.__version__} sees none); nothing was run and "
+              f"{args.out or RESULTS} was not written (--dry-run runs tiny shapes on the CPU)", file=sys.stderr)
+        return 2
+    spec = DRY if args.dry_run else REAL
+    device = torch.device("cpu" if args.dry_run else "cuda")
+    result = run(spec, device, args.time_limit, dry_run=args.dry_run)
+    out = args.out or RESULTS
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    for row in result["rows"] + result["table4"]:
+        print(_line(row))
+    print(f"{len(result['rows'])} rows, {len(result['table4'])} Table 4 rows, {len(result['skipped'])} skipped, "
+          f"{result['seconds']:.0f} s -> {out}")
+    return 0
+
+
+def run(spec: dict, device: torch.device, time_limit: float, *, dry_run: bool) -> dict:
+    import transformers
+
+    import headprune
+    from headprune.bench.protocol import ProtocolSettings
+
+    start = time.perf_counter()
+    # one thread drives a GPU; on the CPU (the dry run) torch's own threads do the work
+    threads = 1 if device.type == "cuda" else torch.get_num_threads()
+    protocol = ProtocolSettings(min_rounds=spec["min_rounds"], budget_s=spec["budget_s"], warmup=1, threads=threads)
+    run_ = _Run(protocol, device, start + time_limit)
+    models = {shape: _llm_rows(shape, config, spec, run_) for shape, config in spec["llms"].items()}
+    models["bert-base"] = _table4(spec, run_)
+    rows, table4, skipped = run_.rows, run_.table4, run_.skipped
+    return {"schema": SCHEMA, "dry_run": dry_run, "device": _device_name(device), "dtype": spec["dtype"],
+            "attn_implementation": "sdpa", "align": spec["align"], "fractions": list(FRACTIONS),
+            "protocol": {**vars(protocol), "note": "headprune.bench.protocol.paired_rounds"},
+            "versions": {"headprune": headprune.__version__, "torch": torch.__version__,
+                         "transformers": transformers.__version__, "python": platform.python_version(),
+                         "cuda": torch.version.cuda},
+            "command": "python benchmarks/gpu_bench.py" + (" --dry-run" if dry_run else ""),
+            "time_limit_s": time_limit, "seconds": round(time.perf_counter() - start, 1),
+            "models": models, "rows": rows, "table4": table4, "paper_table4": {str(b): v for b, v in PAPER_TABLE4.items()},
+            "skipped": skipped}
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor() or 'unknown'})"
+
+
+def _build(kind: str, config: dict, spec: dict, device: torch.device):
+    import transformers as T
+
+    dtype = getattr(torch, spec["dtype"])
+    torch.manual_seed(0)
+    if kind == "llama":
+        cfg, auto = T.LlamaConfig(**config, max_position_embeddings=4096), T.AutoModelForCausalLM
+    else:
+        cfg, auto = T.BertConfig(**config, num_labels=3), T.AutoModelForSequenceClassification
+    with torch.device(device):  # initialised where it runs, in its dtype (an 8B model never exists in float32)
+        model = auto.from_config(cfg, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+# ---------------------------------------------------------------- pruning plans
+
+
+def _llm_plan(model, fraction: float, align: int, seed: int) -> tuple[dict, dict]:
+    """(dropped heads, dropped neurons) from headprune's one budget over heads and neurons in whole blocks
+    (:func:`headprune.selection.aligned.select_aligned`): ``1 - fraction`` of the parameters kept, every changed
+    width a multiple of ``align``, GQA uniform (the same query heads from every key/value group: the KV cache
+    stays), at least one head step per site. Scores are random (weights are random): each unit's score is its
+    price times a uniform draw, so heads and neurons are traded evenly (layers may keep different widths, as a real
+    plan's do)."""
+    import headprune as hp
+    from headprune.core.unit_cost import unit_costs
+    from headprune.selection.aligned import select_aligned
+    from headprune.selection.gqa import kv_groups
+
+    g = torch.Generator().manual_seed(seed)
+    costs = unit_costs(model, "params")
+
+    def draw(prices):
+        return {k: v * torch.rand(v.shape, generator=g, dtype=torch.float64) for k, v in prices.items()}
+
+    heads, neurons, _ = select_aligned(draw(costs.heads), draw(costs.neurons), costs, 1 - fraction,
+                                       multiple_of=align, head_dims={s.name: s.head_dim for s in hp.find_sites(model)},
+                                       units="both", groups=kv_groups(model), gqa="uniform", min_per_site=1)
+    return {k: v for k, v in heads.items() if v}, {k: v for k, v in neurons.items() if v}
+
+
+def _non_embedding(model) -> int:
+    emb = {id(p) for m in (model.get_input_embeddings(), model.get_output_embeddings()) if m is not None
+           for p in m.parameters()}
+    return sum(p.numel() for p in model.parameters() if id(p) not in emb)
+
+
+def _shape_info(model, original) -> dict:
+    import headprune as hp
+
+    attn = [s.num_heads * s.head_dim for s in hp.find_sites(model)]
+    ffn = [f.width for f in hp.find_ffns(model)]
+    params, non_emb = sum(p.numel() for p in model.parameters()), _non_embedding(model)
+    return {"params": params, "non_embedding_params": non_emb,
+            "share_removed": 1 - non_emb / _non_embedding(original) if original is not None else 0.0,
+            "attention_widths": attn, "ffn_widths": ffn, "heads": sum(s.num_heads for s in hp.find_sites(model)),
+            "weight_bytes": _linear_bytes(model)}
+
+
+def _linear_bytes(model) -> int:
+    """Bytes of every Linear weight: what one decode step reads (the input embedding reads one row per token)."""
+    return sum(m.weight.numel() * m.weight.element_size() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+# ---------------------------------------------------------------- workloads and rows
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _ids(model, batch: int, seq: int, device: torch.device) -> torch.Tensor:
+    g = torch.Generator().manual_seed(batch * 100003 + seq)
+    return torch.randint(3, model.config.vocab_size, (batch, seq), generator=g).to(device)
+
+
+def _last_logits(model) -> dict:
+    """``logits_to_keep=1`` where the forward takes it: a prefill needs the last position's logits only."""
+    import inspect
+
+    return {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+
+
+def _forward(model, batch: int, seq: int, device: torch.device, *, causal: bool):
+    ids = _ids(model, batch, seq, device)
+    kwargs = {"use_cache": False, **_last_logits(model)} if causal else {"attention_mask": torch.ones_like(ids)}
+
+    def call() -> float:
+        with torch.inference_mode():
+            _sync(device)
+            t = time.perf_counter()
+            model(input_ids=ids, **kwargs)
+            _sync(device)
+            return time.perf_counter() - t
+    return call
+
+
+def _decode(model, batch: int, prompt_len: int, new_tokens: int, device: torch.device):
+    import inspect
+
+    prompt = _ids(model, batch, prompt_len, device)
+    last = _last_logits(model)
+    # transformers >= 5.24 names the cache ``cache`` (``past_key_values`` deprecated); older ones the latter
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+    def call() -> float:
+        with torch.inference_mode():
+            out = model(input_ids=prompt, use_cache=True, **last)  # the prompt's cache, outside the clock
+            past, token = out[name], out.logits[:, -1:].argmax(-1)
+            _sync(device)
+            t = time.perf_counter()
+            for _ in range(new_tokens):
+                out = model(input_ids=token, use_cache=True, **{name: past})
+                past, token = out[name], out.logits[:, -1:].argmax(-1)
+            _sync(device)
+            return time.perf_counter() - t
+    return call
+
+
+def _prefill_flops(model, seq: int) -> int:
+    """Matmul FLOPs of one sequence's prefill, the output head on the last position only."""
+    from headprune.core.cost import flop_breakdown
+
+    head = model.get_output_embeddings()
+    total = flop_breakdown(model, seq)["total"]
+    return total - (2 * (seq - 1) * head.weight.numel() if head is not None else 0)
+
+
+def _decode_bytes(model, batch: int, prompt_len: int, new_tokens: int) -> float:
+    """Bytes read per decode step: every Linear weight once, and each sequence's cache at its mean length."""
+    from headprune.core.kvcache import kv_cache_bytes
+
+    return _linear_bytes(model) + batch * kv_cache_bytes(model)["per_token"] * (prompt_len + new_tokens / 2)
+
+
+def _measure(workloads: dict, protocol, row: dict, work: float, limit: float) -> dict:
+    from headprune.bench.protocol import paired_rounds
+
+    r = paired_rounds(workloads, "unpruned", protocol)
+    ratio = r["ratios"]["pruned"]
+    row.update({"throughput": {n: work / r["median_s"][n] for n in ("unpruned", "pruned")},
+                "ratio": ratio["median"], "ratio_low": ratio["low"], "ratio_high": ratio["high"],
+                "coverage": ratio["coverage"], "rounds": r["rounds"], "limit": limit,
+                "efficiency": (ratio["median"] - 1) / (limit - 1) if abs(limit - 1) > 1e-9 else None,
+                "reliable": r["reliable"], "reason": r["reason"], "load": r["load"], "seconds": r["seconds"]})
+    return row
+
+
+@dataclass
+class _Run:
+    """What every row needs: the protocol, the device, the deadline, and where rows go."""
+
+    protocol: object
+    device: torch.device
+    deadline: float
+    rows: list = field(default_factory=list)
+    table4: list = field(default_factory=list)
+    skipped: list = field(default_factory=list)
+
+    def row(self, into: list, base: dict, make) -> None:
+        """Measure one row (``make()`` -> workloads, work per call, limit), or record it as skipped past the deadline."""
+        if time.perf_counter() > self.deadline:
+            self.skipped.append({**base, "reason": "time limit reached before this row"})
+            return
+        workloads, work, limit = make()
+        into.append(_measure(workloads, self.protocol, dict(base), work, limit))
+
+
+def _llm_rows(shape: str, config: dict, spec: dict, run: _Run) -> dict:
+    import headprune as hp
+
+    original = _build("llama", config, spec, run.device)
+    info = {"config": config, "unpruned": _shape_info(original, None), "pruned": {}}
+    for fraction in FRACTIONS:
+        key = f"{round(fraction * 100)}%"
+        if time.perf_counter() > run.deadline:
+            run.skipped.append({"shape": shape, "fraction": fraction, "reason": "time limit reached before this model"})
+            continue
+        heads, neurons = _llm_plan(original, fraction, spec["align"], seed=round(fraction * 100))
+        pruned = copy.deepcopy(original)
+        hp.prune_heads(pruned, heads)
+        hp.prune_neurons(pruned, neurons)
+        p = _shape_info(pruned, original)
+        p["aligned"] = all(w % spec["align"] == 0 for w in p["attention_widths"] + p["ffn_widths"])
+        info["pruned"][key] = p
+        _pair_rows({"shape": shape, "fraction": fraction}, original, pruned, spec, run)
+        del pruned
+        _free(run.device)
+    del original
+    _free(run.device)
+    return info
+
+
+def _pair_rows(where: dict, original, pruned, spec: dict, run: _Run) -> None:
+    """Prefill and decode rows of one pruned model against the unpruned one."""
+    pair, device = {"unpruned": original, "pruned": pruned}, run.device
+    prompt, new = spec["prompt_len"], spec["new_tokens"]
+    for batch, seq in spec["prefill"]:
+        def prefill(b=batch, s=seq):
+            return ({n: _forward(m, b, s, device, causal=True) for n, m in pair.items()}, b * s,
+                    _prefill_flops(original, s) / _prefill_flops(pruned, s))
+        run.row(run.rows, {**where, "workload": "prefill", "batch": batch, "seq_len": seq, "unit": "tokens",
+                           "limit_kind": "FLOPs per token"}, prefill)
+    for batch in spec["decode"]:
+        def decode(b=batch):
+            return ({n: _decode(m, b, prompt, new, device) for n, m in pair.items()}, b * new,
+                    _decode_bytes(original, b, prompt, new) / _decode_bytes(pruned, b, prompt, new))
+        run.row(run.rows, {**where, "workload": "decode", "batch": batch, "seq_len": prompt, "new_tokens": new,
+                           "unit": "tokens", "limit_kind": "bytes read per token (weights + KV cache)"}, decode)
+
+
+def _table4(spec: dict, run: _Run) -> dict:
+    """The paper's section 4.3: BERT-base shape, half of the 144 heads removed at random, examples/s by batch."""
+    import headprune as hp
+    from headprune.bench.timing import fraction_plan
+
+    original = _build("bert", spec["bert"], spec, run.device)
+    pruned = copy.deepcopy(original)
+    hp.prune_heads(pruned, fraction_plan(original, 0.5, order="random", seed=0))
+    seq, device = spec["table4_seq"], run.device
+    limit = _prefill_flops_encoder(original, seq) / _prefill_flops_encoder(pruned, seq)
+    pair = {"unpruned": original, "pruned": pruned}
+    for batch in spec["table4_batches"]:
+        def forward(b=batch):
+            return {n: _forward(m, b, seq, device, causal=False) for n, m in pair.items()}, b, limit
+        run.row(run.table4, {"shape": "bert-base", "fraction": 0.5, "units": "heads", "workload": "forward",
+                             "batch": batch, "seq_len": seq, "unit": "examples", "limit_kind": "FLOPs per example",
+                             "paper": PAPER_TABLE4.get(batch)}, forward)
+    info = {"config": spec["bert"], "unpruned": _shape_info(original, None),
+            "pruned": {"50% of heads": _shape_info(pruned, original)}}
+    pair.clear()  # the models go before the next shape is built
+    _free(run.device)
+    return info
+
+
+def _prefill_flops_encoder(model, seq: int) -> int:
+    from headprune.core.cost import flop_breakdown
+
+    return flop_breakdown(model, seq)["total"]
+
+
+def _free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _line(row: dict) -> str:
+    t = row["throughput"]
+    flag = "" if row["reliable"] else "  UNRELIABLE: " + row["reason"]
+    return (f"{row['shape']:<13} {row['fraction']:.0%} {row['workload']:<7} batch {row['batch']:>3} x {row['seq_len']:>4}: "
+            f"{t['unpruned']:>10.1f} -> {t['pruned']:>10.1f} {row['unit']}/s  x{row['ratio']:.3f} "
+            f"[{row['ratio_low']:.3f}, {row['ratio_high']:.3f}]  limit x{row['limit']:.3f}{flag}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
