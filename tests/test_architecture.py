@@ -28,6 +28,7 @@ LONG_FUNCTIONS = {
 }
 # More than MAX_PARAMETERS (CLI commands, whose parameters are their flags, are not counted):
 MANY_PARAMETERS = {
+    "selection.aligned.select_aligned": "select_units' keyword options (GQA mode, units, per-site minimum) plus the block",
     "compression.entry.compress": "the entry point: its data (val_batches, fit_batches, prices, sites, loss_fn) "
                                   "are keywords beside the settings object",
     "compression.plan.plan_heads": "reused scores, prices and sites for several budgets on one model",
