@@ -63,9 +63,16 @@ def test_obs_removal_equals_a_direct_least_squares_refit(group, lam):
     _, want = lstsq_loss(x, w, kept, lam)
     torch.testing.assert_close(w_new[:, kept], want, rtol=1e-7, atol=1e-9)
     assert w_new[:, groups[dropped].flatten()].abs().max() == 0
-    # the first greedy step is the cheapest group by brute force, and its OBS cost is that refit's loss
+    # every greedy step removes the group whose removal, after the earlier ones, leaves the lowest lstsq loss
+    gone: list[int] = []
+    for _ in range(k):
+        left = [q for q in range(n) if q not in gone]
+        trial = {q: lstsq_loss(x, w, sorted(set(range(12)) - set(groups[gone + [q]].flatten().tolist())), lam)[0]
+                 for q in left}
+        gone.append(min(trial, key=trial.get))
+    assert dropped == gone
+    # the OBS cost of each group from the full layer is that refit's loss
     losses = [lstsq_loss(x, w, sorted(set(range(12)) - set(groups[q].tolist())), lam)[0] for q in range(n)]
-    assert dropped[0] == int(np.argmin(losses))
     cost = obs.obs_cost(w, torch.linalg.inv(h), groups)
     torch.testing.assert_close(cost, torch.tensor(losses, dtype=torch.float64), rtol=1e-7, atol=1e-9)
     # the closed-form objective and refit agree with the solve too

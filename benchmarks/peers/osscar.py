@@ -60,6 +60,8 @@ def swap_deltas(w0: torch.Tensor, h: torch.Tensor, groups: torch.Tensor, kept: l
     hinv_pp = hinv[kg.unsqueeze(-1), kg.unsqueeze(-2)]  # [n_kept, g, g]
     bs = hinv @ h[:, groups[removed].flatten()]  # [C, len(removed) * g]: zero outside the kept columns
     width = groups.shape[1]
+    if width == 1:  # single columns (neurons): every pair at once, as matrices [removed, kept]
+        return _column_swaps(w, h, g, bs, kg[:, 0], groups[removed][:, 0], hinv_pp[:, 0, 0])
     for i, q in enumerate(removed):
         cols = groups[q]
         b = bs[:, i * width:(i + 1) * width]  # [C, g]
@@ -72,6 +74,22 @@ def swap_deltas(w0: torch.Tensor, h: torch.Tensor, groups: torch.Tensor, kept: l
         hinv_new = hinv_pp + b_p @ torch.linalg.solve(s, b_p.transpose(1, 2))  # [n_kept, g, g]
         out[i] = block_cost(w_new, hinv_new) - gain
     return out
+
+
+def _column_swaps(w, h, g, b, kept, removed, hinv_kk) -> torch.Tensor:
+    """:func:`swap_deltas` for groups of one column: ``b`` [C, r] = ``Hinv H_:,R``, ``kept`` [k] and ``removed``
+    [r] column indices, ``hinv_kk`` [k] the diagonal of ``Hinv`` at the kept columns."""
+    s = h[removed, removed] - (h[removed] * b.T).sum(1)  # [r]: Schur complements
+    r = g[removed] - h[removed] @ w.T  # [r, d_out]
+    c = r / s.unsqueeze(1)  # [r, d_out]
+    gain = 0.5 * (r * c).sum(1)  # [r]
+    w_k = w[:, kept]  # [d_out, k]
+    b_k = b[kept].T  # [r, k]
+    norm = w_k.pow(2).sum(0)  # [k]
+    cross = c @ w_k  # [r, k]: c_i . w_j
+    new_norm = norm - 2 * b_k * cross + b_k.pow(2) * c.pow(2).sum(1, keepdim=True)  # ||w_j - c_i b_ji||^2
+    new_hinv = hinv_kk + b_k.pow(2) / s.unsqueeze(1)  # [r, k]
+    return 0.5 * new_norm / new_hinv - gain.unsqueeze(1)
 
 
 def local_search(w0: torch.Tensor, h: torch.Tensor, groups: torch.Tensor, dropped: list[int],
@@ -94,12 +112,12 @@ def local_search(w0: torch.Tensor, h: torch.Tensor, groups: torch.Tensor, droppe
 
 
 def osscar_remove(w0: torch.Tensor, h: torch.Tensor, groups: torch.Tensor, k: int,
-                  max_swaps: int = MAX_SWAPS) -> tuple[list[int], torch.Tensor]:
-    """OSSCAR on one layer: greedy removal of ``k`` groups, local search, refit -> (dropped groups, W')."""
+                  max_swaps: int = MAX_SWAPS) -> tuple[list[int], torch.Tensor, int]:
+    """OSSCAR on one layer: greedy removal of ``k`` groups, local search, refit -> (dropped groups, W', swaps)."""
     dropped, _, _ = greedy_remove(w0, h, groups, k)
-    dropped, _ = local_search(w0, h, groups, dropped, max_swaps)
+    dropped, swaps = local_search(w0, h, groups, dropped, max_swaps)
     kept = torch.tensor([j for j in range(groups.shape[0]) if j not in dropped], dtype=torch.long)
-    return dropped, refit(w0, h, groups[kept].flatten() if kept.numel() else kept)
+    return dropped, refit(w0, h, groups[kept].flatten() if kept.numel() else kept), swaps
 
 
 def osscar_plan(model: nn.Module, batches, budget: float, *, damping: float = DAMPING,
@@ -111,11 +129,16 @@ def osscar_plan(model: nn.Module, batches, budget: float, *, damping: float = DA
     pairs = layer_pairs(ledger)
     ratio = ledger.target / sum(ledger.layer_pool(layer) for layer, _, _ in pairs)
 
+    swaps: list[int] = []  # per consumer layer, in order: swaps the local search made
+
     def remover(w, h, groups, k):
-        return osscar_remove(w, h, groups, k, max_swaps)
+        dropped, w_new, n = osscar_remove(w, h, groups, k, max_swaps)
+        swaps.append(n)
+        return dropped, w_new
 
     weights = layerwise(model, batches, ledger, [ratio] * len(pairs), remover, remover, damping)
     plan = ledger.plan("osscar", info={"ratio_per_layer": ratio, "damping": damping, "max_swaps": max_swaps,
+                                       "swaps_per_consumer": swaps,
                                        "steps": "greedy Schur-complement removal, best-swap local search, "
                                                 "least-squares refit", "sequential": True,
                                        "seconds": time.perf_counter() - start})

@@ -85,5 +85,6 @@ def shortgpt_plan(model: nn.Module, batches, budget: float) -> Plan:
     if not ledger.met:
         raise ConfigError(f"budget={budget}: removing every block removes {ledger.removed} of the {ledger.target} "
                           "parameters asked for")
-    return ledger.plan("shortgpt", info={"blocks_removed": taken, "block_influence": influence,
+    return ledger.plan("shortgpt", info={"blocks_removed": taken,
+                                         "block_influence": {str(k): v for k, v in influence.items()},  # JSON keys
                                          "seconds": time.perf_counter() - start})

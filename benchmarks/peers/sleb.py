@@ -47,8 +47,10 @@ def calibration_nll(model: nn.Module, batches) -> tuple[float, int]:
 
 def block_masks(ledger: Ledger, layers: list[int]) -> tuple[dict, dict]:
     """(head mask, neuron mask): every head and neuron of ``layers`` zero, the rest one."""
-    heads = {n: torch.full((s.num_heads,), 0.0 if s.layer in layers else 1.0) for n, s in ledger.sites.items()}
-    neurons = {n: torch.full((f.width,), 0.0 if f.layer in layers else 1.0) for n, f in ledger.ffns.items()}
+    heads = {n: torch.full((s.num_heads,), 0.0 if s.layer in layers else 1.0, device=s.o.weight.device)
+             for n, s in ledger.sites.items()}
+    neurons = {n: torch.full((f.width,), 0.0 if f.layer in layers else 1.0, device=f.down.weight.device)
+               for n, f in ledger.ffns.items()}
     return heads, neurons
 
 
