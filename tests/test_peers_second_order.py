@@ -24,6 +24,15 @@ import headprune as hp  # noqa: E402
 from test_peers import batches, llama  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny matrices: one thread is fastest, and on a shared machine many threads stall each other."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def layer_problem(seed: int, tokens: int = 60, width: int = 12, d_out: int = 5):
     """(X [tokens, C], W [d_out, C]) float64 with correlated columns, so removals interact."""
     g = torch.Generator().manual_seed(seed)
