@@ -160,7 +160,12 @@ def test_sleb_removes_the_block_brute_force_scoring_prefers_each_time():
     scores = {i: own_perplexity(without_blocks(model, [i]), data) for i in range(4)}
     assert first == min(scores, key=scores.get)
     assert ppl1 == pytest.approx(scores[first], rel=1e-5)
+    calls = []  # real block computations in one step: a recording pass, then each candidate from itself up
+    handles = [m.register_forward_hook(lambda *_a, i=i: calls.append(i)) for i, m in enumerate(model.model.layers)]
     second, ppl2 = sleb.next_block(model, data, ledger, [first])
+    for h in handles:
+        h.remove()
+    assert sorted(calls) == sorted([*range(4), *(i for j in range(4) if j != first for i in range(j, 4))])
     scores2 = {i: own_perplexity(without_blocks(model, [first, i]), data) for i in range(4) if i != first}
     assert second == min(scores2, key=scores2.get)
     assert ppl2 == pytest.approx(scores2[second], rel=1e-5)
