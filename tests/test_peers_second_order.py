@@ -88,8 +88,13 @@ def test_obs_removal_equals_a_direct_least_squares_refit(group, lam):
     assert obs.objective(w, h, torch.tensor(kept)) == pytest.approx(lstsq_loss(x, w, kept, lam)[0], rel=1e-8)
 
 
-def test_shrinking_batches_remove_half_of_what_is_left_then_one_by_one():
-    assert [slimgpt.ffn_batch(n) for n in (9, 4, 2, 1)] == [4, 2, 1, 1]
+def test_slimgpt_ffn_batches_shrink_as_its_code_schedules_them():
+    batch, left, sizes = slimgpt.ffn_batches(3000), 3000, []
+    while left:
+        sizes.append(batch(left))
+        left -= sizes[-1]
+    assert sizes[:3] == [1024, 366, 64] and set(sizes[2:-1]) == {64} and sum(sizes) == 3000
+    assert slimgpt.ffn_batches(10)(10) == 10  # a small layer: one batch
 
 
 @pytest.mark.parametrize("group", [1, 2])
@@ -276,6 +281,6 @@ def test_incremental_ratios_rise_with_depth_and_average_the_ratio():
     r = slimgpt.incremental_ratios(0.3, 10)
     assert all(a < b for a, b in zip(r, r[1:], strict=False))
     assert sum(r) / 10 == pytest.approx(0.3, rel=1e-9)
-    assert r[0] == pytest.approx(0.15)
+    assert r[0] == pytest.approx(0.075)
     with pytest.raises(hp.ConfigError, match="ratio=0.95"):
         slimgpt.incremental_ratios(0.95, 10)

@@ -140,9 +140,11 @@ def refit(w0: torch.Tensor, h: torch.Tensor, kept: torch.Tensor) -> torch.Tensor
 
 
 def layerwise(model: nn.Module, batches, ledger: Ledger, shares: list[float], heads: Remover, neurons: Remover,
-              damping: float) -> dict[str, torch.Tensor]:
+              damping: float, heads_of: Callable[[float, int], int] = lambda share, n: int(share * n)
+              ) -> dict[str, torch.Tensor]:
     """Prune layer by layer on a copy, each projection's inputs recorded on the model already pruned below it
-    (the site first, then the FFN on inputs after the site's cut): ``int(share x H)`` heads of the layer by
+    (the site first, then the FFN on inputs after the site's cut): ``heads_of(share, H)`` heads (default
+    ``int(share x H)``) of the layer by
     ``heads`` (more where even all but one neuron would not reach the share), then neurons by ``neurons`` until the layer has lost ``share`` of :meth:`Ledger.layer_pool` (to
     the next whole neuron). Units go into ``ledger``; returns {o_proj / down_proj path: W' [d_out, C] at the
     unpruned width}, the weights :func:`peers.plan.apply_plan` sets before surgery."""
@@ -151,7 +153,7 @@ def layerwise(model: nn.Module, batches, ledger: Ledger, shares: list[float], he
     for (layer, site, ffn), share in zip(layer_pairs(ledger), shares, strict=True):
         start, goal = ledger.removed, share * ledger.layer_pool(layer)
         s = {x.name: x for x in find_sites(work)}[site]
-        n_heads = int(share * s.num_heads)
+        n_heads = min(s.num_heads, heads_of(share, s.num_heads))
         width, cost = ledger.ffns[ffn].width, ledger.neuron_cost(ffn)
         while n_heads < s.num_heads and n_heads * ledger.q_cost(site) + (width - 1) * cost < goal:
             n_heads += 1  # the neurons alone cannot reach the layer's share: more heads first (as uniform_layer)
