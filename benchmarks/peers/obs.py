@@ -95,11 +95,12 @@ def block_cost(w_q: torch.Tensor, hinv_qq: torch.Tensor) -> torch.Tensor:
 
 
 def obs_remove(w: torch.Tensor, hinv: torch.Tensor, cols: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(W', Hinv'): the columns ``cols`` [q] removed with the OBS update of the others, ``Hinv`` downdated."""
-    h_qq = hinv[cols][:, cols]  # [q, q]
-    rows = hinv[cols]  # [q, C]
-    w = w - w[:, cols] @ torch.linalg.solve(h_qq, rows)
-    hinv = hinv - rows.T @ torch.linalg.solve(h_qq, rows)
+    """(W', Hinv'), in place: the columns ``cols`` [q] removed with the OBS update of the others, ``Hinv``
+    downdated by its Schur complement (no [C, C] temporary: the update is one in-place ``addmm``)."""
+    rows = hinv[cols]  # [q, C] (a copy)
+    sol = torch.linalg.solve(rows[:, cols], rows)  # [q, C] = [Hinv_QQ]^-1 Hinv_Q,:
+    w.addmm_(w[:, cols], sol, alpha=-1)
+    hinv.addmm_(rows.T, sol, alpha=-1)
     w[:, cols] = 0
     hinv[cols] = 0
     hinv[:, cols] = 0
@@ -111,6 +112,7 @@ def greedy_remove(w: torch.Tensor, h: torch.Tensor, groups: torch.Tensor, k: int
     """(dropped groups in order, W', Hinv'): ``k`` groups removed greedily by their OBS cost, ``batch(left)`` of
     the cheapest at a time (one by default), with the OBS update after each step."""
     hinv = torch.linalg.inv(h)
+    w = w.clone()
     alive = list(range(groups.shape[0]))
     dropped: list[int] = []
     while len(dropped) < k:
