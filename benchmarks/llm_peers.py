@@ -6,7 +6,8 @@ calibration set and one evaluation protocol (issue #26).
     python benchmarks/llm_peers.py --methods flap,wanda-sp --budgets 0.2
     python benchmarks/llm_peers.py --write-docs docs/peers.md   # table + figure from the committed JSON
 
-Methods (``benchmarks/peers``): FLAP, Wanda-sp, LLM-Pruner (Taylor, no LoRA), Torch-Pruning 1.6.1's LLM
+Methods (``benchmarks/peers``): FLAP, Wanda-sp, LLM-Pruner (Taylor, no LoRA), SlimGPT and OSSCAR (second-order
+removal with the refit of the kept columns), SLEB and ShortGPT (whole blocks), Torch-Pruning 1.6.1's LLM
 recipe, and headprune's ``compress`` configurations (``peers/headprune_rows.py``). Every method but
 Torch-Pruning produces a plan applied with headprune's surgery, and removes the same share of the model's
 non-embedding parameters (10/20/30/50% by default) to within one unit.
@@ -42,7 +43,11 @@ from peers import protocol, report, results_io  # noqa: E402
 from peers.flap import flap_plan  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, headprune_row  # noqa: E402
 from peers.llm_pruner import llm_pruner_plan  # noqa: E402
+from peers.osscar import osscar_plan  # noqa: E402
 from peers.plan import apply_plan, check_llama_like  # noqa: E402
+from peers.shortgpt import shortgpt_plan  # noqa: E402
+from peers.sleb import sleb_plan  # noqa: E402
+from peers.slimgpt import slimgpt_plan  # noqa: E402
 from peers.torch_pruning_run import installed_version, torch_pruning_row  # noqa: E402
 from peers.wanda_sp import wanda_sp_plan  # noqa: E402
 
@@ -55,7 +60,8 @@ from headprune.provenance import file_sha256, versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("HEADPRUNE_SHARED_DATA", "/work/shared/data"))
-PLANS = {"flap": flap_plan, "wanda-sp": wanda_sp_plan, "llm-pruner": llm_pruner_plan}
+PLANS = {"flap": flap_plan, "wanda-sp": wanda_sp_plan, "llm-pruner": llm_pruner_plan, "slimgpt": slimgpt_plan,
+         "osscar": osscar_plan, "sleb": sleb_plan, "shortgpt": shortgpt_plan}
 METHODS = (*PLANS, "torch-pruning", *CONFIGURATIONS)
 BUDGETS = (0.1, 0.2, 0.3, 0.5)
 # What was added or changed after evaluation results were seen (recorded in the JSON; docs/peers.md says it too)

@@ -7,6 +7,11 @@ shares one mechanism and one parameter count.
     flap           FLAP (An et al., AAAI 2024): fluctuation scores, adaptive widths, bias compensation
     wanda_sp       structured Wanda (FLAP's baseline): |W| x ||X||, the same share removed in every layer
     llm_pruner     LLM-Pruner (Ma et al., NeurIPS 2023): first-order Taylor of the coupled group, no LoRA
+    slimgpt        SlimGPT (Ling et al., NeurIPS 2024): sequential group OBS removal, incremental ratios
+    osscar         OSSCAR (Meng et al., ICML 2024): greedy Schur-complement removal, swap local search, refit
+    obs            the second-order math both share, and their layer-by-layer driver
+    sleb           SLEB (Song et al., ICML 2024): whole blocks by the calibration perplexity after removal
+    shortgpt       ShortGPT (Men et al., 2024): whole blocks by Block Influence
     torch_pruning  Torch-Pruning 1.6.1's own LLM recipe, run as it is (its own surgery), under a time limit
     headprune_rows headprune through its public API: a list of PruneSettings configurations
 

@@ -4,7 +4,10 @@ A plan drops query heads per attention site and neurons per FFN (indices among t
 headprune's site and FFN names) and may add biases to output projections (FLAP). :func:`apply_plan` applies
 it with headprune's surgery (``headprune.prune_heads`` / ``headprune.prune_neurons``: a key/value head goes
 when its last query head goes; a site without heads leaves its output bias), so every method shares one
-mechanism.
+mechanism. Second-order methods (SlimGPT, OSSCAR) also replace output / down projection weights (their
+refit kept columns) before the cut. A whole block goes as every head and every neuron of its layer
+(:meth:`Ledger.take_block`): the attention and the FFN then add nothing to the residual stream, which is the
+block removed (SLEB, ShortGPT); only its two norm vectors stay, counted as kept.
 
 Budgets are a share ``b`` of the model's non-embedding parameters (every parameter but the input and output
 embeddings) removed. :class:`Ledger` prices units exactly as surgery removes them: a query head costs its
@@ -37,10 +40,12 @@ class Plan:
     neurons: dict[str, list[int]]  # {ffn: neurons dropped, indices among the unpruned FFN's neurons}
     biases: dict[str, torch.Tensor] = field(default_factory=dict)  # {o_proj / down_proj path: bias added}
     info: dict = field(default_factory=dict)  # method settings and budget bookkeeping (JSON-ready)
+    # {o_proj / down_proj path: [d_out, C] weight at the unpruned width, set before surgery} (SlimGPT, OSSCAR)
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def counts(self) -> dict:
         return {"heads": sum(map(len, self.heads.values())), "neurons": sum(map(len, self.neurons.values())),
-                "biases": len(self.biases)}
+                "biases": len(self.biases), "weights": len(self.weights)}
 
 
 def nonembedding_params(model: nn.Module) -> int:
@@ -71,7 +76,14 @@ def apply_plan(model: nn.Module, plan: Plan, *, verify: bool = True) -> nn.Modul
     then headprune's surgery. ``verify`` runs headprune's trial of the model's class before any change."""
     if verify:
         verify_surgery(model, ("heads", "neurons"))
+    for path, weight in plan.weights.items():  # checked before anything changes
+        shape = tuple(model.get_submodule(path).weight.shape)
+        if tuple(weight.shape) != shape:
+            raise ConfigError(f"plan weight for {path!r} has shape {tuple(weight.shape)}; allowed: the unpruned {shape}")
     with torch.no_grad():
+        for path, weight in plan.weights.items():
+            linear = model.get_submodule(path)
+            linear.weight.copy_(weight.to(linear.weight.dtype).to(linear.weight.device))
         for path, bias in plan.biases.items():
             linear = model.get_submodule(path)
             value = bias.to(linear.weight.dtype).to(linear.weight.device)
@@ -165,6 +177,17 @@ class Ledger:
         self.removed += self.neuron_cost(ffn) - self._bias_cost(down)
         self.neurons[ffn].add(j)
         self._mark(down)
+
+    def take_block(self, layer: int) -> None:
+        """Every query head and every neuron of ``layer``: the block removed (its residual branches add nothing)."""
+        for n, s in self.sites.items():
+            if s.layer == layer:
+                for h in range(s.num_heads):
+                    self.take_head(n, h)
+        for n, f in self.ffns.items():
+            if f.layer == layer:
+                for j in range(f.width):
+                    self.take_neuron(n, j)
 
     def _mark(self, module: nn.Module) -> None:
         if self.bias:
