@@ -217,7 +217,7 @@ def prune(method: str, model, batches, budget: float, base: dict, args) -> tuple
             result = compress(model, batches, settings)
             d = result.to_dict()
             pruned, info = result.model, {"stages": d.get("stages"), "seconds": d.get("seconds"),
-                                          "rejected": d.get("rejected"), "settings": vars(settings).copy()}
+                                          "rejected": d.get("rejected"), "settings": settings.to_dict()}
     except (HeadpruneError, ValueError, RuntimeError) as e:
         return None, row | {"status": "failed", "error": f"{type(e).__name__}: {e}"}
     row |= {"status": "ok", "prune_seconds": time.perf_counter() - start, "info": info}

@@ -84,7 +84,7 @@ def prune(model, calib: list[list[int]], budget: float) -> tuple[torch.nn.Module
     d = result.to_dict()
     heads = {s.name: s.num_heads for s in headprune.find_sites(result.model)}
     widths = {f.name: f.width for f in headprune.find_ffns(result.model)}
-    return result.model, {"compress": {k: v for k, v in vars(settings).items()}, "budget": budget,
+    return result.model, {"compress": settings.to_dict(), "budget": budget,
                           "heads_kept": heads, "ffn_widths": widths, "stages": d.get("stages"),
                           "removed_nonembedding_share": 1 - _nonembedding(result.model) / _nonembedding(model)}
 

@@ -46,7 +46,7 @@ def _single(args: list[str]):
 
 def test_importance_under_torchrun_equals_one_process(setup):
     root, model, data = setup
-    for scores in ("importance",):  # the Fisher shares the one summing path (scoring.gradients.gradient_sums)
+    for scores in ("ih",):  # the Fisher shares the one summing path (scoring.gradients.gradient_sums)
         base = ["importance", str(model), "--task", "classification", "--data", str(data), "--batch-size", "3",
                 "--normalize", "none", "--scores", scores]
         _single([*base, "-o", str(root / f"one-{scores}")])

@@ -62,7 +62,7 @@ def test_plan_for_a_different_model_is_refused(tmp_path):
     with pytest.raises(hp.PlanError, match="different model"):
         hp.load_pruned(tmp_path / "m")
     with pytest.raises(hp.PlanError, match="unknown site 'decoder.0.self'"):
-        hp.keep_heads(build("bert"), {"decoder.0.self": [0]})
+        hp.replay_kept_heads(build("bert"), {"decoder.0.self": [0]})
 
 
 @pytest.mark.parametrize(

@@ -106,7 +106,7 @@ class PruneFlags(Flags):
                                "64 / 128 for GPU tiles (the budget over heads and neurons; default 1: any width).")
     config: Path = _option(None, "--config", "The settings from a TOML file instead of these flags: a [settings] "
                            "table of PruneSettings fields, as every compress run writes to compress.toml (rerun a "
-                           "run with --config RUN/compress.toml).")
+                           "run with --config RUN/compress.toml; default: none, the flags).")
 
     def settings(self):
         """The one :class:`~headprune.compression.PruneSettings`, its errors naming these flags (or the file)."""
