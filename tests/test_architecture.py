@@ -374,3 +374,56 @@ def test_layer_check_sees_an_upward_import():
     """The check above on a known pair: surgery sits below verification, the public prune above it."""
     assert _core_layer(f"{ROOT}.core.surgery") < _core_layer(f"{ROOT}.core.verify") < _core_layer(f"{ROOT}.core.prune")
     assert f"{ROOT}.core.verify" in _dependencies(f"{ROOT}.core.prune")
+
+
+# Module-level containers that functions change: only these, each a documented registry or cache (issue 35)
+MUTABLE_STATE = {
+    "compression.compensation._REGISTRY": "compensations by name: register_compensation adds one",
+    "scoring.registry._REGISTRY": "scorers by name: register_scorer adds one",
+    "core.verify._VERDICTS": "verdicts per class and shrunk config, cached for the process",
+    "core.runtime.SWAPPED_CLASSES": "one swapped class per (mixin, base), written once per key",
+}
+_MUTATORS = {"append", "extend", "update", "add", "pop", "clear", "setdefault", "remove", "insert", "popitem",
+             "discard"}
+
+
+def _mutated_module_state() -> set[str]:
+    """``module.NAME`` for every module-level dict / list / set that a function of the module changes."""
+    found, base = set(), SRC / "headprune"
+    for path in sorted(base.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        module = ".".join(path.relative_to(base).with_suffix("").parts)
+        containers = set()
+        for node in tree.body:
+            target, value = ((node.targets[0], node.value) if isinstance(node, ast.Assign) else
+                             (node.target, node.value) if isinstance(node, ast.AnnAssign) else (None, None))
+            if isinstance(target, ast.Name) and (isinstance(value, (ast.Dict, ast.List, ast.Set, ast.DictComp,
+                                                                     ast.ListComp, ast.SetComp))
+                                                 or isinstance(value, ast.Call) and getattr(value.func, "id", "")
+                                                 in ("dict", "list", "set", "defaultdict")):
+                containers.add(target.id)
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for n in ast.walk(fn):
+                targets = n.targets if isinstance(n, (ast.Assign, ast.Delete)) else \
+                    [n.target] if isinstance(n, ast.AugAssign) else []
+                names = [t.value.id for t in targets if isinstance(t, ast.Subscript) and isinstance(t.value, ast.Name)]
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr in _MUTATORS \
+                        and isinstance(n.func.value, ast.Name):
+                    names.append(n.func.value.id)
+                found |= {f"{module}.{name}" for name in names if name in containers}
+    return found
+
+
+def test_no_mutable_module_state_outside_the_documented_registries_and_caches():
+    found = _mutated_module_state()
+    assert found <= set(MUTABLE_STATE), f"module-level state changed by functions: {sorted(found - set(MUTABLE_STATE))}"
+    assert set(MUTABLE_STATE) <= found, f"no longer changed, drop from MUTABLE_STATE: {sorted(set(MUTABLE_STATE) - found)}"
+
+
+def test_the_state_check_sees_a_module_counter(tmp_path, monkeypatch):
+    """The check itself: a module-level list a function increments is found."""
+    package = tmp_path / "headprune"
+    package.mkdir()
+    (package / "bad.py").write_text("_COUNT = [0]\n\ndef bump():\n    _COUNT[0] += 1\n")
+    monkeypatch.setattr(sys.modules[__name__], "SRC", tmp_path)
+    assert _mutated_module_state() == {"bad._COUNT"}

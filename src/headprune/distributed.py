@@ -20,12 +20,14 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-_STATE = {"sharded": False}
+# Whether library work inside a `sharded()` block is split across ranks: per thread / task (a context variable)
+_SHARDED: ContextVar[bool] = ContextVar("headprune_sharded", default=False)
 
 
 def _group_size() -> tuple[int, int]:
@@ -36,7 +38,7 @@ def _group_size() -> tuple[int, int]:
 
 def rank_world() -> tuple[int, int]:
     """(rank, world size) of the work split in force: (0, 1) outside :func:`sharded` or in a unit."""
-    return _group_size() if _STATE["sharded"] else (0, 1)
+    return _group_size() if _SHARDED.get() else (0, 1)
 
 
 def is_main() -> bool:
@@ -52,12 +54,11 @@ def spread() -> bool:
 @contextmanager
 def sharded(enabled: bool = True) -> Iterator[None]:
     """Split library work across the ranks of the initialised process group inside the block."""
-    before = _STATE["sharded"]
-    _STATE["sharded"] = enabled
+    token = _SHARDED.set(enabled)
     try:
         yield
     finally:
-        _STATE["sharded"] = before
+        _SHARDED.reset(token)
 
 
 def local() -> AbstractContextManager[None]:

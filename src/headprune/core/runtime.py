@@ -84,6 +84,8 @@ def swap_class(module: nn.Module, mixin: type) -> None:
     module.__class__ = SWAPPED_CLASSES[key]
 
 
+# The documented class cache: one swapped class per (mixin, base), so every pruned module of a class shares one
+# type (pickling, isinstance and torch.compile see one class); written once per key, never cleared.
 SWAPPED_CLASSES: dict[tuple[type, type], type] = {}
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import json
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
@@ -75,8 +76,12 @@ class Verdict:
             "(CLI: --no-verify) only if you have checked the result yourself")
 
 
+# The documented cache: verdicts per class and shrunk config (module doc), for this process; a verdict is data
+# written once per key, so threads at worst compute one twice.
 _VERDICTS: dict[str, Verdict] = {}
-_ACTIVE = [0]  # verifications running now: the shrunk copies' own surgery and reload are not re-verified
+# Whether a verification runs in this thread / task: the shrunk copies' own surgery and reload are not
+# re-verified. A context variable, not a module-level counter: concurrent verifications do not see each other.
+_VERIFYING: ContextVar[bool] = ContextVar("headprune_verifying", default=False)
 
 
 UNITS = ("heads", "neurons")
@@ -101,17 +106,17 @@ def check_model(model: nn.Module, units: tuple[str, ...] = ("heads",)) -> Verdic
     classes = sorted({type(s.attention).__name__ for s in sites})
     small_config = shrunk_config(model.config)
     key = _key(model, small_config, units)
-    if _ACTIVE[0]:
+    if _VERIFYING.get():
         return Verdict(family, type(model).__name__, classes, exact=["(inside a verification)"])
     verdict = _VERDICTS.get(key)
     if verdict is None:
-        _ACTIVE[0] += 1
+        token = _VERIFYING.set(True)
         try:
             outcome = run_trial(type(model), small_config, getattr(model.config, "_attn_implementation", None), units)
             verdict = Verdict(family, type(model).__name__, classes, exact=outcome.exact, problems=outcome.problems,
                               transient=outcome.transient)
         finally:
-            _ACTIVE[0] -= 1
+            _VERIFYING.reset(token)
         if not verdict.transient:
             _VERDICTS[key] = verdict
     verdict = copy.deepcopy(verdict)

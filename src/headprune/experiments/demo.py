@@ -12,6 +12,7 @@ import copy
 import importlib.util
 import json
 import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,8 +96,9 @@ class DemoSettings:
         if mode == "check":
             return cls(mode="check", eval_blocks=2, calib_blocks=4, ablate_layers=1, max_ppl_increase=1.0,
                        fractions=(0.0, 0.02, 0.1, 0.2), batch_sizes=(1,), repeats=2)
-        if mode == "quick":
-            return cls(mode="quick", batch_sizes=(1, 4), repeats=2)
+        if mode == "quick":  # seconds: fewer blocks and curve steps than the real demo
+            return cls(mode="quick", eval_blocks=4, calib_blocks=8, fractions=(0.0, 0.1, 0.2, 0.3, 0.5, 1.0),
+                       batch_sizes=(1, 4), repeats=2)
         raise ConfigError(f"mode={mode!r}; allowed: 'full', 'check', 'quick'")
 
 
@@ -145,7 +147,7 @@ def _study(model, calib: LanguageModelling, held_out: LanguageModelling, run: Ru
           f"({table[0]['heads']} query / {table[0]['kv_heads']} key-value heads per layer); "
           f"evaluation: {len(held_out)} blocks of {s.block_size} tokens")
     print(f"[2/7] head importance I_h over {len(calib)} calibration blocks (one backward per batch)")
-    scores = head_importance(model, calib.batches(), progress=True)
+    scores = head_importance(model, calib.batches(), progress=bars())
     run.write_json("importance.json", {k: v.tolist() for k, v in scores.items()})  # run.json too: resumable from here
     fig.importance_heatmap({k: v.tolist() for k, v in scores.items()}, output / "importance.png")
 
@@ -154,12 +156,12 @@ def _study(model, calib: LanguageModelling, held_out: LanguageModelling, run: Ru
     print(f"[3/7] one-head ablation of the {len(chosen) * table[0]['heads']} heads of layers {top[0]}-{top[-1]} "
           "(layers below replayed from a cache)")
     ablation_report = run_ablation(model, held_out, output / "ablation", signature=run.signature, sites=chosen,
-                                   settings=SweepSettings(), fresh=False)
+                                   settings=SweepSettings(), fresh=False, progress=bars())
 
     print("[4/7] pruning curve on the calibration text: I_h order vs random order")
     curve_report = run_curves(model, calib, output / "curve", fresh=False, signature=run.signature,
                               settings=CurveSettings(fractions=s.fractions, orders=("importance", "random"), seeds=(0,)),
-                              importance_batches=calib.batches)
+                              importance_batches=calib.batches, progress=bars())
     curve = json.loads((output / "curve" / "results.json").read_text())["rows"]
     level = choose_level(curve, s.max_ppl_increase)
     if s.mode == "check" and level == 0:  # the check always exercises surgery, save/load and the speed check
@@ -182,12 +184,12 @@ def _prune_and_check(model, tokenizer, study: dict, held_out: LanguageModelling,
         print(f"[5/7] no curve step stays within {s.max_ppl_increase:.0%} of the unpruned perplexity on the "
               "calibration text: nothing is pruned")
     print("      held-out perplexity of the masked model, then of the pruned one")
-    masked_result = held_out.evaluate(model, mask_from_heads(model, drop), progress=True)
+    masked_result = held_out.evaluate(model, mask_from_heads(model, drop), progress=bars())
     original = copy.deepcopy(model)
     before = {"params": sum(p.numel() for p in model.parameters()), "kv": kv_cache_bytes(model)["per_token"]}
     prune_heads(model, drop)
     after = {"params": sum(p.numel() for p in model.parameters()), "kv": kv_cache_bytes(model)["per_token"]}
-    pruned_result = held_out.evaluate(model, progress=True)
+    pruned_result = held_out.evaluate(model, progress=bars())
     batch = next(held_out.batches())
     check = check_pruned(original, model, drop, batch)
     print(f"      pruned vs masked logits: max |difference| {check['max_abs_diff']:.2e} "
@@ -203,7 +205,7 @@ def _prune_and_check(model, tokenizer, study: dict, held_out: LanguageModelling,
 
     print("[7/7] speed: examples/s of the original and the pruned model (alternated repeats)")
     bench = benchmark({"original": original, "pruned": model}, batch_sizes=s.batch_sizes, seq_len=s.block_size,
-                      repeats=s.repeats, memory=False, progress=True)
+                      repeats=s.repeats, memory=False, progress=bars())
     bench.plot(output / "speed.png")
     del original
     return {"masked": masked_result.score, "pruned": pruned_result.score, "check": check, "reloaded": reloaded,
@@ -255,6 +257,11 @@ def _results(name: str, run: RunDir, output: Path, study: dict, found: dict, s: 
             {"file": "speed.png", "caption": "Examples/s of the original and the pruned model."},
         ],
     }
+
+
+def bars() -> bool:
+    """Progress bars only into a terminal: piped or logged, the step lines ([n/7]) say where the demo is."""
+    return sys.stderr.isatty()
 
 
 def speed_cell(speedup: dict) -> str:
