@@ -19,7 +19,7 @@ its own module and one :func:`register_compensation` call; the built-in ones are
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 from ..errors import ConfigError
 from .compensations import BUILT_IN
@@ -29,8 +29,12 @@ STAGES = ("plan", "standin", "refit")
 
 @runtime_checkable
 class Compensation(Protocol):
-    name: str
-    stage: str
+    # read-only (properties): frozen dataclasses, the built-in compensations, satisfy the protocol; a stage's
+    # own methods (``apply``, ``gram``, ``rearranges`` / ``tunes``) are checked by check_compensation
+    @property
+    def name(self) -> str: ...
+    @property
+    def stage(self) -> str: ...
 
 
 _REGISTRY: dict[str, Compensation] = {c.name: c for c in BUILT_IN}  # the registry (name -> compensation): the
@@ -51,7 +55,7 @@ def register_compensation(compensation: Compensation) -> Compensation:
 def check_compensation(c: object) -> Compensation:
     """``c`` if it declares a name, a known stage and what that stage calls, else a one-line ConfigError."""
     stage = getattr(c, "stage", None)
-    needs = {"plan": ("rearranges", "tunes"), "standin": ("gram", "apply"), "refit": ("apply",)}.get(stage)
+    needs = {"plan": ("rearranges", "tunes"), "standin": ("gram", "apply"), "refit": ("apply",)}.get(str(stage))
     name = getattr(c, "name", None)
     missing = ["name"] * (not isinstance(name, str) or not name) + (["stage"] if needs is None else
                                                                    [a for a in needs if not hasattr(c, a)])
@@ -59,7 +63,7 @@ def check_compensation(c: object) -> Compensation:
         raise ConfigError(f"compensate={c!r}: not a Compensation (missing or bad: {', '.join(missing)}); allowed: "
                           f"{' | '.join(compensation_names())} or an object with name, stage "
                           f"({' | '.join(STAGES)}) and that stage's apply()")
-    return c
+    return cast(Compensation, c)
 
 
 def get_compensations(compensate) -> tuple[Compensation, ...]:

@@ -36,6 +36,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 from torch import nn
@@ -146,13 +147,16 @@ def compress_pool(
                                                           tgt_len=settings.tgt_len)
     head_scores, neuron_scores, stats = _scores(model, calib, settings, costs, loss_fn, progress)
     seconds["score"] = time.perf_counter() - start
+    share = settings.share
+    if share is None:  # PruneSettings refuses n_keep for this budget (settings._check_pool); typed for the search
+        raise ConfigError("the budget over heads and neurons needs share=; allowed: a share in (0, 1]")
     if settings.multiple_of > 1:  # every changed width a multiple of the block (selection.aligned)
         drop_h, drop_n, selection = select_aligned(
-            head_scores, neuron_scores, costs, settings.share, multiple_of=settings.multiple_of,
+            head_scores, neuron_scores, costs, share, multiple_of=settings.multiple_of,
             head_dims={s.name: s.head_dim for s in find_sites(model)}, units=settings.units, groups=kv_groups(model),
             gqa=settings.gqa, min_per_site=settings.min_per_site)
     else:
-        drop_h, drop_n, selection = select_units(head_scores, neuron_scores, costs, settings.share,
+        drop_h, drop_n, selection = select_units(head_scores, neuron_scores, costs, share,
                                                  units=settings.units, groups=kv_groups(model), gqa=settings.gqa,
                                                  min_per_site=settings.min_per_site)
     run = _Run(model, settings, loss_fn, verify, progress, seconds=seconds)
@@ -211,7 +215,7 @@ def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.
     model, settings = run.model, run.settings
     pruned = copy.deepcopy(model)
     shifts = None
-    standin = settings.standin
+    standin: Any = settings.standin  # a stand-in compensation: gram, apply (compensation.check_compensation)
     if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
         if stats is None or (standin.gram and stats.second is None):  # before the cut, which keeps biases
             stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
@@ -233,10 +237,12 @@ def _compensate(run: _Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.
     """(the model kept, the refits' rows, the distillation's record): the refits in order, then distillation, each
     kept only where the guard says so."""
     model, settings = run.model, run.settings
-    rows, distilled = [], {}
+    rows: list = []
+    distilled: dict = {}
     current_key = "pruned"
     run.stages["reconstruct"] = "skipped"
-    for refit in settings.refits:  # in the order given, each on the model the ones before left
+    refits: tuple[Any, ...] = settings.refits  # refit compensations: apply (compensation.check_compensation)
+    for refit in refits:  # in the order given, each on the model the ones before left
         t = time.perf_counter()
         candidate = copy.deepcopy(pruned)
         rows += refit.apply(candidate, model, fit, settings, run.progress) or []
@@ -258,8 +264,9 @@ def _compensate(run: _Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.
 
 def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitCosts, loss_fn, progress: bool):
     """(head scores, neuron scores, channel statistics or None) of ``settings.scorer`` for the one-budget search."""
+    standin: Any = settings.standin
     request = ScoreRequest(units=settings.units, loss_fn=loss_fn, seed=settings.seed, costs=costs,
-                           gram=bool(settings.standin and settings.standin.gram), progress=progress)
+                           gram=bool(standin and standin.gram), progress=progress)
     found = settings.scorer.score(model, calib, request)
     return found.heads, found.neurons, found.stats
 

@@ -19,6 +19,7 @@ import json
 import logging
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
@@ -158,7 +159,7 @@ def read_pruned(path: str | Path, *, model_class: type | None = None, dtype: tor
     return model.eval()
 
 
-def _plain(cls: type, path: Path, config, *, new_head: bool, **kwargs) -> nn.Module:
+def _plain(cls: Any, path: Path, config, *, new_head: bool, **kwargs) -> nn.Module:
     """``cls.from_pretrained`` of an unpruned directory, held to its load report (:mod:`.loading`); what
     transformers raises on a bad directory is one typed line. transformers' own report is not printed:
     a misfit is refused instead."""

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 from ..errors import ConfigError
 from .scorer import Scorer
 from .scorers import BUILT_IN
@@ -28,11 +30,12 @@ def register_scorer(scorer: Scorer) -> Scorer:
 def check_scorer(scorer: object) -> Scorer:
     """``scorer`` if it has what :class:`Scorer` declares, else a one-line ConfigError naming what is missing."""
     missing = [a for a in ("name", "plan", "pool", "fisher", "label_free", "score") if not hasattr(scorer, a)]
-    if missing or not isinstance(scorer.name, str) or not scorer.name:
+    name = getattr(scorer, "name", None)
+    if missing or not isinstance(name, str) or not name:
         raise ConfigError(f"scores={scorer!r}: not a Scorer (missing {', '.join(missing) or 'a name'}); allowed: "
                           f"{' | '.join(scorer_names())} or an object with name, plan, pool, fisher, label_free and "
                           "score(model, batches, request)")
-    return scorer
+    return cast(Scorer, scorer)
 
 
 def get_scorer(scores: str | Scorer) -> Scorer:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -34,7 +34,7 @@ class ScoreRequest:
     head_plan: bool = False  # for the head plan (the Fisher's blocks too, where the scorer has them)
     loss_fn: LossFn | None = None  # the loss of labelled scorers (None: the model's own)
     seed: int = 0  # of seeded scorers
-    costs: object = None  # the pool's per-unit prices (:class:`~headprune.core.unit_cost.UnitCosts`), or None
+    costs: Any = None  # the pool's per-unit prices (:class:`~headprune.core.unit_cost.UnitCosts`), or None
     gram: bool = False  # also the kept-feature second moments (linear stand-ins read them), where computed
     progress: bool = False
 
@@ -53,11 +53,17 @@ class UnitScores:
 class Scorer(Protocol):
     """A scoring method: ``score(model, batches, request)`` -> :class:`UnitScores`."""
 
-    name: str
-    plan: bool
-    pool: bool
-    fisher: bool
-    label_free: bool
+    # read-only (properties): frozen dataclasses, the built-in scorers, satisfy the protocol
+    @property
+    def name(self) -> str: ...
+    @property
+    def plan(self) -> bool: ...
+    @property
+    def pool(self) -> bool: ...
+    @property
+    def fisher(self) -> bool: ...
+    @property
+    def label_free(self) -> bool: ...
 
     def score(self, model: nn.Module, batches: list[Mapping[str, torch.Tensor]], request: ScoreRequest) -> UnitScores:
         ...

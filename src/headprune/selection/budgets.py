@@ -65,4 +65,4 @@ class Budget:
             return n if self.removed else total - n
         if self.amount > total:
             raise ConfigError(f"{self.keyword}={self.amount!r}; allowed: an integer 0..{total}")
-        return self.amount if self.removed else total - self.amount
+        return int(self.amount) if self.removed else total - int(self.amount)
