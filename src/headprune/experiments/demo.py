@@ -288,27 +288,28 @@ def check_pruned(original, pruned, drop: dict[str, list[int]], batch: dict, rtol
 
     Tolerance: ``rtol`` x the largest |logit| of the masked model (float32 rounding, not a loose bound).
     """
-    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
     with masked(original, mask_from_heads(original, drop)):
-        reference = original.eval()(**inputs).logits.double()  # [B, T, V]
-    got = pruned.eval()(**inputs).logits.double()
-    diff = float((got - reference).abs().max())
-    tolerance = rtol * float(reference.abs().max())
-    if not diff <= tolerance:
-        raise VerificationError(f"the pruned model's logits differ from the masked model's by {diff:.3g} "
-                                f"(allowed: {tolerance:.3g} = {rtol} x the largest |logit|); the removal is not exact")
-    return {"max_abs_diff": diff, "tolerance": tolerance, "max_abs_logit": float(reference.abs().max())}
+        reference = _logits(original, batch)
+    return _compare(reference, _logits(pruned, batch), rtol, "the pruned model's logits differ from the masked "
+                    "model's", "; the removal is not exact")
 
 
 @torch.no_grad()
 def check_reloaded(pruned, reloaded, batch: dict, rtol: float = 1e-4) -> dict:
     """Logits of the model saved and loaded back vs the pruned model in memory; VerificationError if they differ."""
+    return _compare(_logits(pruned, batch), _logits(reloaded, batch), rtol, "the saved model, loaded back, gives "
+                    "logits that differ from the pruned model's", "")
+
+
+def _logits(model, batch: dict) -> torch.Tensor:
     inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
-    reference = pruned.eval()(**inputs).logits.double()
-    got = reloaded.eval()(**inputs).logits.double()
+    return model.eval()(**inputs).logits.double()  # [B, T, V]
+
+
+def _compare(reference: torch.Tensor, got: torch.Tensor, rtol: float, what: str, why: str) -> dict:
     diff = float((got - reference).abs().max())
-    tolerance = rtol * float(reference.abs().max())
+    largest = float(reference.abs().max())
+    tolerance = rtol * largest
     if not diff <= tolerance:
-        raise VerificationError(f"the saved model, loaded back, gives logits that differ from the pruned model's by "
-                                f"{diff:.3g} (allowed: {tolerance:.3g} = {rtol} x the largest |logit|)")
-    return {"max_abs_diff": diff, "tolerance": tolerance}
+        raise VerificationError(f"{what} by {diff:.3g} (allowed: {tolerance:.3g} = {rtol} x the largest |logit|){why}")
+    return {"max_abs_diff": diff, "tolerance": tolerance, "max_abs_logit": largest}
