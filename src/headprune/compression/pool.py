@@ -147,18 +147,7 @@ def compress_pool(
                                                           tgt_len=settings.tgt_len)
     head_scores, neuron_scores, stats = _scores(model, calib, settings, costs, loss_fn, progress)
     seconds["score"] = time.perf_counter() - start
-    share = settings.share
-    if share is None:  # PruneSettings refuses n_keep for this budget (settings._check_pool); typed for the search
-        raise ConfigError("the budget over heads and neurons needs share=; allowed: a share in (0, 1]")
-    if settings.multiple_of > 1:  # every changed width a multiple of the block (selection.aligned)
-        drop_h, drop_n, selection = select_aligned(
-            head_scores, neuron_scores, costs, share, multiple_of=settings.multiple_of,
-            head_dims={s.name: s.head_dim for s in find_sites(model)}, units=settings.units, groups=kv_groups(model),
-            gqa=settings.gqa, min_per_site=settings.min_per_site)
-    else:
-        drop_h, drop_n, selection = select_units(head_scores, neuron_scores, costs, share,
-                                                 units=settings.units, groups=kv_groups(model), gqa=settings.gqa,
-                                                 min_per_site=settings.min_per_site)
+    drop_h, drop_n, selection = _select(model, settings, costs, head_scores, neuron_scores)
     run = _Run(model, settings, loss_fn, verify, progress, seconds=seconds)
     pruned, shifts = _cut(run, calib, stats, drop_h, drop_n)
     pruned, rows, distilled = _compensate(run, pruned, fit, val)
@@ -207,6 +196,20 @@ class _Run:
         if new <= old:
             return candidate, key, "kept"
         return current, current_key, f"rejected (validation loss {new:.4f} > {old:.4f} without it)"
+
+
+def _select(model: nn.Module, settings: PruneSettings, costs: UnitCosts, head_scores: dict, neuron_scores: dict):
+    """(heads dropped, neurons dropped, the selection's record): the one budget over heads and neurons, in whole
+    blocks of ``multiple_of`` where that is set (:mod:`headprune.selection.aligned`)."""
+    share = settings.share
+    if share is None:  # PruneSettings refuses n_keep for this budget; typed for the search
+        raise ConfigError("the budget over heads and neurons needs share=; allowed: a share in (0, 1]")
+    if settings.multiple_of > 1:
+        return select_aligned(head_scores, neuron_scores, costs, share, multiple_of=settings.multiple_of,
+                              head_dims={s.name: s.head_dim for s in find_sites(model)}, units=settings.units,
+                              groups=kv_groups(model), gqa=settings.gqa, min_per_site=settings.min_per_site)
+    return select_units(head_scores, neuron_scores, costs, share, units=settings.units, groups=kv_groups(model),
+                        gqa=settings.gqa, min_per_site=settings.min_per_site)
 
 
 def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.Module, dict | None]:
