@@ -479,3 +479,17 @@ def test_weights_the_model_does_not_use_are_said_not_refused(dirs, caplog):
     assert "2 weights the model has no use for were left out (classifier.bias, classifier.weight)" in caplog.text
     reference = T.BertForSequenceClassification.from_pretrained(dirs / "good")
     assert torch.equal(model.encoder.layer[1].output.dense.weight, reference.bert.encoder.layer[1].output.dense.weight)
+
+
+@pytest.mark.parametrize("speedup, shown", [
+    ({"measured": 1.2, "flop_limit": 1.35}, "x1.20"),
+    ({"measured": 1.2, "flop_limit": 1.35, "noisy": True}, "too noisy"),
+    ({"measured": 1.2, "flop_limit": 1.35, "reliable": False}, "machine was busy"),
+    ({"measured": 2.32, "flop_limit": 1.35}, "above the FLOP limit x1.35"),  # the demo's x2.32 vs a limit of 1.35
+])
+def test_headlines_never_quote_a_speed_up_their_record_marks_unreadable(speedup, shown):
+    from headprune.bench.figures import speed_text
+
+    text = speed_text(speedup)
+    assert shown in text
+    assert text.startswith("x") == (shown.startswith("x"))  # a bare number only when it may be quoted

@@ -122,3 +122,24 @@ def _batch_ticks(ax, sizes) -> None:
 
 def _two_decimals(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def unreadable(speedup: dict) -> str:
+    """Why a measured speed-up must not be quoted ('' when it may): too noisy to read, measured while the
+    machine was busy (the speed protocol's ``reliable``), or above its FLOP limit, which no removal of work
+    can beat (5% margin for timer resolution)."""
+    if speedup.get("noisy"):
+        return "too noisy"
+    if not speedup.get("reliable", True):
+        return "the machine was busy"
+    if speedup["measured"] > 1.05 * speedup["flop_limit"]:
+        return f"above the FLOP limit x{speedup['flop_limit']:.2f}"
+    return ""
+
+
+def speed_text(speedup: dict) -> str:
+    """A speed-up as a headline shows it: ``x1.23``, or why it was not measured reliably (never a number its own
+    record marks unreadable; bench.json / compress.json keep the measurement)."""
+    why = unreadable(speedup)
+    return f"not measured reliably ({why}; x{speedup['measured']:.2f} kept in the JSON)" if why else \
+        f"x{speedup['measured']:.2f}"

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..bench.figures import speed_text
 from ..bench.timing import benchmark
 from ..compression.entry import compress
 from ..compression.heads import check_head_count
@@ -132,7 +133,7 @@ def _heads_results(done: _Done) -> None:
     if speed is not None:
         up = speed.speedups[0]
         headline.append([f"speed-up at batch {bench_batch} (FLOP limit {up['flop_limit']:.2f}x)",
-                         "noisy: not readable (compress.json keeps it)" if up.get("noisy") else f"{up['measured']:.2f}x"])
+                         speed_text(up)])
     sig = run.signature
     run.write_json("results.json", {
         "title": f"Compressed with {settings.method} ({_budget(settings)})", "experiment": "compress",
@@ -163,7 +164,7 @@ def _units_results(done: _Done) -> None:
         ["compression time", f"{result.seconds['total']:.1f} s"]]
     if speed is not None:
         up = speed.speedups[0]
-        headline.append([f"speed-up at batch {bench_batch}", f"{up['measured']:.2f}x" + (" (noisy)" if up.get("noisy") else "")])
+        headline.append([f"speed-up at batch {bench_batch} (FLOP limit {up['flop_limit']:.2f}x)", speed_text(up)])
     notes = [f"Calibration / validation: {result.split}; the validation batches were used only to accept or "
              "turn down the reconstruction.", f"Validation losses: {result.val_loss or 'not measured'}."]
     run.write_json("results.json", {

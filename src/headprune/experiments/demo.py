@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..bench.figures import speed_text
 from ..bench.timing import benchmark
 from ..core.io import load_pruned, save_pruned
 from ..core.kvcache import kv_cache_bytes
@@ -228,7 +229,7 @@ def _results(name: str, run: RunDir, output: Path, study: dict, found: dict, s: 
         ["perplexity, the same heads only masked", f"{found['masked']:.2f}"],
         ["parameters", f"{found['before']['params']:,} -> {found['after']['params']:,}"],
         ["KV cache per token", kv],
-        [f"speed-up at batch {s.batch_sizes[-1]} (FLOP limit {last['flop_limit']:.2f})", speed_cell(last)],
+        [f"speed-up at batch {s.batch_sizes[-1]} (FLOP limit {last['flop_limit']:.2f})", speed_text(last)],
         [f"perplexity with the most harmful head masked ({worst['site']} head {worst['head']})",
          f"{worst['score']:.2f}"],
     ]
@@ -262,16 +263,6 @@ def _results(name: str, run: RunDir, output: Path, study: dict, found: dict, s: 
 def bars() -> bool:
     """Progress bars only into a terminal: piped or logged, the step lines ([n/7]) say where the demo is."""
     return sys.stderr.isatty()
-
-
-def speed_cell(speedup: dict) -> str:
-    """A measured speed-up as the headline shows it: never a number its own record marks unreliable (noisy,
-    or above the FLOP limit, which no removal of work can beat)."""
-    measured, limit = speedup["measured"], speedup["flop_limit"]
-    if speedup.get("noisy") or measured > limit * 1.05:
-        why = "too noisy" if speedup.get("noisy") else f"above the FLOP limit x{limit:.2f}"
-        return f"not measured reliably (x{measured:.2f}, {why}: the machine was busy; see bench.json)"
-    return f"x{measured:.2f}"
 
 
 def choose_level(curve: list[dict], max_increase: float) -> float:
