@@ -160,13 +160,15 @@ def test_compress_with_linear_stand_ins_meets_the_budget_in_one_statistics_pass(
     monkeypatch.setattr(cu, "channel_stats", counted)
     settings = PruneSettings(units="both", share=0.6, price="params", scores=scores, compensate="linear")
     result = compress(model, batches, settings)
-    assert passes == [True]  # one forward pass of statistics, second moments included
+    # one forward pass of statistics, second moments included: the fluctuation's own; the Fisher's scoring pass
+    # gathers them on its way (no pass of their own)
+    assert passes == ([True] if scores == "fluctuation" else [])
     assert result.stages["linear"].startswith("kept")
     # the same units go as with the mean stand-in (whose budget test_fluctuation checks), and as many parameters
     passes.clear()
     held = compress(model, batches, PruneSettings(units="both", share=0.6, price="params", scores=scores,
                                                   compensate="bias"))
-    assert passes == [False]  # the bias needs only means
+    assert passes == ([False] if scores == "fluctuation" else [])  # the bias needs only means
     assert result.dropped_heads == held.dropped_heads and result.dropped_neurons == held.dropped_neurons
     assert any(result.dropped_neurons.values())
     assert result.sizes["after"]["params"] == held.sizes["after"]["params"]
@@ -206,3 +208,32 @@ def test_the_cli_runs_linear_stand_ins_and_the_saved_model_loads_as_another_mode
     with torch.no_grad():
         got, held = runs["linear"](**probe).logits, runs["bias"](**probe).logits
     assert bool(torch.isfinite(got).all()) and float((got - held).abs().max()) > 1e-4 * float(held.abs().max())
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2", "bert"])
+def test_the_fisher_pass_gathers_the_statistics_a_forward_of_their_own_gives(family):
+    """The channel statistics collected by the Fisher's scoring forwards (masks, labels, gradients on) equal those
+    of channel_stats' own no-grad pass over the same batches, padding excluded, second moments included; and
+    twice-firing hooks (activation checkpointing recomputes each block in the backward) count once."""
+    from headprune.scoring.checkpointing import checkpointed_blocks
+    from headprune.scoring.fluctuation import StatsCollector
+    from headprune.scoring.units import unit_fisher
+
+    model = build(family)
+    batches = _batches(family, n=3)
+    real = _real_inputs(model, batches, _units(model))  # plain hooks, numpy: not headprune's collector
+    for checkpointed in (False, True):
+        collect = StatsCollector(model, gram=True)
+        if checkpointed:
+            with checkpointed_blocks(model):
+                unit_fisher(model, batches, collect=collect)
+        else:
+            unit_fisher(model, batches, collect=collect)
+        got = collect.finish()
+        assert set(got.mean) == set(real)
+        for k, x in real.items():  # x [N, C]
+            assert got.tokens[k] == x.shape[0]
+            want = {"mean": x.mean(0), "var": x.var(0), "second": x.T @ x / x.shape[0]}
+            for key, b in want.items():
+                a = getattr(got, key)[k].numpy()
+                assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max() + 1e-12, (family, k, key, checkpointed)

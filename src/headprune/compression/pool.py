@@ -269,7 +269,7 @@ def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitC
     """(head scores, neuron scores, channel statistics or None) of ``settings.scorer`` for the one-budget search."""
     standin: Any = settings.standin
     request = ScoreRequest(units=settings.units, loss_fn=loss_fn, seed=settings.seed, costs=costs,
-                           gram=bool(standin and standin.gram), progress=progress)
+                           stats=standin is not None, gram=bool(standin and standin.gram), progress=progress)
     found = settings.scorer.score(model, calib, request)
     return found.heads, found.neurons, found.stats
 

@@ -58,57 +58,87 @@ class Fluctuation:
     stats: ChannelStats
 
 
+class StatsCollector:
+    """Channel statistics gathered by forward pre-hooks on every site's output projection (``heads``) and every
+    FFN's down projection (``neurons``) while some other pass runs the model: :func:`channel_stats` runs its own
+    forward, the Fisher's scoring pass (:func:`headprune.scoring.units.unit_fisher`) collects them on its way,
+    so the linear stand-ins need no second pass. ``with collector:`` registers the hooks; call
+    :meth:`batch` before each batch's forward; :meth:`finish` returns the :class:`ChannelStats`. A hook that
+    fires again in the same batch (activation checkpointing recomputes blocks in the backward) counts once."""
+
+    def __init__(self, model: nn.Module, *, heads: bool = True, neurons: bool = True, gram: bool = False):
+        sites = find_sites(model) if heads else []
+        ffns = find_ffns(model) if neurons else []
+        self.targets = [(s.name, s.kind, s.o) for s in sites] + [(f.name, f.name.split(".")[0], f.down) for f in ffns]
+        if not self.targets:
+            raise ConfigError(f"{type(model).__name__}: nothing to score (heads={heads}, neurons={neurons})")
+        self.model, self.gram = model, gram
+        self.sums: dict[str, list] = {}
+        self.current: dict = {}
+        self.seen: set[str] = set()
+        self.handles: list = []
+
+    def __enter__(self) -> StatsCollector:
+        self.handles = [module.register_forward_pre_hook(self._hook(name, kind)) for name, kind, module in self.targets]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def batch(self, batch: Mapping[str, torch.Tensor]) -> None:
+        """The batch the next forward runs (its attention mask says which rows are real tokens)."""
+        self.current = dict(batch)
+        self.seen = set()
+
+    def _hook(self, name: str, kind: str):
+        def pre(_module, args):
+            if name in self.seen:  # a recomputation of this batch's forward
+                return
+            self.seen.add(name)
+            z = args[0].detach()  # [B, T, C] (or [N, C])
+            rows = real_rows(self.model, self.current, kind, z.shape)
+            x = z.reshape(-1, z.shape[-1])
+            x = (x if rows is None else x[rows.to(x.device)]).to(accumulator_device(x.device), torch.float64)
+            s = self.sums.setdefault(name, [0, 0.0, 0.0, 0.0])
+            s[0] += x.shape[0]
+            s[1] = s[1] + x.sum(0)
+            s[2] = s[2] + (x * x).sum(0)
+            if self.gram:  # one batch's products in float32 (a few thousand terms each), summed over batches in float64
+                x32 = x.to(torch.float32)
+                s[3] = s[3] + (x32.T @ x32).to(torch.float64)
+        return pre
+
+    def finish(self) -> ChannelStats:
+        sums = self.sums
+        missing = [name for name, _, _ in self.targets if sums.get(name, [0])[0] == 0]
+        if missing:
+            raise ConfigError(f"batches: no real token reached {missing[:3]} (empty input, all padding, or a block "
+                              "the batches do not run)")
+        mean = {k: (s[1] / s[0]).cpu() for k, s in sums.items()}
+        var = {k: (s[2].cpu() / s[0] - mean[k] ** 2).clamp_min(0) for k, s in sums.items()}
+        bad = [k for k in mean if not (bool(torch.isfinite(mean[k]).all()) and bool(torch.isfinite(var[k]).all()))]
+        if bad:
+            raise DataError(f"activations of {bad[:3]} are NaN or inf: the model's weights or the batches' values are "
+                            "not finite")
+        second = {k: (s[3] / s[0]).cpu() for k, s in sums.items()} if self.gram else None
+        return ChannelStats(mean=mean, var=var, tokens={k: int(s[0]) for k, s in sums.items()}, second=second)
+
+
 def channel_stats(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *, heads: bool = True,
                   neurons: bool = True, gram: bool = False, progress: bool = False) -> ChannelStats:
     """Mean and variance of the input features of every site's output projection (``heads``) and every FFN's
     down projection (``neurons``) over the real tokens of ``batches``: one forward per batch, no labels read
     (an encoder-decoder's labels build its decoder inputs and say which decoder positions are real).
     ``gram``: also their second moments ``E[x x^T]`` (``C^2`` float64 numbers per projection)."""
-    sites = find_sites(model) if heads else []
-    ffns = find_ffns(model) if neurons else []
-    targets = [(s.name, s.kind, s.o) for s in sites] + [(f.name, f.name.split(".")[0], f.down) for f in ffns]
-    if not targets:
-        raise ConfigError(f"{type(model).__name__}: nothing to score (heads={heads}, neurons={neurons})")
-    sums: dict[str, list] = {}
-    current: dict = {}
-
-    def hook(name: str, kind: str):
-        def pre(_module, args):
-            z = args[0].detach()  # [B, T, C] (or [N, C])
-            rows = real_rows(model, current, kind, z.shape)
-            x = z.reshape(-1, z.shape[-1])
-            x = (x if rows is None else x[rows.to(x.device)]).to(accumulator_device(x.device), torch.float64)
-            s = sums.setdefault(name, [0, 0.0, 0.0, 0.0])
-            s[0] += x.shape[0]
-            s[1] = s[1] + x.sum(0)
-            s[2] = s[2] + (x * x).sum(0)
-            if gram:  # one batch's products in float32 (a few thousand terms each), summed over batches in float64
-                x32 = x.to(torch.float32)
-                s[3] = s[3] + (x32.T @ x32).to(torch.float64)
-        return pre
-
-    handles = [module.register_forward_pre_hook(hook(name, kind)) for name, kind, module in targets]
-    try:
-        with scoring_mode(model), torch.no_grad():
-            for batch in tqdm(batches, desc="fluctuation", unit="batch", disable=not progress):
-                current.clear()
-                current.update(to_device(batch, input_device(model)))
-                model(**model_inputs(model, current, cache=False))
-    finally:
-        for handle in handles:
-            handle.remove()
-    missing = [name for name, _, _ in targets if sums.get(name, [0])[0] == 0]
-    if missing:
-        raise ConfigError(f"batches: no real token reached {missing[:3]} (empty input, all padding, or a block the "
-                          "batches do not run)")
-    mean = {k: (s[1] / s[0]).cpu() for k, s in sums.items()}
-    var = {k: (s[2].cpu() / s[0] - mean[k] ** 2).clamp_min(0) for k, s in sums.items()}
-    bad = [k for k in mean if not (bool(torch.isfinite(mean[k]).all()) and bool(torch.isfinite(var[k]).all()))]
-    if bad:
-        raise DataError(f"activations of {bad[:3]} are NaN or inf: the model's weights or the batches' values are not "
-                        "finite")
-    second = {k: (s[3] / s[0]).cpu() for k, s in sums.items()} if gram else None
-    return ChannelStats(mean=mean, var=var, tokens={k: int(s[0]) for k, s in sums.items()}, second=second)
+    collector = StatsCollector(model, heads=heads, neurons=neurons, gram=gram)
+    with collector, scoring_mode(model), torch.no_grad():
+        for batch in tqdm(batches, desc="fluctuation", unit="batch", disable=not progress):
+            batch = to_device(batch, input_device(model))
+            collector.batch(batch)
+            model(**model_inputs(model, batch, cache=False))
+    return collector.finish()
 
 
 def column_norms(projection: nn.Module) -> torch.Tensor:

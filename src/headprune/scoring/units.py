@@ -23,6 +23,7 @@ from ..core.ffn import find_ffns
 from ..core.inputs import batch_size, model_inputs
 from ..core.masking import masked, masked_neurons, neuron_ones, ones_mask
 from ..errors import ConfigError, DataError
+from .fluctuation import StatsCollector
 from .gradients import LossFn, example_losses, scoring_mode
 
 
@@ -57,9 +58,11 @@ class UnitFisher:
 
 
 def unit_fisher(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *, loss_fn: LossFn | None = None,
-                heads: bool = True, neurons: bool = True, progress: bool = False) -> UnitFisher:
+                heads: bool = True, neurons: bool = True, progress: bool = False,
+                collect: StatsCollector | None = None) -> UnitFisher:
     """Fisher diagonals of head and neuron masks over ``batches`` (labelled, as for
-    :func:`headprune.head_importance`); one forward and backward per batch."""
+    :func:`headprune.head_importance`); one forward and backward per batch. ``collect``: channel statistics
+    gathered in the same forwards (``collect.finish()`` afterwards), so stand-ins need no pass of their own."""
     if neurons and not find_ffns(model):
         raise ConfigError(f"{type(model).__name__} has no feed-forward block headprune can find; neurons cannot "
                           "be scored (allowed: units=heads)")
@@ -67,14 +70,12 @@ def unit_fisher(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]],
     blocks: dict[str, torch.Tensor] = {}
     n_tot: dict[str, torch.Tensor] = {}
     count = 0
-    for batch in tqdm(batches, desc="fisher", unit="batch", disable=not progress):
-        gh, gn, valid = unit_gradients(model, batch, loss_fn=loss_fn, heads=heads, neurons=neurons)
-        count += int(valid.sum())
-        for name, g in gh.items():  # float64 sums on the device, moved once below
-            g = g[valid.to(g.device)].to(accumulator_device(g.device), torch.float64)  # [n, H]
-            blocks[name] = blocks.get(name, 0) + g.T @ g
-        for name, g in gn.items():
-            n_tot[name] = n_tot.get(name, 0) + g[valid.to(g.device)].to(accumulator_device(g.device), torch.float64).pow(2).sum(0)  # [width]
+    with collect if collect is not None else nullcontext():
+        for batch in tqdm(batches, desc="fisher", unit="batch", disable=not progress):
+            if collect is not None:
+                collect.batch(to_device(batch, input_device(model)))
+            gh, gn, valid = unit_gradients(model, batch, loss_fn=loss_fn, heads=heads, neurons=neurons)
+            count += _accumulate(gh, gn, valid, blocks, n_tot)
     blocks = {k: b.cpu() for k, b in blocks.items()}
     n_tot = {k: t.cpu() for k, t in n_tot.items()}
     if count == 0:
@@ -84,3 +85,16 @@ def unit_fisher(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]],
     if bad:
         raise DataError(f"scores of {bad} are NaN or inf: the model's weights or the batches' values are not finite")
     return UnitFisher(heads=h_tot, neurons=n_tot, blocks=blocks, n=count)
+
+
+def _accumulate(gh: dict[str, torch.Tensor], gn: dict[str, torch.Tensor], valid: torch.Tensor,
+                blocks: dict[str, torch.Tensor], n_tot: dict[str, torch.Tensor]) -> int:
+    """Add one batch's squared gradients (float64, on the device; moved once at the end) of its valid examples
+    to the head blocks ``{site: [H, H]}`` and neuron sums ``{ffn: [width]}``; the number of valid examples."""
+    for name, g in gh.items():
+        g = g[valid.to(g.device)].to(accumulator_device(g.device), torch.float64)  # [n, H]
+        blocks[name] = blocks.get(name, 0) + g.T @ g
+    for name, g in gn.items():
+        g = g[valid.to(g.device)].to(accumulator_device(g.device), torch.float64)  # [n, width]
+        n_tot[name] = n_tot.get(name, 0) + g.pow(2).sum(0)
+    return int(valid.sum())

@@ -2,7 +2,8 @@
 
 For the head plan the full per-site Fisher blocks too (:func:`headprune.scoring.fisher.fisher_information`:
 rearrangement and tuning read them); for the budget over heads and neurons, heads and neurons in one backward
-per batch (:func:`headprune.scoring.units.unit_fisher`).
+per batch (:func:`headprune.scoring.units.unit_fisher`), which gathers the channel statistics the stand-ins read
+in the same forwards when asked (``request.stats``): no second pass over the calibration data.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..fisher import fisher_information
+from ..fluctuation import StatsCollector
 from ..scorer import ScoreRequest, UnitScores
 from ..units import unit_fisher
 
@@ -26,6 +28,8 @@ class FisherScorer:
         if request.head_plan:
             fisher = fisher_information(model, batches, loss_fn=request.loss_fn, progress=request.progress)
             return UnitScores(dict(fisher.diag), fisher=fisher)
-        found = unit_fisher(model, batches, loss_fn=request.loss_fn, heads=request.units != "neurons",
-                            neurons=request.units != "heads", progress=request.progress)
-        return UnitScores(found.heads, found.neurons)
+        heads, neurons = request.units != "neurons", request.units != "heads"
+        collect = StatsCollector(model, heads=heads, neurons=neurons, gram=request.gram) if request.stats else None
+        found = unit_fisher(model, batches, loss_fn=request.loss_fn, heads=heads, neurons=neurons,
+                            progress=request.progress, collect=collect)
+        return UnitScores(found.heads, found.neurons, stats=collect.finish() if collect is not None else None)

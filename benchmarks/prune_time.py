@@ -1,0 +1,146 @@
+"""Pruning time of headprune's selected LLM configuration against FLAP's, measured in the same invocation at
+every budget (issue #34 item 5: "prunes SmolLM2 within 3x FLAP's time").
+
+    python benchmarks/prune_time.py                     # SmolLM2-135M, 10/20/30/50%, writes benchmarks/results/prune_time.json
+    python benchmarks/prune_time.py --quick             # the tiny random GQA Llama of llm_peers --quick (seconds)
+    python benchmarks/prune_time.py --write-docs docs/peers.md   # the table between this file's markers
+
+Both methods see the model, calibration batches (``benchmarks/llm_peers.py``'s: 32 blocks of 256 tokens of the
+WMT21 de-en English references) and budget of the peer comparison; a workload is the whole pruning -- scores
+from the calibration data, the selection, the compensation and the surgery on a copy of the model -- timed
+with the project's speed protocol (:func:`headprune.bench.protocol.paired_rounds`: FLAP and headprune in
+alternating rounds, the median ratio with its distribution-free interval, the machine's load before and after;
+a budget whose load exceeded the cores is marked unreliable and the docs say so instead of quoting it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import llm_peers  # noqa: E402
+from peers.flap import flap_plan  # noqa: E402
+from peers.headprune_rows import headprune_row  # noqa: E402
+from peers.plan import apply_plan  # noqa: E402
+from peers.results_io import save  # noqa: E402
+
+from headprune.bench.machine import loadavg, machine_info  # noqa: E402
+from headprune.bench.protocol import ProtocolSettings, paired_rounds  # noqa: E402
+from headprune.evaluation.lm import LanguageModelling  # noqa: E402
+from headprune.provenance import versions  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTPUT = ROOT / "benchmarks" / "results" / "prune_time.json"
+BEGIN, END = "<!-- prune_time.json: begin -->", "<!-- prune_time.json: end -->"
+SELECTED = "headprune-fisher+linear"  # the configuration llm_peers.json selects at every budget (held-out blocks)
+GOAL = 3.0  # headprune's pruning time at most GOAL x FLAP's
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--budgets", default="0.1,0.2,0.3,0.5", help="Shares of non-embedding parameters removed.")
+    p.add_argument("--rounds", type=int, default=2, help="Alternating rounds per budget (each prunes with both).")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--config", default=SELECTED, help="headprune's configuration (benchmarks/peers/headprune_rows.py).")
+    p.add_argument("--quick", action="store_true", help="The tiny random GQA Llama of llm_peers --quick.")
+    p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--write-docs", type=Path, default=None, help="Write the table from the JSON into this page, exit.")
+    return p.parse_args(argv)
+
+
+def _workloads(model, batches, budget: float, config: str) -> dict:
+    """{name: callable returning the seconds one whole pruning took}."""
+    def flap() -> float:
+        start = time.perf_counter()
+        apply_plan(copy.deepcopy(model), flap_plan(model, batches, budget))
+        return time.perf_counter() - start
+
+    def headprune() -> float:
+        start = time.perf_counter()
+        headprune_row(config, model, batches, budget)
+        return time.perf_counter() - start
+    return {"flap": flap, "headprune": headprune}
+
+
+def main(argv=None) -> dict | None:
+    args = parse(argv)
+    if args.write_docs:
+        write_docs(args.write_docs, json.loads(OUTPUT.read_text()))
+        return None
+    budgets = llm_peers._numbers(args.budgets, "--budgets", float, lambda v: 0 < v < 1,
+                                 "comma-separated numbers in (0, 1)")
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds {args.rounds}; allowed: an integer >= 1")
+    torch.set_num_threads(args.threads)
+    peer_args = llm_peers.parse(["--quick"] if args.quick else [])
+    model, tok, calib_text, _, described = llm_peers.load(peer_args)
+    block, blocks = (64, 8) if args.quick else (peer_args.calib_block, peer_args.calib_blocks)
+    calib = LanguageModelling(tok, [calib_text], block_size=block, max_blocks=blocks, batch_size=4)
+    batches = list(calib.batches(limit=blocks))
+    output = args.output or (OUTPUT.with_name("prune_time_quick.json") if args.quick else OUTPUT)
+    given = sys.argv[1:] if argv is None else list(argv)
+    out = {"name": "prune_time", "command": shlex.join([sys.executable, "benchmarks/prune_time.py", *given]),
+           "machine": machine_info() | {"loadavg_at_start": loadavg()},
+           "versions": versions() | {"python": platform.python_version()},
+           "settings": {**described, "calib_block": block, "calib_blocks": blocks, "config": args.config,
+                        "rounds": args.rounds, "threads": args.threads, "goal": f"headprune <= {GOAL} x FLAP",
+                        "workload": "scores + selection + compensation + surgery on a copy", "seed": 0},
+           "budgets": {}}
+    protocol = ProtocolSettings(min_rounds=args.rounds, max_rounds=args.rounds, budget_s=0.0, warmup=0,
+                                threads=args.threads)
+    for budget in budgets:
+        print(f"budget {budget:.0%}: FLAP and {args.config}, {args.rounds} alternating round(s)", flush=True)
+        timed = paired_rounds(_workloads(model, batches, budget, args.config), "headprune", protocol)
+        ratio = timed["ratios"]["flap"]  # headprune's seconds / FLAP's, per round
+        out["budgets"][str(budget)] = {"seconds": timed["seconds"], "median_s": timed["median_s"],
+                                       "headprune_over_flap": ratio, "within_goal": ratio["high"] <= GOAL,
+                                       "load": timed["load"], "reliable": timed["reliable"], "reason": timed["reason"]}
+        print(f"  FLAP {timed['median_s']['flap']:.1f} s, headprune {timed['median_s']['headprune']:.1f} s, "
+              f"ratio {ratio['median']:.2f} [{ratio['low']:.2f}, {ratio['high']:.2f}]"
+              f"{'' if timed['reliable'] else ' (unreliable: ' + timed['reason'] + ')'}", flush=True)
+        save(output, out)
+    print(f"wrote {output}")
+    return out
+
+
+def table(data: dict) -> str:
+    """The docs table: per budget FLAP's and headprune's median seconds, the ratio with its interval."""
+    s = data["settings"]
+    lines = [f"Pruning time, {s['config']} against FLAP, {s['rounds']} alternating round(s) per budget, "
+             f"{s['threads']} thread(s), machine: {data['machine'].get('processor', '?')} "
+             f"({data['machine'].get('cpu_count', '?')} cores); `{data['command']}`.", "",
+             "| budget | FLAP s | headprune s | headprune / FLAP [interval] | within 3x | load before / after |",
+             "|---|---|---|---|---|---|"]
+    for budget, row in data["budgets"].items():
+        r, load = row["headprune_over_flap"], row["load"]
+        if row["reliable"]:
+            cells = (f"{row['median_s']['flap']:.1f}", f"{row['median_s']['headprune']:.1f}",
+                     f"{r['median']:.2f} [{r['low']:.2f}, {r['high']:.2f}]", "yes" if row["within_goal"] else "no")
+        else:
+            cells = ("not measured reliably",) * 3 + (f"({row['reason']})",)
+        lines.append(f"| {float(budget):.0%} | " + " | ".join(cells) +
+                     f" | {load['before']:.2f} / {load['after']:.2f} |")
+    return "\n".join(lines)
+
+
+def write_docs(page: Path, data: dict) -> None:
+    text = page.read_text(encoding="utf-8")
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"--write-docs {page}: no {BEGIN} ... {END} markers; allowed: a page with both")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    page.write_text(f"{head}{BEGIN}\n{table(data)}\n{END}{tail}", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
