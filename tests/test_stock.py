@@ -197,3 +197,31 @@ def test_an_unexpected_save_error_is_typed_and_leaves_nothing(tmp_path, monkeypa
     with pytest.raises(hp.HeadpruneError, match=r"save_pruned could not write .*ValueError: transformers refuses"):
         hp.save_pruned(model, tmp_path / "out" / "m")
     assert list((tmp_path / "out").iterdir()) == []
+
+
+@pytest.mark.parametrize("family", GQA_FAMILIES)
+def test_uniform_heads_and_ffn_neurons_reload_with_plain_from_pretrained(family, tmp_path):
+    """The same heads and the same FFN width in every layer is a stock shape: the config's FFN size follows, and
+    plain from_pretrained computes the pruned model's logits; one layer of another width is headprune's layout."""
+    model = build(family)
+    hp.prune_heads(model, _even_uniform_plan(model))
+    ffns = hp.find_ffns(model)
+    width = ffns[0].width
+    hp.prune_neurons(model, {f.name: list(range(0, width, 3)) for f in ffns})
+    hp.save_pruned(model, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert config["intermediate_size"] == hp.find_ffns(model)[0].width == width - len(range(0, width, 3))
+    assert "headprune_kept_neurons" not in config and config["headprune_stock"]["kept_neurons"]
+    plain = AUTO[family].from_pretrained(tmp_path / "m").eval()
+    x = inputs(family, pad=False)
+    with torch.no_grad():
+        want, got = model(**x).logits, plain(**x).logits
+    assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+    hp.prune_neurons(model, {ffns[0].name: [0]})  # one FFN narrower than the others
+    hp.save_pruned(model, tmp_path / "uneven")
+    assert not (tmp_path / "uneven" / "model.safetensors").exists()
+    assert "different numbers of neurons" in json.loads((tmp_path / "uneven" / "config.json").read_text())[
+        "headprune_layout_reason"]
+    again = hp.load_pruned(tmp_path / "uneven")
+    with torch.no_grad():
+        assert (again(**x).logits - model(**x).logits).abs().max() <= 1e-5 * want.abs().max()

@@ -1,7 +1,8 @@
 """A pruned model as a *stock* transformers directory, when its shape can be said in a stock config.
 
-transformers has no per-layer head counts, but a model pruned to the same heads in every layer is
-an ordinary model of its family with fewer heads: ``num_attention_heads``, ``num_key_value_heads``
+transformers has no per-layer head counts, but a model pruned to the same heads in every layer (and, where
+FFN neurons went, the same FFN width in every layer: the config's ``intermediate_size`` or its family's name for
+it) is an ordinary model of its family with fewer heads: ``num_attention_heads``, ``num_key_value_heads``
 and ``head_dim`` (GQA families such as Llama, Qwen2 and Mistral read ``head_dim`` from the config, so
 fewer heads do not change the head size; Qwen2 reads it when present). :func:`stock_config` builds that config and accepts it
 only if a model built from it (on the meta device, no memory) has exactly the pruned model's
@@ -10,7 +11,7 @@ directory with plain ``from_pretrained`` and compares logits on real token ids (
 1e-5 of the logits' largest magnitude) before it says yes. Otherwise the caller writes headprune's
 own layout (:mod:`.checkpoint`), which plain ``from_pretrained`` refuses loudly.
 
-Not expressible: different head counts per layer, a site with no heads left, repeated key/value
+Not expressible: different head counts or FFN widths per layer, a site with no heads left, repeated key/value
 heads (uneven GQA), families whose config derives the head size from ``hidden_size /
 num_attention_heads`` (BERT, GPT-2, BART ...), config classes that refuse the shape (LlamaConfig checks
 ``hidden_size % num_attention_heads`` in recent transformers, even with ``head_dim`` set) -- unless an
@@ -31,15 +32,18 @@ import torch
 import transformers
 from torch import nn
 
+from .ffn import find_ffns
 from .inputs import example_inputs
-from .kept import original_heads
+from .kept import original_heads, original_neurons
 from .records import (
     ADDED_BIASES_KEY,
     CALLS_KEY,
     KEPT_KEY,
+    KEPT_NEURONS_KEY,
     LAYOUT_KEY,
     LEGACY_KEYS,
     ORIGINAL_KEY,
+    ORIGINAL_NEURONS_KEY,
     config_record,
 )
 from .runtime import RepeatHeads
@@ -75,6 +79,9 @@ def _family_config(model: nn.Module):
         return None, "the sites keep different numbers of heads", False
     if any(isinstance(m, RepeatHeads) for s in sites for m in (s.k.module, s.v.module)):
         return None, "key/value heads are repeated (query heads kept unevenly across key/value groups)", False
+    widths = {f.width for f in find_ffns(model, skip_moe=True)}
+    if len(widths) > 1:
+        return None, "the FFNs keep different numbers of neurons", False
     config = _stock_source(model)
     reason = _builds(model, _base_class(model), config)
     return (config, None, False) if reason is None else (None, reason, reason.startswith(REFUSED))
@@ -97,8 +104,8 @@ def _builds(model: nn.Module, cls: type, config) -> str | None:
     got = {k: tuple(v.shape) for k, v in fresh.state_dict().items()}
     if want != got:
         diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
-        return (f"a stock {cls.__name__} with {config.num_attention_heads} heads has other shapes "
-                f"({', '.join(diff[:3])} ...): its family does not read head_dim from the config")
+        return (f"a stock {cls.__name__} with {config.num_attention_heads} heads of size {config.head_dim} has other "
+                f"shapes ({', '.join(diff[:3])} ...)")
     return None
 
 
@@ -136,14 +143,25 @@ def write_stock(model: nn.Module, directory: Path) -> tuple[str | None, bool]:
 def _stock_source(model: nn.Module):
     """The family config with the pruned shape and the stock record, unvalidated: what another family translates."""
     config = copy.deepcopy(model.config)
-    for key in (KEPT_KEY, ORIGINAL_KEY, *LEGACY_KEYS.values(), LAYOUT_KEY, CALLS_KEY):
+    for key in (KEPT_KEY, ORIGINAL_KEY, *LEGACY_KEYS.values(), LAYOUT_KEY, CALLS_KEY, KEPT_NEURONS_KEY,
+                ORIGINAL_NEURONS_KEY):
         if hasattr(config, key):
             delattr(config, key)
     site = find_sites(model)[0]
     config.num_attention_heads, config.num_key_value_heads, config.head_dim = (site.num_heads, site.num_kv_heads,
                                                                                site.head_dim)
-    setattr(config, STOCK_KEY, {"kept_heads": config_record(model.config, KEPT_KEY),
-                                "original_heads": original_heads(model)})
+    record = {"kept_heads": config_record(model.config, KEPT_KEY), "original_heads": original_heads(model)}
+    kept_n = config_record(model.config, KEPT_NEURONS_KEY)
+    ffns = find_ffns(model, skip_moe=True)
+    if kept_n and ffns:  # FFN neurons pruned to one width everywhere: the config's FFN size(s) that were the original
+        from .verify import FFN_KEYS  # (verify imports saving, which imports this module)
+
+        original = set(original_neurons(model).values())
+        for key in FFN_KEYS:
+            if getattr(config, key, None) in original:
+                setattr(config, key, ffns[0].width)
+        record |= {"kept_neurons": kept_n, "original_neurons": original_neurons(model)}
+    setattr(config, STOCK_KEY, record)
     return config
 
 
