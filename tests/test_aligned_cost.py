@@ -50,3 +50,13 @@ def test_the_ratio_is_the_held_out_perplexities_quotient(quick):
     lo, hi = rows[16]["ratio_ci95"]
     assert lo <= rows[16]["ratio_to_unaligned"] <= hi
     assert "| 30% | 16 |" in _module().table(quick)
+
+
+def test_the_docs_table_is_the_committed_json():
+    data = json.loads((ROOT / "benchmarks" / "results" / "aligned_cost.json").read_text())
+    page = (ROOT / "docs" / "llms.md").read_text()
+    mod = _module()
+    section = page.split(mod.BEGIN, 1)[1].split(mod.END, 1)[0].strip()
+    assert section == mod.table(data), "run: python benchmarks/aligned_cost.py --write-docs docs/llms.md"
+    targets = {(r["budget"], r["multiple_of"]) for r in data["rows"]}
+    assert targets == {(b, m) for b in (0.1, 0.2, 0.3, 0.5) for m in (1, 32, 64, 128, 256)}
