@@ -74,6 +74,11 @@ SHARED = Path(os.environ.get("HEADPRUNE_SHARED_DATA", "/work/shared/data"))
 PLANS = {"flap": flap_plan, "wanda-sp": wanda_sp_plan, "llm-pruner": llm_pruner_plan, "slimgpt": slimgpt_plan,
          "osscar": osscar_plan, "sleb": sleb_plan, "shortgpt": shortgpt_plan}
 METHODS = (*PLANS, "torch-pruning", *CONFIGURATIONS)
+# Cost caps of the peers on SmolLM2 (issue #34), chosen by time before any of their rows ran, the algorithm
+# unchanged: OSSCAR's local search makes at most 10 swaps per consumer layer (one swap prices every pair exactly,
+# ~0.6 s on an FFN of 1536 at one free core); SLEB scores its candidates on the first calibration batch (4 blocks
+# of 256 tokens; each step runs about half a pass per remaining block). Each is in the row's config.
+PEER_SETTINGS = {"osscar": {"max_swaps": 10}, "sleb": {"max_batches": 1}}
 BUDGETS = (0.1, 0.2, 0.3, 0.5)
 # What was added or changed after evaluation results were seen (recorded in the JSON; docs/peers.md says it too)
 CHANGED_AFTER_RESULTS = [
@@ -337,7 +342,7 @@ def prune_model(method: str, model, batches, budget: float) -> tuple:
     """(pruned copy of ``model``, what the row records of the pruning) for a method with a plan or a headprune
     configuration."""
     if method in PLANS:
-        plan = PLANS[method](model, batches, budget)
+        plan = PLANS[method](model, batches, budget, **PEER_SETTINGS.get(method, {}))
         pruned = apply_plan(copy.deepcopy(model), plan)
         return pruned, {"plan": plan.counts(), "info": plan.info,
                         "dropped": {"heads": plan.heads, "neurons": plan.neurons}}  # the full plan
@@ -454,7 +459,7 @@ def config_of(method: str) -> dict:
         return dict(CONFIGURATIONS[method])
     if method == "torch-pruning":
         return {"peer": method, "version": installed_version()}
-    return {"peer": method}
+    return {"peer": method, **PEER_SETTINGS.get(method, {})}
 
 
 def summarise(out: dict) -> None:
