@@ -119,6 +119,9 @@ def parse(argv=None):
     p.add_argument("--texts", default=None,
                    help="Score the finished rows of --methods x --budgets on these named English texts as well ("
                         + ", ".join(texts.TEXTS) + "; evaluation only, never a choice) instead of running new rows.")
+    p.add_argument("--merge", type=Path, default=None,
+                   help="Add to the results file the rows of another run's file (same settings, rows it lacks), "
+                        "e.g. rows run in parallel with --output elsewhere; exit.")
     p.add_argument("--keep-models", type=Path, default=None,
                    help="Folder where each row's pruned model is saved (torch.save of the module, not committed), so "
                         "that --extra-eval can score it on another text without pruning again.")
@@ -204,6 +207,13 @@ def main(argv=None) -> dict | None:
                 data["extra_texts"]["verdicts"] = texts.text_verdicts(data, data["extra_texts"], CONFIGURATIONS)
         report.write_docs(args.write_docs, data)
         return None
+    if args.merge:
+        out, other = json.loads(OUTPUT.read_text()), json.loads(args.merge.read_text())
+        added = merge_rows(out, other)
+        summarise(out)
+        results_io.save(OUTPUT, out)
+        print(f"added {len(added)} rows from {args.merge}: " + ", ".join(f"{m} {b:.0%}" for m, b in added))
+        return out
     methods = _methods(args.methods)
     budgets = _numbers(args.budgets, "--budgets", float, lambda v: 0 < v < 1, "comma-separated numbers in (0, 1)")
     sizes = _numbers(args.windows, "--windows", int, lambda v: v >= 2, "comma-separated window lengths >= 2")
@@ -336,6 +346,20 @@ def run_row(method, model, batches, budget, evaluate, select, base, args) -> dic
     row["decode"] = {"tokens_per_s": {k: v["tokens_per_s"] for k, v in dec["models"].items()},
                      "speedup": dec["speedups"][0]["measured"], "settings": dec["settings"]}
     return row
+
+
+def merge_rows(out: dict, other: dict) -> list[tuple[str, float]]:
+    """Append to ``out["rows"]`` the rows of ``other`` (a run of the same settings, e.g. in parallel with another
+    ``--output``) whose (method, budget) ``out`` lacks and whose method configuration is today's; -> those added."""
+    if other.get("settings") != out.get("settings"):
+        raise SystemExit("--merge: the file's settings differ from the results file's; allowed: a run of the same settings")
+    have = {(r["method"], r["budget"]) for r in out["rows"]}
+    added = [r for r in other["rows"] if (r["method"], r["budget"]) not in have
+             and r.get("config") == json.loads(json.dumps(config_of(r["method"])))]
+    out["rows"] += added
+    out["methods_run"] = sorted(set(out.get("methods_run", [])) | {r["method"] for r in added})
+    out.setdefault("merged", []).append({"command": other.get("command"), "rows": [[r["method"], r["budget"]] for r in added]})
+    return [(r["method"], r["budget"]) for r in added]
 
 
 def prune_model(method: str, model, batches, budget: float) -> tuple:

@@ -100,3 +100,17 @@ def test_quick_rows_scored_on_the_texts_from_kept_and_re_pruned_models_agree(tmp
         old = next(x for x in first["rows"] if (x["method"], x["text"]) == (r["method"], r["text"]))
         for p in r["perplexity"]:
             assert r["perplexity"][p] == pytest.approx(old["perplexity"][p], rel=1e-5)
+
+
+def test_merge_adds_only_missing_rows_of_the_same_settings():
+    bench = _bench()
+    cfg = bench.config_of("shortgpt")
+    out = {"settings": {"a": 1}, "rows": [{"method": "flap", "budget": 0.2, "config": bench.config_of("flap")}]}
+    other = {"settings": {"a": 1}, "command": "x", "rows": [
+        {"method": "flap", "budget": 0.2, "config": bench.config_of("flap"), "mark": "dup"},
+        {"method": "shortgpt", "budget": 0.2, "config": cfg},
+        {"method": "osscar", "budget": 0.2, "config": {"peer": "osscar", "max_swaps": 12345}}]}
+    assert bench.merge_rows(out, other) == [("shortgpt", 0.2)]
+    assert [r["method"] for r in out["rows"]] == ["flap", "shortgpt"] and "mark" not in out["rows"][0]
+    with pytest.raises(SystemExit, match="--merge"):
+        bench.merge_rows(out, {"settings": {"a": 2}, "rows": []})
