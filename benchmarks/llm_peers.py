@@ -209,6 +209,15 @@ def main(argv=None) -> dict | None:
         return None
     if args.merge:
         out, other = json.loads(OUTPUT.read_text()), json.loads(args.merge.read_text())
+        if other.get("name") == "llm_peers_texts":  # rows scored on the extra texts: into texts_file(OUTPUT)
+            target = texts_file(OUTPUT)
+            mine = json.loads(target.read_text()) if target.is_file() else {**other, "rows": [], "unpruned": {}}
+            added = merge_text_rows(mine, other)
+            summarise(out)
+            mine["verdicts"] = texts.text_verdicts(out, mine, CONFIGURATIONS)
+            results_io.save(target, mine)
+            print(f"added {len(added)} text rows from {args.merge}")
+            return mine
         added = merge_rows(out, other)
         summarise(out)
         results_io.save(OUTPUT, out)
@@ -360,6 +369,19 @@ def merge_rows(out: dict, other: dict) -> list[tuple[str, float]]:
     out["methods_run"] = sorted(set(out.get("methods_run", [])) | {r["method"] for r in added})
     out.setdefault("merged", []).append({"command": other.get("command"), "rows": [[r["method"], r["budget"]] for r in added]})
     return [(r["method"], r["budget"]) for r in added]
+
+
+def merge_text_rows(mine: dict, other: dict) -> list[tuple]:
+    """:func:`merge_rows` for two files of ``--texts`` (:func:`texts_file`): the texts and unpruned evaluations
+    ``mine`` lacks, then the (method, budget, text) rows it lacks."""
+    if other.get("settings") != mine.get("settings"):
+        raise SystemExit("--merge: the file's settings differ from the results file's; allowed: a run of the same settings")
+    for key in ("texts", "unpruned"):
+        mine.setdefault(key, {}).update({k: v for k, v in other.get(key, {}).items() if k not in mine[key]})
+    have = {(r["method"], r["budget"], r["text"]) for r in mine["rows"]}
+    added = [r for r in other["rows"] if (r["method"], r["budget"], r["text"]) not in have]
+    mine["rows"] += added
+    return [(r["method"], r["budget"], r["text"]) for r in added]
 
 
 def prune_model(method: str, model, batches, budget: float) -> tuple:

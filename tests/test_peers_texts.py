@@ -114,3 +114,15 @@ def test_merge_adds_only_missing_rows_of_the_same_settings():
     assert [r["method"] for r in out["rows"]] == ["flap", "shortgpt"] and "mark" not in out["rows"][0]
     with pytest.raises(SystemExit, match="--merge"):
         bench.merge_rows(out, {"settings": {"a": 2}, "rows": []})
+
+
+def test_merge_of_text_rows_adds_missing_texts_and_rows():
+    bench = _bench()
+    mine = {"settings": {"a": 1}, "texts": {"wiki": 1}, "unpruned": {"wiki": 1},
+            "rows": [{"method": "flap", "budget": 0.2, "text": "wiki"}]}
+    other = {"settings": {"a": 1}, "texts": {"wiki": 2, "captions": 3}, "unpruned": {"wiki": 2, "captions": 3},
+             "rows": [{"method": "flap", "budget": 0.2, "text": "wiki"}, {"method": "flap", "budget": 0.3, "text": "wiki"}]}
+    assert bench.merge_text_rows(mine, other) == [("flap", 0.3, "wiki")]
+    assert mine["texts"] == {"wiki": 1, "captions": 3} and mine["unpruned"] == {"wiki": 1, "captions": 3}
+    with pytest.raises(SystemExit, match="--merge"):
+        bench.merge_text_rows(mine, {"settings": {}, "rows": []})
