@@ -5,6 +5,9 @@ calibration set and one evaluation protocol (issue #26).
     python benchmarks/llm_peers.py --quick                  # a tiny random GQA Llama, seconds
     python benchmarks/llm_peers.py --methods flap,wanda-sp --budgets 0.2
     python benchmarks/llm_peers.py --write-docs docs/peers.md   # table + figure from the committed JSON
+    python benchmarks/llm_peers.py --keep-models /tmp/m ...     # also save each row's pruned model (not committed)
+    python benchmarks/llm_peers.py --methods flap --budgets 0.2 --keep-models /tmp/m --texts wiki,captions
+                                                            # score finished rows on more English texts
 
 Methods (``benchmarks/peers``): FLAP, Wanda-sp, LLM-Pruner (Taylor, no LoRA), SlimGPT and OSSCAR (second-order
 removal with the refit of the kept columns), SLEB and ShortGPT (whole blocks), Torch-Pruning 1.6.1's LLM
@@ -20,6 +23,13 @@ sources of WMT21 newstest en-de), never used for a choice: perplexity over non-o
 interval over windows (1000 resamples, seed 0). Per row also: parameters, FLOPs and KV-cache bytes per token,
 pruning wall time, peak memory of pruning, and greedy decode tokens/s of the pruned and the unpruned model
 measured together (alternating rounds). Rows are written as they finish; a rerun with the same settings resumes.
+A row of a method with a plan records the plan in full (query heads and neurons dropped, by index; rows run
+before issue #34 record the neurons' counts only).
+
+Other texts (issue #34, ``peers/texts.py``): ``--texts`` scores rows already in the JSON on more English texts
+(Wikipedia sentences, image captions) with the same protocols, into ``llm_peers_texts.json``; the model is the
+one ``--keep-models`` saved when the row ran or the method run again, used only when its held-out calibration
+perplexity is the row's. The texts are read for no choice.
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -39,7 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import protocol, report, results_io  # noqa: E402
+from peers import protocol, report, results_io, texts  # noqa: E402
 from peers.flap import flap_plan  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, headprune_row  # noqa: E402
 from peers.llm_pruner import llm_pruner_plan  # noqa: E402
@@ -63,6 +74,11 @@ SHARED = Path(os.environ.get("HEADPRUNE_SHARED_DATA", "/work/shared/data"))
 PLANS = {"flap": flap_plan, "wanda-sp": wanda_sp_plan, "llm-pruner": llm_pruner_plan, "slimgpt": slimgpt_plan,
          "osscar": osscar_plan, "sleb": sleb_plan, "shortgpt": shortgpt_plan}
 METHODS = (*PLANS, "torch-pruning", *CONFIGURATIONS)
+# Cost caps of the peers on SmolLM2 (issue #34), chosen by time before any of their rows ran, the algorithm
+# unchanged: OSSCAR's local search makes at most 10 swaps per consumer layer (one swap prices every pair exactly,
+# ~0.6 s on an FFN of 1536 at one free core); SLEB scores its candidates on the first calibration batch (4 blocks
+# of 256 tokens; each step runs about half a pass per remaining block). Each is in the row's config.
+PEER_SETTINGS = {"osscar": {"max_swaps": 10}, "sleb": {"max_batches": 1}}
 BUDGETS = (0.1, 0.2, 0.3, 0.5)
 # What was added or changed after evaluation results were seen (recorded in the JSON; docs/peers.md says it too)
 CHANGED_AFTER_RESULTS = [
@@ -100,6 +116,15 @@ def parse(argv=None):
     p.add_argument("--device", default="cpu", help="Where the model runs (cpu, cuda); Torch-Pruning runs on a CPU copy.")
     p.add_argument("--quick", action="store_true", help="A tiny random GQA Llama on CPython's docs (seconds).")
     p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--texts", default=None,
+                   help="Score the finished rows of --methods x --budgets on these named English texts as well ("
+                        + ", ".join(texts.TEXTS) + "; evaluation only, never a choice) instead of running new rows.")
+    p.add_argument("--merge", type=Path, default=None,
+                   help="Add to the results file the rows of another run's file (same settings, rows it lacks), "
+                        "e.g. rows run in parallel with --output elsewhere; exit.")
+    p.add_argument("--keep-models", type=Path, default=None,
+                   help="Folder where each row's pruned model is saved (torch.save of the module, not committed), so "
+                        "that --extra-eval can score it on another text without pruning again.")
     p.add_argument("--write-docs", type=Path, default=None, help="Write the table and figure from the JSON, exit.")
     return p.parse_args(argv)
 
@@ -176,8 +201,28 @@ def main(argv=None) -> dict | None:
         data = json.loads(OUTPUT.read_text()) if OUTPUT.is_file() else None
         if data is not None:
             summarise(data)  # the derived tables from the rows, by today's code
+            extra = texts_file(OUTPUT)
+            if extra.is_file():
+                data["extra_texts"] = json.loads(extra.read_text())
+                data["extra_texts"]["verdicts"] = texts.text_verdicts(data, data["extra_texts"], CONFIGURATIONS)
         report.write_docs(args.write_docs, data)
         return None
+    if args.merge:
+        out, other = json.loads(OUTPUT.read_text()), json.loads(args.merge.read_text())
+        if other.get("name") == "llm_peers_texts":  # rows scored on the extra texts: into texts_file(OUTPUT)
+            target = texts_file(OUTPUT)
+            mine = json.loads(target.read_text()) if target.is_file() else {**other, "rows": [], "unpruned": {}}
+            added = merge_text_rows(mine, other)
+            summarise(out)
+            mine["verdicts"] = texts.text_verdicts(out, mine, CONFIGURATIONS)
+            results_io.save(target, mine)
+            print(f"added {len(added)} text rows from {args.merge}")
+            return mine
+        added = merge_rows(out, other)
+        summarise(out)
+        results_io.save(OUTPUT, out)
+        print(f"added {len(added)} rows from {args.merge}: " + ", ".join(f"{m} {b:.0%}" for m, b in added))
+        return out
     methods = _methods(args.methods)
     budgets = _numbers(args.budgets, "--budgets", float, lambda v: 0 < v < 1, "comma-separated numbers in (0, 1)")
     sizes = _numbers(args.windows, "--windows", int, lambda v: v >= 2, "comma-separated window lengths >= 2")
@@ -217,8 +262,14 @@ def main(argv=None) -> dict | None:
                 "bootstrap": "95% percentile, 1000 resamples of windows, paired, seed 0"}
     out = results_io.resume(output, settings, config_of)
     given = sys.argv[1:] if argv is None else list(argv)
-    out.update({"name": "llm_peers", "command": shlex.join([sys.executable, "benchmarks/llm_peers.py", *given]),
-                "machine": machine_info() | {"loadavg_at_start": loadavg()},
+    command = shlex.join([sys.executable, "benchmarks/llm_peers.py", *given])
+    if args.texts:  # rows already run are scored on more texts, into their own file (the rows' file is only read)
+        if "unpruned" not in out:
+            raise SystemExit(f"--texts: {output} has no rows of these settings; run them first")
+        ctx = {"args": args, "model": model, "tok": tok, "sizes": sizes, "batches": batches, "output": output,
+               "select": lambda m: protocol.perplexity(protocol.window_nll(m, held_out)), "command": command}
+        return score_texts(out, [n.strip() for n in args.texts.split(",") if n.strip()], methods, budgets, ctx)
+    out.update({"name": "llm_peers", "command": command, "machine": machine_info() | {"loadavg_at_start": loadavg()},
                 "versions": versions() | {"python": platform.python_version(), "torch_pruning": installed_version()},
                 "settings": settings, "changed_after_results": CHANGED_AFTER_RESULTS,
                 "methods_run": sorted(set(out.get("methods_run", [])) | set(methods))})
@@ -278,13 +329,7 @@ def run_row(method, model, batches, budget, evaluate, select, base, args) -> dic
         return row
 
     def prune():
-        if method in PLANS:
-            plan = PLANS[method](model, batches, budget)
-            pruned = apply_plan(copy.deepcopy(model), plan)
-            return pruned, {"plan": plan.counts(), "info": plan.info,
-                            "dropped": {"heads": plan.heads, "neurons": {k: len(v) for k, v in plan.neurons.items()}}}
-        pruned, info = headprune_row(method, model, batches, budget)
-        return pruned, {"info": info}
+        return prune_model(method, model, batches, budget)
 
     start = time.perf_counter()
     try:
@@ -302,12 +347,142 @@ def run_row(method, model, batches, budget, evaluate, select, base, args) -> dic
     row["removed_minus_target"] = row["removed_nonembedding_params"] - target
     row["removed_share"] = row["removed_nonembedding_params"] / base["sizes"]["nonembedding_params"]
     row["selection_perplexity"] = select(pruned)
+    if args.keep_models is not None:
+        keep_model(pruned, model_file(args.keep_models, method, budget))
     _scores(row, evaluate(pruned), base)
     dec = decode_benchmark({"unpruned": model, "pruned": pruned}, prompt_len=args.decode_prompt,
                            new_tokens=args.decode_tokens, repeats=args.decode_repeats)
     row["decode"] = {"tokens_per_s": {k: v["tokens_per_s"] for k, v in dec["models"].items()},
                      "speedup": dec["speedups"][0]["measured"], "settings": dec["settings"]}
     return row
+
+
+def merge_rows(out: dict, other: dict) -> list[tuple[str, float]]:
+    """Append to ``out["rows"]`` the rows of ``other`` (a run of the same settings, e.g. in parallel with another
+    ``--output``) whose (method, budget) ``out`` lacks and whose method configuration is today's; -> those added."""
+    if other.get("settings") != out.get("settings"):
+        raise SystemExit("--merge: the file's settings differ from the results file's; allowed: a run of the same settings")
+    have = {(r["method"], r["budget"]) for r in out["rows"]}
+    added = [r for r in other["rows"] if (r["method"], r["budget"]) not in have
+             and r.get("config") == json.loads(json.dumps(config_of(r["method"])))]
+    out["rows"] += added
+    out["methods_run"] = sorted(set(out.get("methods_run", [])) | {r["method"] for r in added})
+    out.setdefault("merged", []).append({"command": other.get("command"), "rows": [[r["method"], r["budget"]] for r in added]})
+    return [(r["method"], r["budget"]) for r in added]
+
+
+def merge_text_rows(mine: dict, other: dict) -> list[tuple]:
+    """:func:`merge_rows` for two files of ``--texts`` (:func:`texts_file`): the texts and unpruned evaluations
+    ``mine`` lacks, then the (method, budget, text) rows it lacks."""
+    if other.get("settings") != mine.get("settings"):
+        raise SystemExit("--merge: the file's settings differ from the results file's; allowed: a run of the same settings")
+    for key in ("texts", "unpruned"):
+        mine.setdefault(key, {}).update({k: v for k, v in other.get(key, {}).items() if k not in mine[key]})
+    have = {(r["method"], r["budget"], r["text"]) for r in mine["rows"]}
+    added = [r for r in other["rows"] if (r["method"], r["budget"], r["text"]) not in have]
+    mine["rows"] += added
+    return [(r["method"], r["budget"], r["text"]) for r in added]
+
+
+def prune_model(method: str, model, batches, budget: float) -> tuple:
+    """(pruned copy of ``model``, what the row records of the pruning) for a method with a plan or a headprune
+    configuration."""
+    if method in PLANS:
+        plan = PLANS[method](model, batches, budget, **PEER_SETTINGS.get(method, {}))
+        pruned = apply_plan(copy.deepcopy(model), plan)
+        return pruned, {"plan": plan.counts(), "info": plan.info,
+                        "dropped": {"heads": plan.heads, "neurons": plan.neurons}}  # the full plan
+    pruned, info = headprune_row(method, model, batches, budget)
+    return pruned, {"info": info}
+
+
+def texts_file(output: Path) -> Path:
+    """Where the extra texts' scores of the rows in ``output`` are kept (``--texts``)."""
+    return output.with_name(output.stem + "_texts.json")
+
+
+def score_texts(out: dict, names: list[str], methods: list[str], budgets: list[float], ctx: dict) -> dict:
+    """Score the finished rows of ``methods`` x ``budgets`` in ``out`` on the extra texts ``names``
+    (``peers.texts``), into :func:`texts_file` (resumed when its rows' settings are the same). The pruned model
+    is the one kept by ``--keep-models`` or, when absent, the method run again; either is used only if its
+    held-out calibration perplexity equals the row's (to 1e-5 relative, above the noise of thread counts): the model
+    the row was measured on."""
+    args, model, output = ctx["args"], ctx["model"], texts_file(ctx["output"])
+    extra = json.loads(output.read_text()) if output.is_file() else {}
+    if extra.get("settings") != out["settings"]:
+        extra = {"rows": [], "unpruned": {}}
+    extra.update({"name": "llm_peers_texts", "command": ctx["command"], "settings": out["settings"],
+                  "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions()})
+    sets = {}
+    for name in names:
+        text, described = texts.read(name, SHARED)
+        sets[name] = eval_sets(ctx["tok"], text, args, ctx["sizes"])
+        extra.setdefault("texts", {})[name] = described | {"protocols": {k: list(v.shape) for k, v in sets[name].items()}}
+        if name not in extra["unpruned"]:
+            evaluation = {k: protocol.window_nll(model, v) for k, v in sets[name].items()}
+            extra["unpruned"][name] = {"evaluation": evaluation,
+                                       "perplexity": {k: protocol.perplexity(v) for k, v in evaluation.items()}}
+            results_io.save(output, extra)
+    for budget in budgets:
+        for method in methods:
+            row = next((r for r in out["rows"] if (r["method"], r["budget"]) == (method, budget)
+                        and r.get("status") == "ok" and r.get("surgery") == "headprune"), None)
+            have = {x["text"] for x in extra["rows"] if (x["method"], x["budget"]) == (method, budget)}
+            todo = [n for n in names if row is not None and n not in have]
+            if not todo:
+                continue
+            print(f"{method} at {budget:.0%}: scoring on {', '.join(todo)}", flush=True)
+            pruned, source = _row_model(row, model, ctx)
+            for name in todo:
+                entry = {"method": method, "budget": budget, "text": name, "model_from": source,
+                         "selection_perplexity": row["selection_perplexity"], "loadavg_before": loadavg()}
+                if pruned is None:
+                    extra["rows"].append(entry | {"status": "skipped"})
+                else:
+                    evaluation = {k: protocol.window_nll(pruned, v) for k, v in sets[name].items()}
+                    extra["rows"].append(entry | {"status": "ok"}
+                                         | texts.scores(evaluation, extra["unpruned"][name]["evaluation"]))
+                    print(f"  {name}: " + ", ".join(f"{k} {v:.2f}" for k, v in extra["rows"][-1]["perplexity"].items()),
+                          flush=True)
+                extra["verdicts"] = texts.text_verdicts(out, extra, CONFIGURATIONS)
+                results_io.save(output, extra)
+    extra["verdicts"] = texts.text_verdicts(out, extra, CONFIGURATIONS)
+    results_io.save(output, extra)
+    print(f"wrote {output}")
+    return extra
+
+
+def _row_model(row: dict, model, ctx: dict) -> tuple:
+    """(the pruned model of ``row``, where it came from) or (None, why not)."""
+    from headprune import load_pruned
+
+    path = model_file(ctx["args"].keep_models, row["method"], row["budget"]) if ctx["args"].keep_models else None
+    if path is not None and path.is_dir():
+        pruned, source = load_pruned(path), f"kept model {path.name}"
+    else:
+        pruned, source = prune_model(row["method"], model, ctx["batches"], row["budget"])[0], "pruned again"
+    got = ctx["select"](pruned)
+    diff = got / row["selection_perplexity"] - 1
+    if abs(diff) > 1e-5:  # above float noise (threads): another model
+        return None, (f"{source}: held-out calibration perplexity {got:.6f}, the row's "
+                      f"{row['selection_perplexity']:.6f}: not the same model")
+    return pruned, f"{source} (held-out calibration perplexity within {abs(diff):.1e} of the row's)"
+
+
+def model_file(folder: Path, method: str, budget: float) -> Path:
+    return folder / f"{method}@{budget}"
+
+
+def keep_model(pruned, path: Path) -> None:
+    """Save ``pruned`` with headprune's ``save_pruned`` (an optional cache: a failure is printed, not raised)."""
+    from headprune import save_pruned
+
+    if path.exists():
+        shutil.rmtree(path)
+    try:
+        save_pruned(pruned, path)
+    except (HeadpruneError, OSError) as e:
+        print(f"  not kept: {path}: {type(e).__name__}: {e}", flush=True)
 
 
 def _scores(row: dict, evaluation: dict, base: dict) -> None:
@@ -330,7 +505,7 @@ def config_of(method: str) -> dict:
         return dict(CONFIGURATIONS[method])
     if method == "torch-pruning":
         return {"peer": method, "version": installed_version()}
-    return {"peer": method}
+    return {"peer": method, **PEER_SETTINGS.get(method, {})}
 
 
 def summarise(out: dict) -> None:

@@ -284,3 +284,20 @@ def test_incremental_ratios_rise_with_depth_and_average_the_ratio():
     assert r[0] == pytest.approx(0.075)
     with pytest.raises(hp.ConfigError, match="ratio=0.95"):
         slimgpt.incremental_ratios(0.95, 10)
+
+
+def test_block_inputs_give_the_grams_a_whole_forward_gives_after_pruning_below():
+    """The sequential driver's kept block inputs: X^T X of a projection equals the one recorded by a forward of the
+    whole model (obs.gram), also after the layer below was pruned and the inputs advanced through it."""
+    model, data = llama(layers=3, seed=4), batches(n=2)
+    work = copy.deepcopy(model)
+    ledger = plan.Ledger(model, 0.3)
+    cache = obs.BlockInputs(work, data, ledger)
+    sites = {s.layer: s for s in hp.find_sites(work)}
+    torch.testing.assert_close(cache.gram(0, sites[0].o), obs.gram(work, data, sites[0].o)[0], rtol=1e-10, atol=1e-8)
+    hp.prune_heads(work, {sites[0].name: [1]}, verify=False)
+    ffn0 = next(f for f in hp.find_ffns(work) if f.layer == 0)
+    hp.prune_neurons(work, {ffn0.name: [0, 3, 5]}, verify=False)
+    cache.advance(0)
+    for module in (sites[1].o, next(f for f in hp.find_ffns(work) if f.layer == 1).down):
+        torch.testing.assert_close(cache.gram(1, module), obs.gram(work, data, module)[0], rtol=1e-10, atol=1e-8)

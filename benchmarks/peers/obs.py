@@ -149,9 +149,14 @@ def layerwise(model: nn.Module, batches, ledger: Ledger, shares: list[float], he
     ``int(share x H)``) of the layer by
     ``heads`` (more where even all but one neuron would not reach the share), then neurons by ``neurons`` until the layer has lost ``share`` of :meth:`Ledger.layer_pool` (to
     the next whole neuron). Units go into ``ledger``; returns {o_proj / down_proj path: W' [d_out, C] at the
-    unpruned width}, the weights :func:`peers.plan.apply_plan` sets before surgery."""
+    unpruned width}, the weights :func:`peers.plan.apply_plan` sets before surgery.
+
+    The calibration inputs of each layer's block are kept (:class:`BlockInputs`, as SparseGPT's sequential
+    driver): a projection's inputs come from running its block alone on them, and the pruned block's outputs
+    are the next block's inputs, so the whole model runs once, not once per projection."""
     work = copy.deepcopy(model)
     weights = {}
+    cache = BlockInputs(work, batches, ledger)
     for (layer, site, ffn), share in zip(layer_pairs(ledger), shares, strict=True):
         start, goal = ledger.removed, share * ledger.layer_pool(layer)
         s = {x.name: x for x in find_sites(work)}[site]
@@ -160,7 +165,8 @@ def layerwise(model: nn.Module, batches, ledger: Ledger, shares: list[float], he
         while n_heads < s.num_heads and n_heads * ledger.q_cost(site) + (width - 1) * cost < goal:
             n_heads += 1  # the neurons alone cannot reach the layer's share: more heads first (as uniform_layer)
         if n_heads:
-            w_new, drop = _consumer(work, batches, s.o, head_groups(s.num_heads, s.head_dim), n_heads, heads, damping)
+            w_new, drop = _consumer(cache.gram(layer, s.o), s.o, head_groups(s.num_heads, s.head_dim), n_heads,
+                                    heads, damping)
             weights[ledger.paths[id(ledger.sites[site].o)]] = w_new
             for h in drop:
                 ledger.take_head(site, h)
@@ -171,19 +177,100 @@ def layerwise(model: nn.Module, batches, ledger: Ledger, shares: list[float], he
             raise ConfigError(f"budget={ledger.share}: layer {layer} would lose all {f.width} neurons "
                               f"(share {share:.2f}); allowed: a budget that leaves each layer some")
         if need:
-            w_new, drop = _consumer(work, batches, f.down, torch.arange(f.width).view(-1, 1), need, neurons, damping)
+            w_new, drop = _consumer(cache.gram(layer, f.down), f.down, torch.arange(f.width).view(-1, 1), need,
+                                    neurons, damping)
             weights[ledger.paths[id(ledger.ffns[ffn].down)]] = w_new
             for j in drop:
                 ledger.take_neuron(ffn, j)
             prune_neurons(work, {ffn: drop}, verify=False)
-    del work
+        cache.advance(layer)
+    del work, cache
     return weights
 
 
-def _consumer(work, batches, module, groups, k, remover: Remover, damping) -> tuple[torch.Tensor, list[int]]:
-    """Refit ``module`` (in ``work``, in place) with ``k`` of its input ``groups`` removed by ``remover``;
-    returns (W' float64 on CPU, dropped groups sorted)."""
-    xtx, _ = gram(work, batches, module)
+class BlockInputs:
+    """The calibration inputs of one transformer block at a time, per batch: caught once at the first block
+    (its positional and keyword arguments: hidden states, mask, position embeddings), then each block's outputs,
+    run on the (pruned) block alone, are the next block's inputs. Between blocks a Llama-like model does
+    nothing else, so these are the inputs a forward of the whole model would give the block."""
+
+    def __init__(self, work: nn.Module, batches, ledger: Ledger):
+        from .shortgpt import blocks
+
+        paths = {id(m): n for n, m in work.named_modules()}
+        self.work = work
+        self.paths = {layer: paths[id(b)] for layer, b in blocks(work, ledger).items()}  # ledger's names, work's blocks
+        first = work.get_submodule(self.paths[min(self.paths)])
+        self.inputs: list[tuple[tuple, dict]] = []
+
+        def catch(_m, args, kwargs):
+            self.inputs.append((args, kwargs))
+            raise _Stop
+
+        handle = first.register_forward_pre_hook(catch, with_kwargs=True)
+        was_training = work.training
+        work.eval()
+        try:
+            device = input_device(work)
+            with torch.no_grad():
+                for batch in batches:
+                    try:
+                        work(**to_device({k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")},
+                                         device), use_cache=False)
+                    except _Stop:
+                        pass
+        finally:
+            handle.remove()
+            work.train(was_training)
+
+    def block(self, layer: int) -> nn.Module:
+        return self.work.get_submodule(self.paths[layer])
+
+    @torch.no_grad()
+    def gram(self, layer: int, module: nn.Module) -> torch.Tensor:
+        """``X^T X`` [C, C] float64 of ``module``'s input (inside block ``layer``) over the batches."""
+        acc: list = []
+
+        def record(_m, args, _out):
+            x = args[0].detach().reshape(-1, args[0].shape[-1]).double()  # [tokens, C]
+            if not acc:
+                acc.append(torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=x.device))
+            acc[0] += x.T @ x
+            raise _Stop
+
+        handle = module.register_forward_hook(record)
+        block = self.block(layer)
+        was_training = block.training
+        block.eval()
+        try:
+            for args, kwargs in self.inputs:
+                try:
+                    block(*args, **kwargs)
+                except _Stop:
+                    pass
+        finally:
+            handle.remove()
+            block.train(was_training)
+        return acc[0].cpu()
+
+    @torch.no_grad()
+    def advance(self, layer: int) -> None:
+        """Replace the inputs with block ``layer``'s outputs (the next block's inputs)."""
+        block = self.block(layer)
+        was_training = block.training
+        block.eval()
+        out = []
+        for args, kwargs in self.inputs:
+            y = block(*args, **kwargs)
+            y = y[0] if isinstance(y, tuple) else y
+            out.append(((y, *args[1:]), kwargs) if args else ((), {**kwargs, "hidden_states": y}))
+        block.train(was_training)
+        self.inputs = out
+
+
+def _consumer(xtx: torch.Tensor, module, groups, k, remover: Remover, damping) -> tuple[torch.Tensor, list[int]]:
+    """Refit ``module`` (in place) with ``k`` of its input ``groups`` removed by ``remover``, from its inputs'
+    ``X^T X``; returns (W' float64 on CPU, dropped groups sorted)."""
     w0 = module.weight.detach().double().cpu()
     drop, w_new = remover(w0, damped(xtx, damping), groups, k)
     with torch.no_grad():

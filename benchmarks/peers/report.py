@@ -62,6 +62,7 @@ def docs_section(data: dict, figure: str = FIGURE) -> str:
               f"{s.get('select_blocks', 0)} held-out calibration blocks; it is the one judged against the peers.", ""]
     lines += verdict_lines(data)
     lines += prune_time_lines(data)
+    lines += text_lines(data.get("extra_texts"))
     lines += ["", f"![Perplexity ratio against the share of non-embedding parameters removed]({figure})", "", MARK[1]]
     return "\n".join(lines)
 
@@ -89,6 +90,39 @@ def verdict_lines(data: dict) -> list[str]:
             lines.append(f"- {float(budget):.0%}, {p}: {v['headprune']} x{v['ratio']:.3f} [{lo:.3f}, {hi:.3f}] "
                          f"vs the best peer {v['best_peer']} x{v['best_peer_ratio']:.3f}: perplexity {lower} "
                          f"({len(v['peers_compared'])} peers run); {ci} the best peer's point estimate.{direct}")
+    return lines
+
+
+def text_lines(extra: dict | None) -> list[str]:
+    """The rows scored on the extra English texts (``--texts``, ``llm_peers_texts.json``): per text, what it is,
+    the unpruned perplexities, one table row per method and budget, and the verdicts."""
+    if not extra or not extra.get("rows"):
+        return []
+    lines = ["", "### The same rows on other English texts", "",
+             "Rows scored with `--texts` (evaluation only; the pruned model kept when the row ran, or the method run "
+             "again and accepted only when its held-out calibration perplexity equals the row's), in "
+             f"`benchmarks/results/llm_peers_texts.json`. Last invocation: `{extra['command']}`."]
+    for name, d in extra.get("texts", {}).items():
+        rows = sorted((r for r in extra["rows"] if r["text"] == name), key=lambda r: (r["budget"], r["method"]))
+        if not rows or name not in extra.get("unpruned", {}):
+            continue
+        base = extra["unpruned"][name]["perplexity"]
+        protocols = list(base)
+        lines += ["", f"**{name}**: {d['what']} (`{d['file']}`, {d['lines']:,} lines). Unpruned perplexity: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in base.items()) + ".", "",
+                  "| method | budget | " + " | ".join(f"{p} ratio (95% CI)" for p in protocols) + " |",
+                  "|---|---|" + "---|" * len(protocols)]
+        for r in rows:
+            if r.get("status") != "ok":
+                lines.append(f"| {r['method']} | {r['budget']:.0%} | {r['status']}: {r['model_from']} |"
+                             + " |" * (len(protocols) - 1))
+                continue
+            cells = [f"{r['ratio'][p]:.3f} ({r['ratio_ci95'][p][0]:.3f}-{r['ratio_ci95'][p][1]:.3f})" for p in protocols]
+            lines.append(f"| {r['method']} | {r['budget']:.0%} | " + " | ".join(cells) + " |")
+        verdicts = extra.get("verdicts", {}).get(name)
+        if verdicts:
+            lines += ["", f"Verdicts on {name} (the peers scored on it only):", ""]
+            lines += verdict_lines({"verdicts": verdicts})
     return lines
 
 

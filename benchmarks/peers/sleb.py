@@ -116,10 +116,11 @@ def _record(model: nn.Module, batches, slots: list) -> dict[int, list]:
     return outputs
 
 
-def sleb_plan(model: nn.Module, batches, budget: float) -> Plan:
-    """SLEB's plan: whole blocks removed in its order until ``budget`` of the non-embedding parameters is gone."""
+def sleb_plan(model: nn.Module, batches, budget: float, *, max_batches: int | None = None) -> Plan:
+    """SLEB's plan: whole blocks removed in its order until ``budget`` of the non-embedding parameters is gone.
+    ``max_batches``: score the candidates on the first batches only (a cost cap; None: every batch)."""
     start = time.perf_counter()
-    batches = list(batches)
+    batches = list(batches)[:max_batches]
     ledger = Ledger(model, budget)
     order, history = [], []
     while not ledger.met:  # one block at a time, each chosen with the earlier ones removed
@@ -129,6 +130,7 @@ def sleb_plan(model: nn.Module, batches, budget: float) -> Plan:
         ledger.take_block(more)
     return ledger.plan("sleb", info={"blocks_removed": order, "calibration_perplexity_after": history,
                                      "metric": "calibration perplexity after removal",
+                                     "calibration_batches": len(batches),
                                      "seconds": time.perf_counter() - start})
 
 
