@@ -90,6 +90,7 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
                   "uniform": layout.uniform, "tied_embeddings": layout.tied,
                   "head_count": layout.per_layer("n_head"), "head_count_kv": layout.per_layer("n_head_kv"),
                   "feed_forward_length": layout.per_layer("n_ff"), "head_dim": layout.head_dim,
+                  "zero_ffn_layers": sorted({int(n.split(".")[1]) for n in layout.padded}),
                   "tensor_types": _count(written), "fallback_f16": sorted(n for n, t in written.items()
                                                                           if t == "F16" and outtype.startswith("q")),
                   "wider_than_unpruned": wider_than_unpruned(gguf, model, layout, outtype, written),
@@ -265,6 +266,8 @@ def _with_weights(model: nn.Module, layout: Layout, arrays: dict[str, np.ndarray
     params = dict(twin.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for tname, pname in _parameter_names(layout).items():
+            if tname in layout.padded:  # zeros standing for an FFN with no neurons: the model has no such weight
+                continue
             a = arrays[tname]
             if tname in layout.permuted:
                 a = rope_unpermute(a, layout.permuted[tname])
