@@ -102,10 +102,11 @@ def load(args):
             "eval_sha256": file_sha256(evaluation)}
 
 
-def prune(model, batches, budget: float, multiple: int, cache: Path | None = None):
+def prune(model, batches, budget: float, multiple: int, cache: Path | None = None, wait_s: float = 0.0):
     """(the compressed copy, its plan record): the peer comparison's selected configuration at ``budget`` with
     every changed width a multiple of ``multiple`` and at least one head per layer. ``cache``: a folder where
-    the compressed model is saved (``headprune.save_pruned``) and loaded from by a later run of the same entry."""
+    the compressed model is saved (``headprune.save_pruned``) and loaded from by a later run of the same entry;
+    ``wait_s``: how long to wait for another process (``--prune-only``) to put it there before pruning here."""
     from peers.headprune_rows import settings_for
     from peers.plan import nonembedding_params
 
@@ -113,6 +114,9 @@ def prune(model, batches, budget: float, multiple: int, cache: Path | None = Non
 
     settings = dataclasses.replace(settings_for(CONFIG, model, budget), multiple_of=multiple, min_per_site=1)
     done = cache / "settings.json" if cache is not None else None
+    waited = time.perf_counter()
+    while done is not None and not done.is_file() and time.perf_counter() - waited < wait_s:
+        time.sleep(15)
     if done is not None and done.is_file() and json.loads(done.read_text()) == {"settings": settings.to_dict()}:
         pruned, seconds = headprune.load_pruned(cache / "model").eval(), json.loads((cache / "seconds.json").read_text())
     else:
@@ -160,14 +164,15 @@ def has_llama() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def write_files(model, folder: Path, types: tuple[str, ...], source, tokenizer, threads: int) -> dict:
-    """Every file of ``types`` for ``model`` in ``folder`` (F32 first: the K-quant's source); {type: record}."""
+def write_files(model, folder: Path, types: tuple[str, ...], ctx: dict, zero_ffn: int) -> dict:
+    """Every file of ``types`` for ``model`` in ``folder`` (F32 first: the K-quant's source); {type: record}.
+    An FFN with no neurons left is written as ``zero_ffn`` neurons of zeros (the plan's alignment)."""
     from headprune.export.gguf import export_gguf
     from headprune.export.gguf_files import gguf_inventory
     from headprune.export.llamacpp import quantize_gguf
 
     folder.mkdir(parents=True, exist_ok=True)
-    kwargs = {"source_gguf": source} if source is not None else {"tokenizer": tokenizer}
+    kwargs = {"source_gguf": ctx["source"]} if ctx["source"] is not None else {"tokenizer": ctx["tokenizer"]}
     out = {}
     for kind in types:
         path = folder / f"{kind}.gguf"
@@ -175,12 +180,13 @@ def write_files(model, folder: Path, types: tuple[str, ...], source, tokenizer, 
             stale.unlink(missing_ok=True)
         start = time.perf_counter()
         if kind in EXPORTER:
-            rep = export_gguf(model, path, outtype=EXPORTER[kind], reload=False, **kwargs)
+            rep = export_gguf(model, path, outtype=EXPORTER[kind], reload=False, zero_ffn=zero_ffn, **kwargs)
             exporter = {"fallback_f16": rep["fallback_f16"], "wider_than_unpruned": rep["wider_than_unpruned"],
+                        "zero_ffn_layers": rep["zero_ffn_layers"], "zero_ffn": zero_ffn,
                         "arch": rep["arch"], "logits_relative": rep["check"]["logits_relative"],
                         "tensor_check": rep["check"]["tensors"]["max_relative_error_by_type"]}
         elif has_llama():
-            quantize_gguf(folder / "F32.gguf", path, kind, n_threads=threads)
+            quantize_gguf(folder / "F32.gguf", path, kind, n_threads=ctx["threads"])
             exporter = {"written_by": "llama.cpp's quantizer (llama_model_quantize) from F32.gguf"}
         else:
             continue
@@ -210,7 +216,8 @@ def compare(files: dict, folder: Path, reference: Path, plan: str | None) -> Non
 
 def measure(model, key: str, folder: Path, types, windows, ctx: dict) -> dict:
     """One entry: the model's files, its PyTorch perplexity, llama.cpp's perplexity of every file."""
-    entry = {"files": write_files(model, folder, types, ctx["source"], ctx["tokenizer"], ctx["threads"]),
+    plan = ctx["plan_of"].get(key)
+    entry = {"files": write_files(model, folder, types, ctx, ctx["multiples"][plan] if plan else KBLOCK),
              "pytorch": pytorch_perplexity(model, windows)}
     if key != "unpruned":
         compare(entry["files"], folder, ctx["run"] / "unpruned", ctx["plan_of"].get(key))
@@ -257,7 +264,7 @@ def files_phase(args, out: dict) -> None:
     types = {"legacy": ("F32", "F16", "Q8_0", "Q4_0", KQUANT), "kquant": ("F32", KQUANT)}
     out["settings"] |= described | {"windows": [n, args.window], "multiples": multiples,
                                     "types": {k: list(v) for k, v in types.items()}}
-    ctx = {"source": source, "tokenizer": tok, "threads": args.threads, "run": args.run_dir,
+    ctx = {"source": source, "tokenizer": tok, "threads": args.threads, "run": args.run_dir, "multiples": multiples,
            "plan_of": {k: p for k, _, p in entries(args.budgets, multiples) if p}}
     for key, budget, plan in entries(args.budgets, multiples):
         if args.prune_only:
@@ -274,7 +281,8 @@ def files_phase(args, out: dict) -> None:
             pruned, record = model, {"budget": 0.0}
             kinds = tuple(dict.fromkeys(types["legacy"] + types["kquant"]))
         else:
-            pruned, record = prune(model, batches, budget, multiples[plan], args.run_dir / "pruned" / key.replace("/", "-"))
+            pruned, record = prune(model, batches, budget, multiples[plan], args.run_dir / "pruned" / key.replace("/", "-"),
+                                   wait_s=60 * args.wait_for_cache)
             record["plan"] = plan
             kinds = types[plan]
         record |= measure(pruned, key, args.run_dir / key.replace("/", "-"), kinds, windows, ctx)
@@ -434,9 +442,8 @@ def files_table(out: dict) -> list[str]:
         fb = len(f["exporter"].get("fallback_f16", [])) if "fallback_f16" in f["exporter"] else "-"
         lines.append(f"| unpruned | - | {kind} | {_mib(f['bytes'])} | 1 | 0 | | {fb} | | {ppl} | "
                      f"{base['pytorch']['perplexity']:.2f} |")
-    for key, e in out["entries"].items():
-        if key == "unpruned":
-            continue
+    pruned = sorted((e for k, e in out["entries"].items() if k != "unpruned"), key=lambda e: (e["budget"], e["plan"] != "legacy"))
+    for e in pruned:
         for kind, f in e["files"].items():
             ppl = f"{f['llama_cpp']['perplexity']:.2f}" if "llama_cpp" in f else "-"
             fb = len(f["exporter"]["fallback_f16"]) if "fallback_f16" in f["exporter"] else "-"
@@ -460,7 +467,7 @@ def speed_table(out: dict) -> list[str]:
     shares = {(str(e["budget"]), e["plan"]): e["removed_nonembedding_share"] for k, e in out["entries"].items()
               if k != "unpruned"}
     for g in speed.values():
-        for b in g["prompt"]["limit"]:
+        for b in sorted(g["prompt"]["limit"], key=float):
             cells = []
             for what in ("prompt", "generate"):
                 rounds = g[what]["rounds"]
@@ -574,6 +581,8 @@ def parse(argv=None):
     p.add_argument("--speed-threads", default="1,2")
     p.add_argument("--speed-types", default="F32,Q8_0,Q4_K_M")
     p.add_argument("--prune-only", action="store_true", help="files phase: only compress and cache the models")
+    p.add_argument("--wait-for-cache", type=float, default=0.0,
+                   help="minutes to wait for a --prune-only process to cache a model before pruning it here")
     p.add_argument("--fresh-speed", action="store_true", help="measure every speed group again")
     p.add_argument("--run-dir", type=Path, default=RUN_DIR, help="where the GGUF files are kept (outside git)")
     p.add_argument("--out", type=Path, default=None)

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import headprune
+from headprune.errors import ConfigError
 from headprune.export.gguf import export_gguf, read_gguf_tensors
 from headprune.export.gguf_files import bytes_per_weight, gguf_inventory, wider_than
 from llm_tiny import TEXTS, bpe_tokenizer, tiny_decoder
@@ -55,8 +56,8 @@ def test_quick_run_counts_bytes_fallbacks_and_wider_tensors_as_the_files_hold_th
                          "--multiple", str(multiple)])
     assert json.loads((tmp_path / "q.json").read_text())["entries"].keys() == out["entries"].keys()
     run = tmp_path / "q_files"
-    base = {k: _read(run / "unpruned" / f"{k}.gguf") for k in ("F32", "F16", "Q8_0", "Q4_0")}
     entry = out["entries"]["0.3/legacy"]
+    base = {k: _read(run / "unpruned" / f"{k}.gguf") for k in entry["files"]}  # + Q4_K_M where llama.cpp is installed
     assert entry["multiple_of"] == multiple and entry["changed_widths_aligned"]
     offblock_seen = 0
     for kind, rec in entry["files"].items():
@@ -118,6 +119,10 @@ def test_a_layer_with_no_ffn_neurons_is_written_as_zeros_and_computes_the_same(t
         assert not np.any(arrays[f"blk.1.ffn_{part}.weight"])
     np.testing.assert_array_equal(arrays["blk.1.ffn_down.bias"], model.model.layers[1].mlp.down_proj.bias.detach().numpy())
     assert report["check"]["logits_relative"] <= 1e-4
+    small = export_gguf(model, tmp_path / "z32.gguf", tokenizer=tok, outtype="q8_0", reload=False, zero_ffn=32)
+    assert small["feed_forward_length"] == [128, 32, 128] and small["fallback_f16"] == []
+    with pytest.raises(ConfigError, match="zero_ffn"):
+        export_gguf(model, tmp_path / "bad.gguf", tokenizer=tok, zero_ffn=0)
     if HAS_LLAMA_CPP:
         from headprune.export.llamacpp import llama_logits
 
