@@ -434,13 +434,14 @@ def _load_text(rounds: dict) -> str:
 
 def files_table(out: dict) -> list[str]:
     base = out["entries"]["unpruned"]
-    lines = ["| removed | widths | type | MiB | pruned / unpruned bytes | parameters removed | goal met | F16 "
-             "fallbacks | wider than unpruned | llama.cpp perplexity | PyTorch float32 |",
-             "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|"]
+    lines = ["| removed | widths | type | MiB | pruned / unpruned bytes | parameters removed | goal met | bytes per "
+             "weight removed (file's) | F16 fallbacks | wider than unpruned | llama.cpp perplexity | PyTorch float32 |",
+             "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
     for kind, f in base["files"].items():
         ppl = f"{f['llama_cpp']['perplexity']:.2f}" if "llama_cpp" in f else "-"
         fb = len(f["exporter"].get("fallback_f16", [])) if "fallback_f16" in f["exporter"] else "-"
-        lines.append(f"| unpruned | - | {kind} | {_mib(f['bytes'])} | 1 | 0 | | {fb} | | {ppl} | "
+        lines.append(f"| unpruned | - | {kind} | {_mib(f['bytes'])} | 1 | 0 | | {f['tensor_bytes'] / f['params']:.3f} "
+                     f"| {fb} | | {ppl} | "
                      f"{base['pytorch']['perplexity']:.2f} |")
     pruned = sorted((e for k, e in out["entries"].items() if k != "unpruned"), key=lambda e: (e["budget"], e["plan"] != "legacy"))
     for e in pruned:
@@ -448,8 +449,11 @@ def files_table(out: dict) -> list[str]:
             ppl = f"{f['llama_cpp']['perplexity']:.2f}" if "llama_cpp" in f else "-"
             fb = len(f["exporter"]["fallback_f16"]) if "fallback_f16" in f["exporter"] else "-"
             goal = "-" if f["meets_size_goal"] is None else ("yes" if f["meets_size_goal"] else "**no**")
+            b = base["files"][kind]
+            removed = (b["tensor_bytes"] - f["tensor_bytes"]) / (b["params"] - f["params"])
             lines.append(f"| {e['removed_nonembedding_share']:.1%} | x{e['multiple_of']} | {kind} | {_mib(f['bytes'])} "
-                         f"| {f['bytes_ratio']:.3f} | {f['params_removed_share']:.1%} | {goal} | {fb} | "
+                         f"| {f['bytes_ratio']:.3f} | {f['params_removed_share']:.1%} | {goal} | {removed:.3f} "
+                         f"({b['tensor_bytes'] / b['params']:.3f}) | {fb} | "
                          f"{len(f['wider_than_unpruned'])} | {ppl} | {e['pytorch']['perplexity']:.2f} |")
     return lines
 
@@ -514,8 +518,9 @@ def readme_markdown(out: dict) -> str:
     gen = {}
     for v in out.get("speed_goal", {}).get("verdicts", []):
         gen[(v["type"], v["budget"])] = "not measured reliably" if v["meets"] is None else f"{v['measured']:.2f}x"
-    lines = ["| non-embedding params removed | Q8_0 file | Q4_K_M file (x256 widths) | llama.cpp perplexity, Q8_0 | "
-             "generation speed-up, Q8_0, 1 thread |", "|---|---|---|---|---|"]
+    m = out["settings"]["multiples"]
+    lines = [f"| non-embedding params removed | Q8_0 file (x{m['legacy']} widths) | Q4_K_M file (x{m['kquant']} widths) | "
+             "llama.cpp perplexity, Q8_0 | generation speed-up, Q8_0, 1 thread |", "|---|---|---|---|---|"]
     lines.append(f"| 0 | {_mib(base['Q8_0']['bytes'])} MiB | {_mib(base[KQUANT]['bytes'])} MiB | "
                  f"{base['Q8_0']['llama_cpp']['perplexity']:.2f} | 1 |" if KQUANT in base and "llama_cpp" in base["Q8_0"]
                  else f"| 0 | {_mib(base['Q8_0']['bytes'])} MiB | - | - | 1 |")
@@ -523,7 +528,8 @@ def readme_markdown(out: dict) -> str:
         leg, kq = by[(b, "legacy")], by.get((b, "kquant"))
         q8 = leg["files"]["Q8_0"]
         k = kq["files"].get(KQUANT) if kq else None
-        kcell = f"{_mib(k['bytes'])} MiB ({k['bytes_ratio']:.2f}x)" if k else "-"
+        kcell = (f"{_mib(k['bytes'])} MiB ({k['bytes_ratio']:.2f}x; this plan removes "
+                 f"{kq['removed_nonembedding_share']:.1%})") if k else "-"
         ppl = f"{q8['llama_cpp']['perplexity']:.2f}" if "llama_cpp" in q8 else "-"
         lines.append(f"| {leg['removed_nonembedding_share']:.1%} | {_mib(q8['bytes'])} MiB ({q8['bytes_ratio']:.2f}x) | "
                      f"{kcell} | {ppl} | {gen.get(('Q8_0', b), '-')} |")
