@@ -153,4 +153,14 @@ def test_the_committed_docs_section_is_what_the_committed_results_generate(tmp_p
         "run: python benchmarks/llamacpp_budgets.py --write-docs docs/llm_export.md"
     out = json.loads(RESULTS.read_text())
     assert out["settings"]["quick"] is False and out["settings"]["config"] == "headprune-fisher+linear"
-    assert set(out["entries"]) >= {"unpruned", *(f"{b}/{p}" for b in (0.1, 0.2, 0.3, 0.5) for p in ("legacy", "kquant"))}
+    assert "unpruned" in out["entries"] and set(out["entries"]) <= {
+        "unpruned", *(f"{b}/{p}" for b in (0.1, 0.2, 0.3, 0.5) for p in ("legacy", "kquant"))}
+    for key, entry in out["entries"].items():  # the committed accounting agrees with itself
+        for kind, f in entry["files"].items():
+            base = out["entries"]["unpruned"]["files"][kind]
+            assert f["bytes"] > f["tensor_bytes"] > 0
+            if key != "unpruned":
+                assert f["bytes_ratio"] == pytest.approx(f["bytes"] / base["bytes"])
+                assert f["params_removed_share"] == pytest.approx(1 - f["params"] / base["params"])
+                if f["judged"]:
+                    assert f["meets_size_goal"] == (1 - f["bytes_ratio"] >= 0.9 * f["params_removed_share"])
