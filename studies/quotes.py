@@ -330,11 +330,42 @@ def block_method_comparison(alpha: float = 0.05) -> str:
     return "\n".join(out)
 
 
+def block_llm_peers(protocol: str = "block256") -> str:
+    """README's peer table: per budget, the headprune configuration the comparison selects (on held-out calibration
+    blocks) against the best peer, perplexity ratio to the unpruned model with its 95% interval
+    (benchmarks/results/llm_peers.json ``verdicts``)."""
+    d = bench("llm_peers")
+    out = ["| non-embedding params removed | headprune (selected) | perplexity ratio [95% CI] | best peer | its ratio | "
+           "headprune / best peer [95% CI] |", "|---|---|---|---|---|---|"]
+    for budget, per in sorted(d["verdicts"].items(), key=lambda kv: float(kv[0])):
+        v = per[protocol]
+        lo, hi = v["ratio_ci95"]
+        a, b = v["ratio_to_best_peer_ci95"]
+        out.append(f"| {float(budget):.0%} | {v['headprune']} | {v['ratio']:.3f} [{lo:.3f}, {hi:.3f}] | "
+                   f"{v['best_peer']} | {v['best_peer_ratio']:.3f} | {v['ratio_to_best_peer']:.3f} [{a:.3f}, {b:.3f}] |")
+    return "\n".join(out)
+
+
+def block_llamacpp_budgets() -> str:
+    """README's llama.cpp table, rendered by benchmarks/llamacpp_budgets.py's ``readme_markdown`` from its JSON."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("llamacpp_budgets", ROOT / "benchmarks" / "llamacpp_budgets.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.readme_markdown(bench("llamacpp_budgets"))
+
+
 def block(name: str) -> str:
-    """The text a ``<!--block:NAME-->`` marker must hold (``abo:RUN`` or ``method_comparison``)."""
+    """The text a ``<!--block:NAME-->`` marker must hold (``abo:RUN``, ``method_comparison``, ``llm_peers``,
+    ``llamacpp_budgets``)."""
     kind, *args = name.split(":")
     if kind == "abo":
         return block_all_but_one(*args)
     if kind == "method_comparison":
         return block_method_comparison()
-    raise KeyError(f"unknown block {name!r}; allowed: abo:RUN, method_comparison")
+    if kind == "llm_peers":
+        return block_llm_peers(*args)
+    if kind == "llamacpp_budgets":
+        return block_llamacpp_budgets()
+    raise KeyError(f"unknown block {name!r}; allowed: abo:RUN, method_comparison, llm_peers, llamacpp_budgets")

@@ -83,9 +83,9 @@ def test_quick_demo_writes_results_and_a_pruned_model(tmp_path):
     result = runner.invoke(app, ["demo", "--quick", "-o", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
     printed = re.findall(r"^\[(\d)/(\d)\]", result.output, flags=re.M)  # the steps the demo says it takes ...
-    assert printed == [(str(i), "7") for i in range(1, 8)]
+    assert printed == [(str(i), "8") for i in range(1, 9)]
     shown = " ".join(runner.invoke(app, ["demo", "--help"], terminal_width=400).output.split())
-    assert all(f"[{i}/7]" in shown for i in range(1, 8))  # ... are the steps its --help describes
+    assert all(f"[{i}/8]" in shown for i in range(1, 9))  # ... are the steps its --help describes
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["perplexity"]["masked"] == pytest.approx(results["perplexity"]["pruned"], rel=1e-5)
     assert results["parameters"]["after"] < results["parameters"]["before"]

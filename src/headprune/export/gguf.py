@@ -43,7 +43,7 @@ from ..core.sites import find_sites
 from ..errors import ConfigError
 from ..extras import require
 from ..provenance import __version__, versions
-from .gguf_layout import GGUFShapeError, Layout, gguf_layout, rope_unpermute
+from .gguf_layout import ZERO_FFN, GGUFShapeError, Layout, gguf_layout, rope_unpermute
 from .gguf_vocab import vocab_fields
 from .onnx import SENTENCES, ExportError
 
@@ -56,7 +56,7 @@ __all__ = ["OUTTYPES", "GGUFShapeError", "export_gguf", "read_gguf_tensors", "wi
 
 def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_gguf: str | Path | None = None,
                 outtype: str = "f32", tolerance: float = 1e-4, name: str | None = None,
-                signature: dict | None = None, reload: bool = True) -> dict:
+                signature: dict | None = None, reload: bool = True, zero_ffn: int = ZERO_FFN) -> dict:
     """Write ``model`` to the new GGUF file ``output`` (+ ``output.json``, the report) once it checks out.
 
     ``tokenizer`` (a Hugging Face byte-level BPE tokenizer) or ``source_gguf`` (a GGUF file whose
@@ -64,6 +64,7 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
     family llama.cpp cannot run exactly (:class:`GGUFShapeError`), an ``outtype`` not in
     :data:`OUTTYPES`, an existing ``output``. Returns the report (shapes, types, checks, versions).
     ``reload=False`` skips check 4 (transformers' reader: one more model load), e.g. in a benchmark.
+    ``zero_ffn``: neurons of zeros written for an FFN with none left (:func:`.gguf_layout.gguf_layout`).
     """
     gguf = require("gguf", "GGUF export")
     output = Path(output)
@@ -78,7 +79,7 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
     if not output.parent.is_dir():
         raise ConfigError(f"output directory {str(output.parent)!r} does not exist")
     model = model.eval()
-    layout = gguf_layout(model)
+    layout = gguf_layout(model, zero_ffn=zero_ffn)
     vocab = vocab_fields(layout.vocab_size, tokenizer=tokenizer, source_gguf=source_gguf)
     tmp = output.parent / f".{output.stem}.{uuid.uuid4().hex[:8]}.tmp.gguf"
     try:
@@ -90,6 +91,7 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
                   "uniform": layout.uniform, "tied_embeddings": layout.tied,
                   "head_count": layout.per_layer("n_head"), "head_count_kv": layout.per_layer("n_head_kv"),
                   "feed_forward_length": layout.per_layer("n_ff"), "head_dim": layout.head_dim,
+                  "zero_ffn_layers": sorted({int(n.split(".")[1]) for n in layout.padded}),
                   "tensor_types": _count(written), "fallback_f16": sorted(n for n, t in written.items()
                                                                           if t == "F16" and outtype.startswith("q")),
                   "wider_than_unpruned": wider_than_unpruned(gguf, model, layout, outtype, written),
@@ -265,6 +267,8 @@ def _with_weights(model: nn.Module, layout: Layout, arrays: dict[str, np.ndarray
     params = dict(twin.named_parameters(remove_duplicate=False))
     with torch.no_grad():
         for tname, pname in _parameter_names(layout).items():
+            if tname in layout.padded:  # zeros standing for an FFN with no neurons: the model has no such weight
+                continue
             a = arrays[tname]
             if tname in layout.permuted:
                 a = rope_unpermute(a, layout.permuted[tname])

@@ -25,8 +25,11 @@ and ``deci`` loaders read when present; other architectures, and a layer that lo
 bias, are refused.
 
 A llama-family layer with no heads left is written as deci's attention-free layer (head counts 0, no
-attention tensors: the layer adds nothing, as the pruned model's removed attention does). Refused: a
-layer with no FFN neurons left (deci would drop its attention output too), a qwen layer with no heads, repeated key/value heads (a grouped-query
+attention tensors: the layer adds nothing, as the pruned model's removed attention does). A layer with no
+FFN neurons left is written with ``zero_ffn`` (default :data:`ZERO_FFN`) neurons of zeros (gate, up and down weights all 0: the FFN
+adds exactly nothing, plus its down bias where compensation added one, as the pruned layer does; llama.cpp's
+deci would skip a layer of width 0 whole, its attention output too); the names are in ``Layout.padded``.
+Refused: a qwen layer with no heads, repeated key/value heads (a grouped-query
 site pruned unevenly, :class:`~headprune.core.runtime.RepeatHeads`: a GGUF layer has one group size),
 query heads not a multiple of the layer's key/value heads, a masked model, rope scaling or sliding
 windows the exporter does not write, and every other family.
@@ -41,7 +44,7 @@ import torch
 from torch import nn
 
 from ..core.records import ADDED_BIASES_KEY
-from ..errors import UnsupportedModelError
+from ..errors import ConfigError, UnsupportedModelError
 
 FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma"}
 # the FFN activation llama.cpp's architecture applies, by family (gemma: GELU, tanh approximation)
@@ -51,6 +54,7 @@ PER_LAYER_ARCH = {"llama": "deci"}  # the architecture that reads per-layer shap
 # llama.cpp architectures whose loaders read optional attn_output.bias and ffn_down.bias (bias compensation)
 BIASED_ARCHS = {"llama", "deci"}
 PERMUTED = {"llama", "deci"}  # llama.cpp rotates interleaved pairs (rope "norm"): q/k rows permuted
+ZERO_FFN = 256  # neurons of zeros written for an FFN with none left: a multiple of every llama.cpp quantisation block
 
 
 class GGUFShapeError(UnsupportedModelError):
@@ -83,6 +87,8 @@ class Layout:
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     permuted: dict[str, int] = field(default_factory=dict)  # {gguf name: heads} of rows permuted for rope
     shifted: dict[str, float] = field(default_factory=dict)  # {gguf name: constant added} (gemma's norms: + 1)
+    padded: set[str] = field(default_factory=set)  # gguf names of the zero FFNs written for layers with no neurons
+    zero_ffn: int = ZERO_FFN  # their width
 
     @property
     def uniform(self) -> bool:
@@ -94,9 +100,11 @@ class Layout:
         return values[0] if len(set(values)) == 1 else values
 
 
-def gguf_layout(model: nn.Module) -> Layout:
+def gguf_layout(model: nn.Module, *, zero_ffn: int = ZERO_FFN) -> Layout:
     """The GGUF layout of ``model`` (a transformers causal LM, pruned by headprune or not); refused with
-    :class:`GGUFShapeError` when llama.cpp could not run it exactly."""
+    :class:`GGUFShapeError` when llama.cpp could not run it exactly. ``zero_ffn``: the neurons of zeros written
+    for an FFN with none left (a multiple of the quantisation block the file will use: 32 for Q8_0 / Q4_0, 256
+    for K-quants)."""
     from ..core import is_masked  # the public core API only
 
     config = getattr(model, "config", None)
@@ -114,7 +122,11 @@ def gguf_layout(model: nn.Module) -> Layout:
     _check_config(config, family)
     hidden = int(body.embed_tokens.weight.shape[1])
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+    if not isinstance(zero_ffn, int) or zero_ffn < 1:
+        raise ConfigError(f"zero_ffn={zero_ffn!r}; allowed: an integer >= 1 (32 for Q8_0/Q4_0, 256 for K-quants)")
     shapes = [_layer_shape(i, layer, head_dim, family) for i, layer in enumerate(layers)]
+    for shape in shapes:
+        shape.n_ff = shape.n_ff or zero_ffn  # deci would skip a width-0 layer whole (its attention output too)
     uniform = len({(s.n_head, s.n_head_kv, s.n_ff) for s in shapes}) == 1
     arch = FAMILIES[family]
     if family == "qwen2" and shapes[0].n_head * head_dim != hidden:  # llama.cpp sizes qwen2's q bias by the hidden size
@@ -135,7 +147,7 @@ def gguf_layout(model: nn.Module) -> Layout:
     layout = Layout(arch=arch, family=family, hidden=hidden, head_dim=head_dim, layers=shapes,
                     context_length=int(getattr(config, "max_position_embeddings", 2048)),
                     rms_eps=float(config.rms_norm_eps), rope_theta=_rope_theta(config),
-                    vocab_size=int(emb.shape[0]), tied=bool(tied))
+                    vocab_size=int(emb.shape[0]), tied=bool(tied), zero_ffn=zero_ffn)
     _fill_tensors(layout, model, layers)
     return layout
 
@@ -195,9 +207,7 @@ def _ffn_width(i: int, layer: nn.Module) -> int:
     gate, up, down = (getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
     if not all(isinstance(m, nn.Linear) for m in (gate, up, down)):
         raise GGUFShapeError(f"layer {i}: the FFN is not gate_proj/up_proj/down_proj Linear layers")
-    if gate.out_features == 0:  # deci skips such a layer whole (its attention output too): not exact
-        raise GGUFShapeError(f"layer {i} has no FFN neurons left; llama.cpp has no layer that attends without an FFN")
-    return gate.out_features
+    return gate.out_features  # 0: written as zero_ffn neurons of zeros (gguf_layout)
 
 
 def _rope_theta(config) -> float:
@@ -268,8 +278,15 @@ def _norm(layout: Layout, name: str, weight: torch.Tensor) -> None:
 def _fill_ffn(layout: Layout, p: str, layer: nn.Module) -> None:
     out = layout.tensors
     _norm(layout, p + "ffn_norm.weight", layer.post_attention_layernorm.weight)
-    out[p + "ffn_gate.weight"] = _array(layer.mlp.gate_proj.weight)
-    out[p + "ffn_up.weight"] = _array(layer.mlp.up_proj.weight)
-    out[p + "ffn_down.weight"] = _array(layer.mlp.down_proj.weight)
+    names = [p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight"]
+    if layer.mlp.gate_proj.out_features == 0:  # no neurons left: ZERO_FFN of zeros, which add exactly nothing
+        for name in names:
+            width = layout.zero_ffn
+            out[name] = np.zeros((width, layout.hidden) if "down" not in name else (layout.hidden, width),
+                                 dtype=np.float32)
+        layout.padded.update(names)
+    else:
+        for name, lin in zip(names, (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj), strict=True):
+            out[name] = _array(lin.weight)
     if layer.mlp.down_proj.bias is not None:  # added by bias compensation (_check_config allows it per arch)
         out[p + "ffn_down.bias"] = _array(layer.mlp.down_proj.bias)

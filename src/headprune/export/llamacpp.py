@@ -110,5 +110,54 @@ def llama_speed(path: str | Path, *, n_threads: int, prompt: int = 128, generate
         llm.close()
 
 
+def timed_prompt(llm, ids: list[int]):
+    """A workload for :func:`headprune.bench.protocol.paired_rounds`: ``ids`` processed as one batch from an empty
+    context; returns its seconds."""
+    def run() -> float:
+        llm.reset()
+        start = time.perf_counter()
+        llm.eval(ids)
+        return time.perf_counter() - start
+    return run
+
+
+def timed_generate(llm, ids: list[int]):
+    """A workload: ``ids[1:]`` fed one token at a time after ``ids[0]`` (outside the clock), as generation does."""
+    def run() -> float:
+        llm.reset()
+        llm.eval(ids[:1])
+        start = time.perf_counter()
+        for tok in ids[1:]:
+            llm.eval([tok])
+        return time.perf_counter() - start
+    return run
+
+
+def paired_speed(paths: dict[str, str | Path], reference: str, *, n_threads: int = 1, prompt: int = 128,
+                 generate: int = 32, rounds: int = 3) -> dict:
+    """Prompt processing (``prompt`` tokens) and generation (``generate`` tokens) of the GGUF files ``paths``
+    ({name: file}) in llama.cpp, timed in alternating rounds by the project's speed protocol
+    (:func:`headprune.bench.protocol.paired_rounds`: median ratio ``reference`` time / time, its interval, the
+    load before and after). Returns ``{"prompt": rounds record, "generate": rounds record}``."""
+    from ..bench.protocol import ProtocolSettings, paired_rounds
+
+    for name, value in (("prompt", prompt), ("generate", generate), ("rounds", rounds)):
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}={value!r}; allowed: an integer >= 1")
+    llms = {name: _llama(p, n_ctx=max(prompt, generate + 1) + 8, n_threads=n_threads, logits_all=False)
+            for name, p in paths.items()}
+    try:
+        vocab = min(llm.n_vocab() for llm in llms.values())
+        ids = [int(i) for i in np.random.default_rng(0).integers(3, vocab, max(prompt, generate + 1))]
+        settings = ProtocolSettings(min_rounds=rounds, max_rounds=rounds, budget_s=0.0, warmup=1, threads=n_threads)
+        return {"prompt": paired_rounds({n: timed_prompt(m, ids[:prompt]) for n, m in llms.items()}, reference,
+                                        settings),
+                "generate": paired_rounds({n: timed_generate(m, ids[: generate + 1]) for n, m in llms.items()},
+                                          reference, settings)}
+    finally:
+        for llm in llms.values():
+            llm.close()
+
+
 def perplexity(nll: float, tokens: int) -> float:
     return math.exp(nll / tokens)
