@@ -16,9 +16,8 @@ configuration ``headprune-fisher+linear`` and LLM-Pruner's plan (Taylor, block-w
 
 Every run: the same training blocks in the same order (calibration text only: the pruning's calibration blocks
 and blocks after the held-out ones, never the evaluation text, one pass), the same number of AdamW steps with a
-learning rate decaying linearly to 0; the learning rate of each recovery is chosen from a small grid by the
-perplexity on the held-out calibration blocks after a short run at the first budget (never the evaluation
-text). Evaluation: the harness's protocol (non-overlapping windows of 128 and 2048 tokens of the evaluation
+learning rate decaying linearly to 0; the learning rate of each recovery is chosen at each budget from a small grid by the
+perplexity on the held-out calibration blocks after a short run (never the evaluation text). Evaluation: the harness's protocol (non-overlapping windows of 128 and 2048 tokens of the evaluation
 text, here its first ``--eval-tokens``), before, at checkpoints (window 128 only) and after. Rows are written
 as they finish; a rerun with the same settings resumes.
 """
@@ -27,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import fcntl
 import json
 import platform
 import random
@@ -53,12 +53,14 @@ from headprune.evaluation.lm import LanguageModelling  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+DATA_KEYS = ("model", "model_sha256", "calib", "calib_sha256", "eval", "eval_sha256", "calib_block", "calib_blocks",
+             "select_blocks", "eval_tokens", "protocols", "quick")
 NOTES = {  # outside the settings a resume compares: words, not choices
     "eval_tokens": "the first --eval-tokens tokens of the evaluation text (the peer table reads 16384; fewer here "
                    "to fit the loaded machine's time)",
-    "lr_selection": "per recovery, the grid value with the lowest held-out calibration perplexity after "
-                    "--select-steps steps (lr decaying to 0 over them) at the first budget, on its published pairing "
-                    "(headprune + distill, LLM-Pruner + LoRA); used at every budget and for the swapped pairs",
+    "lr_selection": "per recovery and budget, the grid value with the lowest held-out calibration perplexity after "
+                    "--select-steps steps (lr decaying to 0 over them) on its published pairing (headprune + distill, "
+                    "LLM-Pruner + LoRA); used for the swapped pairs too",
     "minutes": "training minutes count the optimizer steps only (distill: the teacher's forward included), one "
                "thread; a row whose load record is not reliable is not a speed result"}
 OUTPUT = ROOT / "benchmarks" / "results" / "recovery.json"
@@ -88,17 +90,18 @@ def parse(argv=None):
     p.add_argument("--budgets", default="0.2,0.5", help="Shares of non-embedding parameters removed.")
     p.add_argument("--pairs", default="all", help="Comma-separated pruner:recovery pairs, or all: "
                    + ", ".join(f"{a}:{b}" for a, b in PAIRS))
-    p.add_argument("--steps", type=int, default=12, help="AdamW steps of every recovery run (one pass, no reuse).")
+    p.add_argument("--steps", type=int, default=8, help="AdamW steps of every recovery run (one pass, no reuse).")
     p.add_argument("--batch", type=int, default=4, help="Blocks per step.")
     p.add_argument("--checkpoints", default="0.25,0.5", help="Shares of the steps after which window 128 is evaluated.")
     p.add_argument("--lr-distill", default="2e-5,1e-4", help="Learning-rate grid of distill.")
     p.add_argument("--lr-lora", default="1e-4,1e-3", help="Learning-rate grid of LoRA.")
-    p.add_argument("--select-steps", type=int, default=3, help="Steps of the short runs that choose the learning rate.")
+    p.add_argument("--select-steps", type=int, default=2, help="Steps of the short runs that choose the learning rate.")
     p.add_argument("--eval-tokens", type=int, default=4096, help="The first N tokens of the evaluation text.")
     p.add_argument("--windows", default="128,2048")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="A tiny random GQA Llama on CPython's docs (seconds).")
     p.add_argument("--output", type=Path, default=None)
+    p.add_argument("--cache", type=Path, default=None, help="Folder to keep the pruned models in (a rerun loads them).")
     p.add_argument("--write-docs", type=Path, default=None, help="Write the page's table from the JSON, exit.")
     args = p.parse_args(argv)
     if args.quick:
@@ -238,11 +241,7 @@ class Bench:
             "select_steps": args.select_steps, "lora": LORA, "threads": args.threads, "quick": args.quick, "seed": 0,
             "budget": "share of non-embedding parameters removed"}
         self.output = args.output or (OUTPUT.with_name("recovery_quick.json") if args.quick else OUTPUT)
-        self.out = {"rows": []}
-        if self.output.is_file():
-            old = json.loads(self.output.read_text())
-            if old.get("settings") == json.loads(json.dumps(self.settings)):
-                self.out = old
+        self.out = self._resumed(json.loads(self.output.read_text()) if self.output.is_file() else {})
         given = sys.argv[1:] if argv is None else list(argv)
         self.out.update({"name": "recovery", "command": shlex.join([sys.executable, "benchmarks/recovery.py", *given]),
                          "machine": machine_info() | {"loadavg_at_start": loadavg()},
@@ -256,8 +255,30 @@ class Bench:
     def held(self, model) -> float:
         return protocol.perplexity(protocol.window_nll(model, self.held_out))
 
+    def _resumed(self, old: dict) -> dict:
+        """What an earlier run's file gives this one: everything when the settings are the same; the unpruned and
+        pruned evaluations when only the training settings differ (the data and evaluation are the same)."""
+        same = json.loads(json.dumps(self.settings))
+        if old.get("settings") == same:
+            return old
+        if old.get("settings") and all(old["settings"].get(k) == same.get(k) for k in DATA_KEYS):
+            return {"rows": [], **{k: old[k] for k in ("unpruned", "pruned") if k in old}}
+        return {"rows": []}
+
     def save(self) -> None:
-        results_io.save(self.output, self.out)
+        """Merge into the file on disk (another invocation, e.g. the other budget, may be writing it too)."""
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.output.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            disk = self._resumed(json.loads(self.output.read_text()) if self.output.is_file() else {})
+            mine = {(r["pruner"], r["recovery"], r["budget"]) for r in self.out["rows"]}
+            self.out["rows"] += [r for r in disk["rows"] if (r["pruner"], r["recovery"], r["budget"]) not in mine]
+            for key in ("pruned", "lr_selection"):
+                self.out[key] = disk.get(key, {}) | self.out.get(key, {})
+            self.out.setdefault("unpruned", disk.get("unpruned"))
+            if self.out["unpruned"] is None:
+                del self.out["unpruned"]
+            results_io.save(self.output, self.out)
 
     def unpruned(self) -> dict:
         if "unpruned" not in self.out:
@@ -270,10 +291,16 @@ class Bench:
     def pruned_model(self, pruner: str, budget: float):
         """(a fresh copy of the pruned model, its record), pruned once per invocation."""
         key = f"{pruner}@{budget}"
+        cached = self.args.cache / f"{key}.pt" if self.args.cache else None
+        if key not in self.pruned and cached is not None and cached.is_file() and key in self.out.get("pruned", {}):
+            self.pruned[key] = torch.load(cached, weights_only=False)
         if key not in self.pruned:
             print(f"pruning: {pruner} at {budget:.0%}", flush=True)
             model, rec = prune(pruner, self.teacher, self.batches, budget)
             self.pruned[key] = model
+            if cached is not None:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                torch.save(model, cached)
             records = self.out.setdefault("pruned", {})
             if key not in records:
                 ev = self.evaluate(model)
@@ -286,8 +313,8 @@ class Bench:
         return copy.deepcopy(self.pruned[key]), self.out["pruned"][key]
 
     def choose_lr(self, recovery: str, budget: float) -> float:
-        sel = self.out.setdefault("lr_selection", {})
-        if recovery not in sel:
+        sel, key = self.out.setdefault("lr_selection", {}), f"{recovery}@{budget}"
+        if key not in sel:
             pruner = next(a for a, b in PAIRS if b == recovery)
             grid = {}
             for lr in self.settings["lr_grid"][recovery]:
@@ -297,10 +324,10 @@ class Bench:
                                  "train_seconds": info["seconds"]}
                 print(f"  lr {lr:g}: held-out perplexity {grid[str(lr)]['held_out_perplexity']:.2f}", flush=True)
             chosen = min(grid, key=lambda k: grid[k]["held_out_perplexity"])
-            sel[recovery] = {"pruner": pruner, "budget": budget, "steps": self.args.select_steps, "grid": grid,
-                             "chosen": float(chosen)}
+            sel[key] = {"recovery": recovery, "pruner": pruner, "budget": budget, "steps": self.args.select_steps,
+                        "grid": grid, "chosen": float(chosen)}
             self.save()
-        return sel[recovery]["chosen"]
+        return sel[key]["chosen"]
 
     def run(self, pruner: str, recovery: str, budget: float, lr: float) -> dict:
         base = self.unpruned()
@@ -360,14 +387,14 @@ def main(argv=None) -> dict | None:
     torch.set_num_threads(args.threads)
     bench = Bench(args, argv)
     bench.unpruned()
-    lrs = {r: bench.choose_lr(r, min(budgets)) for r in sorted({r for _, r in pairs})}
     done = {(r["pruner"], r["recovery"], r["budget"]) for r in bench.out["rows"]}
-    for pruner, recovery in pairs:
-        for budget in budgets:
+    for budget in budgets:
+        for pruner, recovery in pairs:
             if (pruner, recovery, budget) in done:
                 continue
-            print(f"{pruner} at {budget:.0%}, then {recovery} (lr {lrs[recovery]:g})", flush=True)
-            row = bench.run(pruner, recovery, budget, lrs[recovery])
+            lr = bench.choose_lr(recovery, budget)
+            print(f"{pruner} at {budget:.0%}, then {recovery} (lr {lr:g})", flush=True)
+            row = bench.run(pruner, recovery, budget, lr)
             bench.out["rows"].append(row)
             bench.save()
             print("  " + row_line(row), flush=True)
@@ -399,9 +426,9 @@ def docs_block(data: dict) -> str:
              "", f"LoRA: rank {s['lora']['rank']}, alpha {s['lora']['alpha']}, on {s['lora']['targets']}, dropout "
              f"{s['lora']['dropout']}, merged after training.", "", "Unpruned perplexity: " + ", ".join(f"{k} {v:.2f}" for k, v in base["perplexity"].items())
              + f"; held-out calibration blocks {base['held_out_perplexity']:.2f}.", ""]
-    for rec, info in sel.items():
+    for info in sorted(sel.values(), key=lambda v: (v["budget"], v["recovery"])):
         grid = ", ".join(f"{float(k):g}: {v['held_out_perplexity']:.2f}" for k, v in info["grid"].items())
-        lines.append(f"- Learning rate of `{rec}`: {info['chosen']:g}, chosen on the held-out calibration blocks "
+        lines.append(f"- Learning rate of `{info['recovery']}` at {info['budget']:.0%}: {info['chosen']:g}, chosen on the held-out calibration blocks "
                      f"after {info['steps']} steps of {info['pruner']} at {info['budget']:.0%} (held-out perplexity "
                      f"per lr: {grid}).")
     lines += ["", "| pruner | recovery | budget | removed | lr | tokens | train min | load (other) | "

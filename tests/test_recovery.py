@@ -90,14 +90,14 @@ def test_quick_run_trains_and_reports_by_the_definitions(tmp_path):
     assert {(r["pruner"], r["recovery"], r["budget"]) for r in out["rows"]} == {
         (a, b, c) for a, b in bench.PAIRS for c in (0.2, 0.5)}
     s = out["settings"]
-    assert set(out["lr_selection"]) == {"distill", "lora"}
-    for rec, sel in out["lr_selection"].items():
+    assert set(out["lr_selection"]) == {f"{r}@{b}" for r in ("distill", "lora") for b in (0.2, 0.5)}
+    for sel in out["lr_selection"].values():
         grid = {float(k): v["held_out_perplexity"] for k, v in sel["grid"].items()}
-        assert sel["chosen"] == min(grid, key=grid.get) and sorted(grid) == sorted(s["lr_grid"][rec])
+        assert sel["chosen"] == min(grid, key=grid.get) and sorted(grid) == sorted(s["lr_grid"][sel["recovery"]])
     base = out["unpruned"]["perplexity"]
     for r in out["rows"]:
         assert r["tokens"] == s["train"]["tokens"] == r["steps"] * 2 * 64 and len(r["losses"]) == r["steps"]
-        assert r["lr"] == out["lr_selection"][r["recovery"]]["chosen"]
+        assert r["lr"] == out["lr_selection"][f"{r['recovery']}@{r['budget']}"]["chosen"]
         if r["recovery"] == "lora":  # the language-modelling loss of a random model falls within 4 steps
             assert sum(r["losses"][-2:]) < sum(r["losses"][:2]), r["losses"]
         before = out["pruned"][f"{r['pruner']}@{r['budget']}"]["perplexity"]
