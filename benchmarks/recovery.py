@@ -387,10 +387,10 @@ def main(argv=None) -> dict | None:
     torch.set_num_threads(args.threads)
     bench = Bench(args, argv)
     bench.unpruned()
-    done = {(r["pruner"], r["recovery"], r["budget"]) for r in bench.out["rows"]}
     for budget in budgets:
         for pruner, recovery in pairs:
-            if (pruner, recovery, budget) in done:
+            bench.save()  # merges the rows other invocations finished meanwhile
+            if (pruner, recovery, budget) in {(r["pruner"], r["recovery"], r["budget"]) for r in bench.out["rows"]}:
                 continue
             lr = bench.choose_lr(recovery, budget)
             print(f"{pruner} at {budget:.0%}, then {recovery} (lr {lr:g})", flush=True)
