@@ -28,6 +28,7 @@ import argparse
 import copy
 import fcntl
 import json
+import pickle
 import platform
 import random
 import shlex
@@ -300,7 +301,11 @@ class Bench:
             self.pruned[key] = model
             if cached is not None:
                 cached.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(model, cached)
+                try:
+                    torch.save(model, cached)
+                except (pickle.PicklingError, AttributeError, TypeError) as e:  # e.g. a class surgery made
+                    cached.unlink(missing_ok=True)
+                    print(f"  not cached ({type(e).__name__}: {e})", flush=True)
             records = self.out.setdefault("pruned", {})
             if key not in records:
                 ev = self.evaluate(model)
