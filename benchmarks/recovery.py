@@ -67,6 +67,7 @@ NOTES = {  # outside the settings a resume compares: words, not choices
 OUTPUT = ROOT / "benchmarks" / "results" / "recovery.json"
 PAGE_MARK = ("<!-- recovery:begin -->", "<!-- recovery:end -->")
 PRUNERS = ("headprune-fisher+linear", "llm-pruner")
+BUDGETS = (0.2, 0.5)
 RECOVERIES = ("distill", "lora")
 # (pruner, recovery) in the order they run: the two methods as published first, then the swaps that separate
 # the pruning from the recovery
@@ -88,7 +89,7 @@ def parse(argv=None):
     p.add_argument("--calib-block", type=int, default=256, help="Tokens per calibration block (pruning and training).")
     p.add_argument("--calib-blocks", type=int, default=32, help="Blocks the pruning reads (the harness's).")
     p.add_argument("--select-blocks", type=int, default=8, help="Held-out blocks after them: the learning rate's choice.")
-    p.add_argument("--budgets", default="0.2,0.5", help="Shares of non-embedding parameters removed.")
+    p.add_argument("--budgets", default=",".join(map(str, BUDGETS)), help="Shares of non-embedding parameters removed.")
     p.add_argument("--pairs", default="all", help="Comma-separated pruner:recovery pairs, or all: "
                    + ", ".join(f"{a}:{b}" for a, b in PAIRS))
     p.add_argument("--steps", type=int, default=8, help="AdamW steps of every recovery run (one pass, no reuse).")
@@ -430,7 +431,11 @@ def docs_block(data: dict) -> str:
                  f"{k} ({v[0]} windows)" for k, v in s["protocols"].items()) + f". Last invocation: `{data['command']}`.",
              "", f"LoRA: rank {s['lora']['rank']}, alpha {s['lora']['alpha']}, on {s['lora']['targets']}, dropout "
              f"{s['lora']['dropout']}, merged after training.", "", "Unpruned perplexity: " + ", ".join(f"{k} {v:.2f}" for k, v in base["perplexity"].items())
-             + f"; held-out calibration blocks {base['held_out_perplexity']:.2f}.", ""]
+             + f"; held-out calibration blocks {base['held_out_perplexity']:.2f}. Pruned, before recovery: "
+             + "; ".join(f"{v['pruner']} at {v['budget']:.0%} (removed {v['removed_share']:.1%}, pruned in "
+                         f"{v['prune_seconds']:.0f} s): " + ", ".join(f"{k} {x:.2f}" for k, x in v["perplexity"].items())
+                         for v in sorted(data.get("pruned", {}).values(), key=lambda v: (v["budget"], v["pruner"])))
+             + ".", ""]
     for info in sorted(sel.values(), key=lambda v: (v["budget"], v["recovery"])):
         grid = ", ".join(f"{float(k):g}: {v['held_out_perplexity']:.2f}" for k, v in info["grid"].items())
         lines.append(f"- Learning rate of `{info['recovery']}` at {info['budget']:.0%}: {info['chosen']:g}, chosen on the held-out calibration blocks "
@@ -456,6 +461,11 @@ def docs_block(data: dict) -> str:
         lines.append(f"| {r['pruner']} | {r['recovery']} | {r['budget']:.0%} | " + " | ".join(
             f"{p['recovered_share'][first]:.1%} ({p['recovered_share_per_1k_tokens'][first]:.2%}/1k)"
             for p in r["curve"][1:]) + " |")
+    have = {(r["pruner"], r["recovery"], r["budget"]) for r in data["rows"]}
+    missing = [f"{p} + {r} at {b:.0%}" for b in BUDGETS for p, r in PAIRS if (p, r, b) not in have]
+    if missing:
+        lines += ["", "Not measured in the committed file (not run to the end on the shared machine): "
+                  + ", ".join(missing) + "."]
     lines += ["", f"Anchor: {a['paper']}: {a['model']} at {a['budget']:.0%}, {a['eval']} perplexity {a['unpruned']} "
               f"unpruned, {a['pruned']} pruned, {a['recovered']} after {a['recovery']}: "
               f"{recovered(a['unpruned'], a['pruned'], a['recovered']):.1%} of the lost perplexity back.", "",
