@@ -319,8 +319,8 @@ class Bench:
         return copy.deepcopy(self.pruned[key]), self.out["pruned"][key]
 
     def choose_lr(self, recovery: str, budget: float) -> float:
-        sel, key = self.out.setdefault("lr_selection", {}), f"{recovery}@{budget}"
-        if key not in sel:
+        key = f"{recovery}@{budget}"
+        if key not in self.out.setdefault("lr_selection", {}):
             pruner = next(a for a, b in PAIRS if b == recovery)
             grid = {}
             for lr in self.settings["lr_grid"][recovery]:
@@ -330,10 +330,12 @@ class Bench:
                                  "train_seconds": info["seconds"]}
                 print(f"  lr {lr:g}: held-out perplexity {grid[str(lr)]['held_out_perplexity']:.2f}", flush=True)
             chosen = min(grid, key=lambda k: grid[k]["held_out_perplexity"])
-            sel[key] = {"recovery": recovery, "pruner": pruner, "budget": budget, "steps": self.args.select_steps,
-                        "grid": grid, "chosen": float(chosen)}
+            # self.out["lr_selection"] is looked up again: a save() inside the loop (the first pruning) replaces it
+            self.out.setdefault("lr_selection", {})[key] = {
+                "recovery": recovery, "pruner": pruner, "budget": budget, "steps": self.args.select_steps,
+                "grid": grid, "chosen": float(chosen)}
             self.save()
-        return sel[key]["chosen"]
+        return self.out["lr_selection"][key]["chosen"]
 
     def run(self, pruner: str, recovery: str, budget: float, lr: float) -> dict:
         base = self.unpruned()

@@ -85,6 +85,9 @@ def _bench():
 def test_quick_run_trains_and_reports_by_the_definitions(tmp_path):
     bench = _bench()
     path = tmp_path / "r.json"
+    out = bench.main(["--quick", "--threads", "1", "--output", str(path), "--budgets", "0.2",
+                      "--pairs", "headprune-fisher+linear:distill"])  # one pair: its selection is in the file
+    assert set(json.loads(path.read_text())["lr_selection"]) == {"distill@0.2"}
     out = bench.main(["--quick", "--threads", "1", "--output", str(path)])
     assert json.loads(path.read_text())["rows"] == json.loads(json.dumps(out["rows"]))
     assert {(r["pruner"], r["recovery"], r["budget"]) for r in out["rows"]} == {
