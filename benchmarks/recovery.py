@@ -468,6 +468,8 @@ def docs_block(data: dict) -> str:
     if missing:
         lines += ["", "Not measured in the committed file (not run to the end on the shared machine): "
                   + ", ".join(missing) + "."]
+    for note in data.get("changed_after_results", []):
+        lines += ["", f"Changed after the runs: {note}"]
     lines += ["", f"Anchor: {a['paper']}: {a['model']} at {a['budget']:.0%}, {a['eval']} perplexity {a['unpruned']} "
               f"unpruned, {a['pruned']} pruned, {a['recovered']} after {a['recovery']}: "
               f"{recovered(a['unpruned'], a['pruned'], a['recovered']):.1%} of the lost perplexity back.", "",
