@@ -206,11 +206,14 @@ def table(data: dict) -> str:
     lines = [f"SmolLM2-135M's shape, random weights, float32, {s['threads']} thread(s), {s['rounds']} alternating "
              f"rounds; prefill {s['batch']} x {s['seq']} tokens, decode batch 1 ({s['new']} steps after a "
              f"{s['prompt']}-token prompt, KV cache); `{data['command']}`.", "",
-             "| workload | model | speed-up over stock [interval] | FLOP limit | efficiency | load before / after |",
-             "|---|---|---|---|---|---|"]
+             "| workload | model | speed-up over stock [interval] | FLOP limit | efficiency | other processes' CPU "
+             "(cores) | load average before / after |",
+             "|---|---|---|---|---|---|---|"]
     for workload, w in data["workloads"].items():
         for name, r in w["speedup"].items():
-            load = f"{w['load']['before']:.2f} / {w['load']['after']:.2f}"
+            other = w["load"].get("other_cpu")
+            load = (f"{'-' if other is None else f'{other:.2f}'} | "
+                    f"{w['load']['before']:.2f} / {w['load']['after']:.2f}")
             if not w["reliable"]:
                 lines.append(f"| {workload} | {name} | not measured reliably ({w['reason']}) | "
                              f"x{w['flop_limit'][name]:.3f} | - | {load} |")

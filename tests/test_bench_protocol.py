@@ -3,6 +3,8 @@ simulated coverage), the load record and the reliability flag, typed errors for 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from scipy import stats
@@ -98,3 +100,40 @@ def test_bad_workloads_are_refused():
         paired_rounds({"a": lambda: 1.0}, "a")
     with pytest.raises(ConfigError, match="positive time"):
         paired_rounds({"a": lambda: 1.0, "b": lambda: 0.0}, "a", ProtocolSettings(warmup=0))
+
+
+def test_other_processes_cpu_decides_where_measured():
+    """Measured CPU of other processes replaces the load average (which counts the benchmark's own recent work):
+    a free machine passes even after a busy minute of the benchmark itself; a busy one fails whatever the average."""
+    from headprune.bench.protocol import IDLE_SLACK, other_cpu
+    own_busy_minute = [1.9, 1.0, 0.5]  # the benchmark's previous workload, in the average
+    free = load_record(own_busy_minute, own_busy_minute, threads=2, cores=2, other_cpu=0.04)
+    assert free["reliable"] and free["other_load"] == pytest.approx(0.04) and "proc/stat" in free["measure"]
+    busy = load_record([0.0] * 3, [0.0] * 3, threads=1, cores=2, other_cpu=1.0 + IDLE_SLACK + 0.01)
+    assert not busy["reliable"] and "core(s) busy" in busy["reason"]
+    # the arithmetic: (machine busy seconds - own seconds) per wall second, never negative
+    assert other_cpu((0.0, 10.0, 4.0), (2.0, 14.0, 6.0)) == pytest.approx(1.0)
+    assert other_cpu((0.0, 10.0, 4.0), (2.0, 11.0, 6.0)) == 0.0
+    assert other_cpu(None, (1.0, 1.0, 1.0)) is None
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="needs /proc/stat")
+def test_a_spinning_process_beside_the_rounds_is_seen():
+    import subprocess
+    import sys
+    import time
+
+    def spin():  # this process's own work: counted as the benchmark's
+        end = time.perf_counter() + 0.15
+        while time.perf_counter() < end:
+            pass
+        return 0.15
+    settings = ProtocolSettings(min_rounds=3, max_rounds=3, budget_s=0.0, warmup=0, threads=1)
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        seen = paired_rounds({"a": spin, "b": spin}, "a", settings)["load"]
+    finally:
+        child.kill()
+        child.wait()
+    assert seen["other_cpu"] >= 0.6  # the child's core (more if the machine is busier), not the benchmark's own

@@ -56,3 +56,10 @@ def test_a_quick_run_and_its_table(tmp_path):
     data["workloads"]["decode"]["reliable"] = True
     text = mod.table(data)
     assert text.count("not measured reliably") == 3 and "| decode | uneven | x" in text
+
+
+def test_the_docs_table_is_the_committed_json():
+    mod = _module()
+    data = json.loads((ROOT / "benchmarks" / "results" / "layout_speed.json").read_text())
+    section = (ROOT / "docs" / "llms.md").read_text().split(mod.BEGIN, 1)[1].split(mod.END, 1)[0].strip()
+    assert section == mod.table(data), "run: python benchmarks/layout_speed.py --write-docs docs/llms.md"

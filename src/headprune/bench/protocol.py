@@ -8,20 +8,28 @@ alike, and keeps adding rounds until ``min_rounds`` are done and ``budget_s`` ha
 Reported per workload with a reference: the median over rounds of the paired ratio reference time / its time
 (> 1: faster), with a distribution-free confidence interval for that median (order statistics of the paired
 ratios, from the binomial distribution: no assumption on their shape; with few rounds the interval is
-[min, max] and its actual coverage is stated). The machine's 1-minute load average is recorded before and
-after; a row is **unreliable** (kept in the file, never quoted as a result) when the load of other
-processes plus the threads the benchmark itself runs exceeds the cores it may use. The load after the rounds
-includes the benchmark's own threads, so other processes' load is ``max(before, after - threads)``.
+[min, max] and its actual coverage is stated). A row is **unreliable** (kept in the file, never quoted as a
+result) when other processes' load plus the threads the benchmark itself runs exceeds the cores it may use.
+
+Other processes' load is measured where the platform allows (Linux ``/proc/stat``): the machine's busy CPU
+seconds during the rounds minus this process's own (``getrusage``, every thread, and waited children), per
+second of the rounds (:func:`cpu_clock`), with :data:`IDLE_SLACK` of a core allowed for background daemons.
+The 1-minute load average is recorded before and after as well, and is the measure where there is no
+``/proc/stat``: it includes the benchmark's own recent work (a benchmark that times one workload after another
+sees its previous one in it, and a run on every core never passes), so there other processes' load is
+``max(before, after - threads)``.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import resource
 import statistics
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from ..checks import check_int, check_number
 from ..errors import ConfigError
@@ -63,6 +71,7 @@ def paired_rounds(workloads: Mapping[str, Callable[[], float]], reference: str,
     for _ in range(s.warmup):
         for n in names:
             workloads[n]()
+    clock = cpu_clock()
     times: dict[str, list[float]] = {n: [] for n in names}
     start = time.perf_counter()
     rounds = 0
@@ -73,7 +82,7 @@ def paired_rounds(workloads: Mapping[str, Callable[[], float]], reference: str,
                 raise ConfigError(f"workload {n!r} returned {seconds!r} seconds; allowed: a positive time")
             times[n].append(seconds)
         rounds += 1
-    load = load_record(before, loadavg(), s.threads)
+    load = load_record(before, loadavg(), s.threads, other_cpu=other_cpu(clock, cpu_clock()))
     ratios = {n: median_interval([a / b for a, b in zip(times[reference], times[n], strict=True)], s.confidence)
               for n in names if n != reference}
     return {"settings": asdict(s), "reference": reference, "rounds": rounds,
@@ -82,20 +91,55 @@ def paired_rounds(workloads: Mapping[str, Callable[[], float]], reference: str,
             "load": load, "reliable": load["reliable"], "reason": load["reason"]}
 
 
+IDLE_SLACK = 0.1  # cores of other processes' CPU use counted as an idle machine (daemons, the shell, the clock)
+
+
+def cpu_clock() -> tuple[float, float, float] | None:
+    """(monotonic seconds, busy CPU seconds of the whole machine, CPU seconds of this process -- every thread --
+    and its waited children), or None where there is no ``/proc/stat``."""
+    try:
+        first = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu" or len(first) < 5:
+        return None
+    ticks = [int(x) for x in first[1:9]]  # user nice system idle iowait irq softirq steal (guest is in user)
+    busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    own = sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+    return time.monotonic(), busy, own
+
+
+def other_cpu(start: tuple[float, float, float] | None, end: tuple[float, float, float] | None) -> float | None:
+    """Cores other processes kept busy between two :func:`cpu_clock` readings (None without both)."""
+    if start is None or end is None or end[0] <= start[0]:
+        return None
+    return max(0.0, ((end[1] - start[1]) - (end[2] - start[2])) / (end[0] - start[0]))
+
+
 def load_record(before: list[float] | None, after: list[float] | None, threads: int,
-                cores: int | None = None) -> dict:
-    """The 1-minute load before and after, the cores usable, and whether the machine was free enough:
-    other processes' load (``max(before, after - threads)``) plus ``threads`` at most ``cores``."""
+                cores: int | None = None, other_cpu: float | None = None) -> dict:
+    """The 1-minute load before and after, the cores usable, and whether the machine was free enough: other
+    processes' load plus ``threads`` at most ``cores``. Other processes' load is ``other_cpu`` (cores they kept
+    busy during the rounds, :func:`other_cpu`; up to :data:`IDLE_SLACK` of a core counts as idle) where
+    measured, else ``max(before, after - threads)`` of the load average."""
     cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    out = {"before": before[0] if before else None, "after": after[0] if after else None, "cores": cores,
+           "threads": threads, "other_cpu": other_cpu}
+    if other_cpu is not None:
+        reliable = other_cpu + threads <= cores + IDLE_SLACK
+        reason = "" if reliable else (f"other processes kept {other_cpu:.2f} core(s) busy + {threads} benchmark "
+                                      f"thread(s) > {cores} usable core(s)")
+        return out | {"other_load": other_cpu, "measure": "CPU seconds of other processes (/proc/stat)",
+                      "reliable": reliable, "reason": reason}
     if before is None or after is None:
-        return {"before": before, "after": after, "cores": cores, "threads": threads, "other_load": None,
-                "reliable": False, "reason": "the platform reports no load average"}
+        return out | {"other_load": None, "measure": None, "reliable": False,
+                      "reason": "the platform reports neither CPU times nor a load average"}
     other = max(before[0], after[0] - threads)
     reliable = other + threads <= cores
     reason = "" if reliable else (f"load of other processes {other:.2f} + {threads} benchmark thread(s) > "
                                   f"{cores} usable core(s)")
-    return {"before": before[0], "after": after[0], "cores": cores, "threads": threads, "other_load": other,
-            "reliable": reliable, "reason": reason}
+    return out | {"other_load": other, "measure": "1-minute load average", "reliable": reliable, "reason": reason}
 
 
 def median_interval(values: list[float], confidence: float = 0.95) -> dict:

@@ -49,7 +49,7 @@ from ..provenance import versions
 from ..selection.gqa import kv_groups, select_gqa
 from .figures import bench_plot, bench_table, bench_warnings
 from .machine import loadavg, machine_info, peak_rss_delta
-from .protocol import load_record, median_interval
+from .protocol import cpu_clock, load_record, median_interval, other_cpu
 from .settings import PRUNE_ORDERS, BenchSettings
 
 NOISY_TIMES = 0.10  # a model's round times with IQR / median above this are too noisy to read a speed-up from
@@ -126,7 +126,7 @@ def benchmark(models: Mapping[str, nn.Module], *, batch_sizes: Sequence[int] = (
         if not isinstance(name, str) or not isinstance(m, nn.Module):
             raise ConfigError(f"models[{name!r}]: expected a string name and an nn.Module, got {type(m).__name__}")
     refs = _references(list(models), reference)
-    start, load_start = time.perf_counter(), loadavg()
+    start, load_start, clock = time.perf_counter(), loadavg(), cpu_clock()
     info = {name: model_info(m, seq_len, tgt_len) for name, m in models.items()}
     modes = {name: m.training for name, m in models.items()}
     times: dict[tuple[str, int], dict[str, list[float]]] = {}  # (model, batch) -> wall / cpu seconds per round
@@ -147,7 +147,7 @@ def benchmark(models: Mapping[str, nn.Module], *, batch_sizes: Sequence[int] = (
                      "repeats": {str(b): settings.repeats_for(b) for b in settings.batch_sizes}, "reference": refs,
                      "noisy_times": NOISY_TIMES,
                      "flop_kind": "FLOPs = 2 x multiply-accumulates of matmuls (Linear + QK^T + AV)"}
-    load = load_record(load_start, loadavg(), torch.get_num_threads())
+    load = load_record(load_start, loadavg(), torch.get_num_threads(), other_cpu=other_cpu(clock, cpu_clock()))
     for s in speedups:  # the speed protocol (.protocol): the median's interval, and whether the machine was free
         interval = median_interval(s["paired"])
         s.update(measured_low=interval["low"], measured_high=interval["high"], coverage=interval["coverage"],
