@@ -36,7 +36,7 @@ import llm_peers  # noqa: E402
 from peers import protocol  # noqa: E402
 from peers.headprune_rows import settings_for  # noqa: E402
 from peers.plan import nonembedding_params  # noqa: E402
-from peers.results_io import save  # noqa: E402
+from peers.results_io import save, write_section  # noqa: E402
 
 from headprune import compress  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
@@ -161,12 +161,7 @@ def table(data: dict) -> str:
 
 
 def write_docs(page: Path, data: dict) -> None:
-    text = page.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"--write-docs {page}: no {BEGIN} ... {END} markers; allowed: a page with both")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    page.write_text(f"{head}{BEGIN}\n{table(data)}\n{END}{tail}", encoding="utf-8")
+    write_section(page, BEGIN, END, table(data))
 
 
 if __name__ == "__main__":

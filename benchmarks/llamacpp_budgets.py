@@ -549,12 +549,9 @@ def readme_markdown(out: dict) -> str:
 
 
 def write_docs(page: Path, out: dict) -> None:
-    text = page.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"--write-docs {page}: no {BEGIN} ... {END} markers in it")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    page.write_text(head + BEGIN + "\n" + markdown(out) + "\n" + END + tail, encoding="utf-8")
+    from peers.results_io import write_section  # benchmarks/ is on the path (above)
+
+    write_section(page, BEGIN, END, markdown(out))
     print(f"wrote the section in {page}")
 
 

@@ -32,7 +32,7 @@ import llm_peers  # noqa: E402
 from peers.flap import flap_plan  # noqa: E402
 from peers.headprune_rows import headprune_row  # noqa: E402
 from peers.plan import apply_plan  # noqa: E402
-from peers.results_io import save  # noqa: E402
+from peers.results_io import save, write_section  # noqa: E402
 
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.bench.protocol import ProtocolSettings, paired_rounds  # noqa: E402
@@ -119,8 +119,9 @@ def table(data: dict) -> str:
     lines = [f"Pruning time, {s['config']} against FLAP, {s['rounds']} alternating round(s) per budget, "
              f"{s['threads']} thread(s), machine: {data['machine'].get('processor', '?')} "
              f"({data['machine'].get('cpu_count', '?')} cores); `{data['command']}`.", "",
-             "| budget | FLAP s | headprune s | headprune / FLAP [interval] | within 3x | load before / after |",
-             "|---|---|---|---|---|---|"]
+             "| budget | FLAP s | headprune s | headprune / FLAP [interval] | within 3x | other processes' CPU (cores) "
+             "| load average before / after |",
+             "|---|---|---|---|---|---|---|"]
     for budget, row in data["budgets"].items():
         r, load = row["headprune_over_flap"], row["load"]
         if row["reliable"]:
@@ -128,18 +129,14 @@ def table(data: dict) -> str:
                      f"{r['median']:.2f} [{r['low']:.2f}, {r['high']:.2f}]", "yes" if row["within_goal"] else "no")
         else:
             cells = ("not measured reliably",) * 3 + (f"({row['reason']})",)
-        lines.append(f"| {float(budget):.0%} | " + " | ".join(cells) +
-                     f" | {load['before']:.2f} / {load['after']:.2f} |")
+        other = load.get("other_cpu")
+        lines.append(f"| {float(budget):.0%} | " + " | ".join(cells) + f" | {'-' if other is None else f'{other:.2f}'} "
+                     f"| {load['before']:.2f} / {load['after']:.2f} |")
     return "\n".join(lines)
 
 
 def write_docs(page: Path, data: dict) -> None:
-    text = page.read_text(encoding="utf-8")
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"--write-docs {page}: no {BEGIN} ... {END} markers; allowed: a page with both")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    page.write_text(f"{head}{BEGIN}\n{table(data)}\n{END}{tail}", encoding="utf-8")
+    write_section(page, BEGIN, END, table(data))
 
 
 if __name__ == "__main__":

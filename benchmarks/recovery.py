@@ -113,16 +113,6 @@ def parse(argv=None):
     return args
 
 
-def _numbers(text: str, flag: str, cast, ok, allowed: str) -> list:
-    try:
-        values = [cast(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or not all(ok(v) for v in values):
-        raise SystemExit(f"{flag} {text!r}; allowed: {allowed}")
-    return values
-
-
 def _pairs(text: str) -> list[tuple[str, str]]:
     if text == "all":
         return list(PAIRS)
@@ -226,7 +216,7 @@ class Bench:
         pool = pool[order]
         self.train_blocks = [pool[i: i + args.batch] for i in range(0, n_train, args.batch)]  # [batch, T] per step
         ids = tok(eval_text, add_special_tokens=False)["input_ids"][: args.eval_tokens]
-        sizes = _numbers(args.windows, "--windows", int, lambda v: v >= 2, "comma-separated window lengths >= 2")
+        sizes = llm_peers._numbers(args.windows, "--windows", int, lambda v: v >= 2, "comma-separated window lengths >= 2")
         self.sets = {f"window{n}": protocol.windows(ids, n) for n in sizes}
         self.settings = {
             **described, "calib_block": args.calib_block, "calib_blocks": args.calib_blocks,
@@ -236,10 +226,10 @@ class Bench:
                       "tokens": n_train * args.calib_block, "blocks": f"calibration blocks 0..{min(n_train, args.calib_blocks) - 1}"
                       + (f" and {end}..{end + extra - 1}" if extra > 0 else "") + ", shuffled (seed 0), one pass",
                       "optimizer": "AdamW, weight decay 0, lr linear to 0", "eval_mode": True},
-            "checkpoints": _numbers(args.checkpoints, "--checkpoints", float, lambda v: 0 < v < 1,
+            "checkpoints": llm_peers._numbers(args.checkpoints, "--checkpoints", float, lambda v: 0 < v < 1,
                                     "comma-separated shares in (0, 1)"),
-            "lr_grid": {"distill": _numbers(args.lr_distill, "--lr-distill", float, lambda v: v > 0, "positive numbers"),
-                        "lora": _numbers(args.lr_lora, "--lr-lora", float, lambda v: v > 0, "positive numbers")},
+            "lr_grid": {"distill": llm_peers._numbers(args.lr_distill, "--lr-distill", float, lambda v: v > 0, "positive numbers"),
+                        "lora": llm_peers._numbers(args.lr_lora, "--lr-lora", float, lambda v: v > 0, "positive numbers")},
             "select_steps": args.select_steps, "lora": LORA, "threads": args.threads, "quick": args.quick, "seed": 0,
             "budget": "share of non-embedding parameters removed"}
         self.output = args.output or (OUTPUT.with_name("recovery_quick.json") if args.quick else OUTPUT)
@@ -383,7 +373,7 @@ def main(argv=None) -> dict | None:
         results_io.replace_block(args.write_docs, PAGE_MARK, docs_block(data) if data else None,
                                  "benchmarks/results/recovery.json", "python benchmarks/recovery.py")
         return None
-    budgets = _numbers(args.budgets, "--budgets", float, lambda v: 0 < v < 1, "comma-separated numbers in (0, 1)")
+    budgets = llm_peers._numbers(args.budgets, "--budgets", float, lambda v: 0 < v < 1, "comma-separated numbers in (0, 1)")
     pairs = _pairs(args.pairs)
     for flag, value in (("--steps", args.steps), ("--batch", args.batch), ("--select-steps", args.select_steps),
                         ("--calib-blocks", args.calib_blocks), ("--select-blocks", args.select_blocks),

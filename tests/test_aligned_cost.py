@@ -3,23 +3,18 @@ judged on held-out calibration blocks; every width an aligned row changed is a m
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+from scripts import benchmark_script
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("aligned_cost", ROOT / "benchmarks" / "aligned_cost.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclass looks its module up
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("aligned_cost")
 
 
 @pytest.fixture(scope="module")

@@ -3,24 +3,19 @@ the same shapes and logits, an uneven plan of about the same size), and its tabl
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from scripts import benchmark_script
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("layout_speed", ROOT / "benchmarks" / "layout_speed.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("layout_speed")
 
 
 def test_the_models_are_what_the_benchmark_says(tmp_path):

@@ -4,23 +4,19 @@ JSON says (unreliable budgets never quoted)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
 
+from scripts import benchmark_script
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("prune_time", ROOT / "benchmarks" / "prune_time.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return benchmark_script("prune_time")
 
 
 @pytest.fixture(scope="module")
@@ -54,3 +50,11 @@ def test_unreliable_budgets_are_not_quoted(quick):
 def test_bad_budget_is_one_line():
     with pytest.raises(SystemExit, match="--budgets"):
         _module().main(["--quick", "--budgets", "1.5"])
+
+
+def test_the_docs_table_is_the_committed_json():
+    mod = _module()
+    data = json.loads((ROOT / "benchmarks" / "results" / "prune_time.json").read_text())
+    section = (ROOT / "docs" / "peers.md").read_text().split(mod.BEGIN, 1)[1].split(mod.END, 1)[0].strip()
+    assert section == mod.table(data), "run: python benchmarks/prune_time.py --write-docs docs/peers.md"
+    assert set(data["budgets"]) == {"0.1", "0.2", "0.3", "0.5"}

@@ -41,3 +41,14 @@ def replace_block(page: str | Path, marks: tuple[str, str], block: str | None, r
                            f"`{command.split(' --')[0]} --write-docs {page.parent.name}/{page.name}`.", "", marks[1]])
     head, rest = text.split(marks[0], 1)
     page.write_text(head + block + rest.split(marks[1], 1)[1])
+
+
+def write_section(page: str | Path, begin: str, end: str, body: str) -> None:
+    """Put ``body`` between the lines ``begin`` and ``end`` of ``page`` (a generated section of the docs), the rest
+    of the page kept; a one-line exit when the page lacks either marker."""
+    page = Path(page)
+    text = page.read_text(encoding="utf-8")
+    if begin not in text or end not in text:
+        raise SystemExit(f"--write-docs {page}: no {begin} ... {end} markers; allowed: a page with both")
+    head, rest = text.split(begin, 1)
+    page.write_text(f"{head}{begin}\n{body}\n{end}{rest.split(end, 1)[1]}", encoding="utf-8")
