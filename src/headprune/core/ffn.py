@@ -44,6 +44,10 @@ _PATTERNS = (
 _MOE_HINTS = ("experts", "block_sparse_moe", "moe")
 
 
+# config keys that name an FFN width (verify shrinks them for its trial; stock sets them to the kept width)
+FFN_KEYS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
+            "moe_intermediate_size", "shared_expert_intermediate_size")
+
 @dataclass(eq=False)
 class FFN:
     """One feed-forward block: ``ups`` write the ``width`` intermediate features, ``down`` reads them."""

@@ -32,7 +32,7 @@ import torch
 import transformers
 from torch import nn
 
-from .ffn import find_ffns
+from .ffn import FFN_KEYS, find_ffns
 from .inputs import example_inputs
 from .kept import original_heads, original_neurons
 from .records import (
@@ -154,8 +154,6 @@ def _stock_source(model: nn.Module):
     kept_n = config_record(model.config, KEPT_NEURONS_KEY)
     ffns = find_ffns(model, skip_moe=True)
     if kept_n and ffns:  # FFN neurons pruned to one width everywhere: the config's FFN size(s) that were the original
-        from .verify import FFN_KEYS  # (verify imports saving, which imports this module)
-
         original = set(original_neurons(model).values())
         for key in FFN_KEYS:
             if getattr(config, key, None) in original:

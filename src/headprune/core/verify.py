@@ -40,6 +40,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from .calls import TEMPLATES, CallTemplate, template_from_record, template_record
+from .ffn import FFN_KEYS
 from .records import CALLS_KEY, RECORD_KEYS, VERSION_KEY, config_record
 from .runtime import RepeatHeads, give_calls, removed_attention_classes, shares_t5_bias
 from .sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_axes, head_lists, head_tensors
@@ -47,8 +48,6 @@ from .trial import example_batch, record_templates, run_trial
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",
               "num_decoder_layers")
-FFN_KEYS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
-            "moe_intermediate_size", "shared_expert_intermediate_size")
 SMALL_LAYERS, SMALL_FFN, SMALL_VOCAB = 2, 16, 96
 TOKEN_KEYS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, "decoder_start_token_id": 2,
               "sep_token_id": 2, "cls_token_id": 1, "unk_token_id": 3, "mask_token_id": 3}
