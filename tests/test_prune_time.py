@@ -51,3 +51,10 @@ def test_bad_budget_is_one_line():
     with pytest.raises(SystemExit, match="--budgets"):
         _module().main(["--quick", "--budgets", "1.5"])
 
+
+def test_the_docs_table_is_the_committed_json():
+    mod = _module()
+    data = json.loads((ROOT / "benchmarks" / "results" / "prune_time.json").read_text())
+    section = (ROOT / "docs" / "peers.md").read_text().split(mod.BEGIN, 1)[1].split(mod.END, 1)[0].strip()
+    assert section == mod.table(data), "run: python benchmarks/prune_time.py --write-docs docs/peers.md"
+    assert set(data["budgets"]) == {"0.1", "0.2", "0.3", "0.5"}
