@@ -42,6 +42,7 @@ from headprune import compress  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.core.ffn import find_ffns  # noqa: E402
 from headprune.core.sites import find_sites  # noqa: E402
+from headprune.core.unit_cost import unit_costs  # noqa: E402
 from headprune.evaluation.lm import LanguageModelling  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 from headprune.scoring.scorer import ScoreRequest, UnitScores  # noqa: E402
@@ -118,9 +119,7 @@ def main(argv=None) -> dict | None:
                         "bootstrap": "95% percentile, 1000 resamples of held-out blocks, paired, seed 0"},
            "unpruned": {"perplexity": protocol.perplexity(protocol.window_nll(model, held))}, "rows": []}
     base_settings = settings_for(CONFIG, model, budgets[0])
-    request = ScoreRequest(units="both", costs=None, stats=True, gram=True)
-    from headprune.core.unit_cost import unit_costs
-    request = dataclasses.replace(request, costs=unit_costs(model, base_settings.price))
+    request = ScoreRequest(units="both", costs=unit_costs(model, base_settings.price), stats=True, gram=True)
     scores = Precomputed(base_settings.scorer.score(model, list(batches), request))
     total = nonembedding_params(model)
     for budget in budgets:

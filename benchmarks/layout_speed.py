@@ -20,6 +20,7 @@ quotient -- the efficiency (1: as fast per FLOP as the stock model).
 from __future__ import annotations
 
 import argparse
+import copy
 import inspect
 import json
 import platform
@@ -94,7 +95,6 @@ def build_models(shape: dict, workdir: Path) -> dict:
 
 
 def _pruned(model, heads: dict, neurons: dict):
-    import copy
     pruned = copy.deepcopy(model)
     if heads:
         hp.prune_heads(pruned, heads)
