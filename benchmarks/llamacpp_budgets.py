@@ -341,15 +341,14 @@ def speed_phase(args, out: dict) -> None:
         raise SystemExit(f"{args.out}: no files phase results; run the files phase first")
     import llama_cpp
 
-    speed = {} if args.fresh_speed else dict(out.get("speed", {}))
-    out["speed_settings"] = {"prompt": args.prompt, "generate": args.generate, "rounds": args.rounds,
-                             "threads": args.speed_threads, "types": args.speed_types,
+    speed = dict(out.get("speed", {}))  # --fresh-speed measures the groups named again, keeps the others
+    out["speed_settings"] = {"prompt": args.prompt, "generate": args.generate,
                              "llama_cpp": llama_cpp.__version__, "kv_cache": "float16 (llama.cpp's default)",
-                             "command": command(), "machine": machine()}
+                             "machine": machine()}
     for threads in args.speed_threads:
         for kind in args.speed_types:
             key = f"{kind}/{threads}"
-            if key in speed and speed[key]["prompt"]["tokens"] == args.prompt and \
+            if not args.fresh_speed and key in speed and speed[key]["prompt"]["tokens"] == args.prompt and \
                     speed[key]["generate"]["tokens"] == args.generate:
                 continue
             plan = SPEED_PLAN[kind]
@@ -359,7 +358,7 @@ def speed_phase(args, out: dict) -> None:
             missing = [str(p) for p in paths.values() if not p.is_file()]
             if missing:
                 raise SystemExit(f"--run-dir {args.run_dir}: missing {', '.join(missing)}; run the files phase there")
-            speed[key] = speed_group(kind, threads, paths, args) | {"plan": plan}
+            speed[key] = speed_group(kind, threads, paths, args) | {"plan": plan, "command": command()}
             out["speed"] = speed
             judge(out)
             save(args, out)
@@ -472,10 +471,10 @@ def speed_table(out: dict) -> list[str]:
         return ["Speed: not measured yet (`--phase speed`)."]
     s = out["speed_settings"]
     lines = [f"llama.cpp {s['llama_cpp']} (llama-cpp-python), {s['prompt']}-token prompt, {s['generate']} generated "
-             f"tokens, {s['rounds']} alternating rounds; ratio = unpruned time / pruned time (median, interval); limit: "
+             "tokens, alternating rounds; ratio = unpruned time / pruned time (median, interval); limit: "
              "FLOPs per token for prompts, bytes read per token for generation.", "",
-             "| type | threads | removed | prompt speed-up | FLOPs limit | generation speed-up | bytes limit | machine |",
-             "|---|---:|---|---|---:|---|---:|---|"]
+             "| type | threads | removed | rounds | prompt speed-up | FLOPs limit | generation speed-up | bytes limit "
+             "| machine |", "|---|---:|---|---:|---|---:|---|---:|---|"]
     shares = {(str(e["budget"]), e["plan"]): e["removed_nonembedding_share"] for k, e in out["entries"].items()
               if k != "unpruned"}
     for g in speed.values():
@@ -489,7 +488,7 @@ def speed_table(out: dict) -> list[str]:
                 cells.append(f"{g[what]['limit'][b]:.2f}")
             load = "; ".join(f"{w}: {_load_text(g[w]['rounds'])}" for w in ("prompt", "generate"))
             lines.append(f"| {g['type']} | {g['threads']} | {float(b):.0%} ({shares[(b, g['plan'])]:.1%}, "
-                         f"x{out['settings']['multiples'][g['plan']]}) | "
+                         f"x{out['settings']['multiples'][g['plan']]}) | {g['generate']['rounds']['rounds']} | "
                          + " | ".join(cells) + f" | {load} |")
     return lines
 
@@ -598,7 +597,7 @@ def parse(argv=None):
     p.add_argument("--prune-only", action="store_true", help="files phase: only compress and cache the models")
     p.add_argument("--wait-for-cache", type=float, default=0.0,
                    help="minutes to wait for a --prune-only process to cache a model before pruning it here")
-    p.add_argument("--fresh-speed", action="store_true", help="measure every speed group again")
+    p.add_argument("--fresh-speed", action="store_true", help="measure the groups --speed-types x --speed-threads name again (others are kept)")
     p.add_argument("--run-dir", type=Path, default=RUN_DIR, help="where the GGUF files are kept (outside git)")
     p.add_argument("--out", type=Path, default=None)
     p.add_argument("--write-docs", type=Path, default=None, help="write the section of this page from --out, exit")
