@@ -124,7 +124,7 @@ def parse(argv=None):
                         "e.g. rows run in parallel with --output elsewhere; exit.")
     p.add_argument("--keep-models", type=Path, default=None,
                    help="Folder where each row's pruned model is saved (torch.save of the module, not committed), so "
-                        "that --extra-eval can score it on another text without pruning again.")
+                        "that --texts can score it on another text without pruning again.")
     p.add_argument("--write-docs", type=Path, default=None, help="Write the table and figure from the JSON, exit.")
     return p.parse_args(argv)
 

@@ -346,6 +346,73 @@ def block_llm_peers(protocol: str = "block256") -> str:
     return "\n".join(out)
 
 
+def _optional(name: str) -> dict | None:
+    """benchmarks/results/NAME.json, or None where that benchmark has not been run."""
+    return bench(name) if (BENCH / f"{name}.json").is_file() else None
+
+
+def _versus_best(v: dict) -> str:
+    a, b = v["ratio_to_best_peer_ci95"]
+    return f"{v['ratio_to_best_peer']:.3f} [{a:.3f}, {b:.3f}] vs {v['best_peer']}"
+
+
+def _headline_quality(peers: dict, texts: dict | None) -> list[str]:
+    """Per budget and text: headprune / best peer at windows 128 and 2048 (llm_peers verdicts, and the extra texts'
+    verdicts where run)."""
+    sets = {"news (WMT21)": peers["verdicts"]}
+    for name, per in ((texts or {}).get("verdicts") or {}).items():
+        sets[name] = per
+    out = ["| removed | text | peers compared | headprune / best peer, window 128 [95% CI] | window 2048 [95% CI] | "
+           "lower than every peer |", "|---|---|---|---|---|---|"]
+    for budget in sorted(peers["verdicts"], key=float):
+        for text, verdicts in sets.items():
+            v = verdicts.get(budget)
+            if not v or "window128" not in v or "window2048" not in v:
+                out.append(f"| {float(budget):.0%} | {text} | - | not run | not run | - |")
+                continue
+            lower = all(v[w]["lower_than_every_peer"] for w in ("window128", "window2048"))
+            out.append(f"| {float(budget):.0%} | {text} | {len(v['window128']['peers_compared'])} | "
+                       f"{_versus_best(v['window128'])} | {_versus_best(v['window2048'])} | "
+                       f"{'yes' if lower else '**no**'} |")
+    return out
+
+
+def _headline_time(times: dict | None) -> list[str]:
+    if times is None:
+        return ["Pruning time against FLAP: not measured yet (`benchmarks/prune_time.py`)."]
+    cells = []
+    for budget, b in sorted(times["budgets"].items(), key=lambda kv: float(kv[0])):
+        r = b["headprune_over_flap"]
+        cells.append(f"{float(budget):.0%} x{r['median']:.2f} [{r['low']:.2f}, {r['high']:.2f}]"
+                     + ("" if b["reliable"] else " (not reliable: load)"))
+    return ["Pruning time, headprune's selected configuration / FLAP, alternating rounds of one invocation "
+            f"(`prune_time.json`): {'; '.join(cells)}."]
+
+
+def _headline_recovery(rec: dict | None) -> list[str]:
+    if rec is None:
+        return ["Recovery: not measured yet (`benchmarks/recovery.py`)."]
+    out = ["| pruner + recovery | removed | training tokens | minutes | window 128 before -> after | "
+           "window 2048 before -> after | lost perplexity back per 1k tokens (w128) |",
+           "|---|---|---|---|---|---|---|"]
+    for r in sorted(rec["rows"], key=lambda r: (r["budget"], r["pruner"], r["recovery"])):
+        b, a = r["perplexity_before"], r["perplexity_after"]
+        minutes = f"{r['train_minutes']:.1f}" + ("" if r["load"]["reliable"] else " (under load)")
+        out.append(f"| {r['pruner']} + {r['recovery']} | {r['budget']:.0%} | {r['tokens']:,} | {minutes} | "
+                   f"{b['window128']:.2f} -> {a['window128']:.2f} | {b['window2048']:.2f} -> {a['window2048']:.2f} | "
+                   f"{r['recovered_share_per_1k_tokens']['window128']:.1%} |")
+    return out
+
+
+def block_llm_headline() -> str:
+    """docs/peers.md's headline: headprune against the best peer per budget and text, the pruning time against
+    FLAP, recovery after pruning, and the run at a 1B shape (each from its committed JSON; "not run" where absent)."""
+    out = _headline_quality(bench("llm_peers"), _optional("llm_peers_texts"))
+    out += [""] + _headline_time(_optional("prune_time"))
+    out += [""] + _headline_recovery(_optional("recovery"))
+    return "\n".join(out)
+
+
 def block_llamacpp_budgets() -> str:
     """README's llama.cpp table, rendered by benchmarks/llamacpp_budgets.py's ``readme_markdown`` from its JSON."""
     import importlib.util
@@ -368,4 +435,7 @@ def block(name: str) -> str:
         return block_llm_peers(*args)
     if kind == "llamacpp_budgets":
         return block_llamacpp_budgets()
-    raise KeyError(f"unknown block {name!r}; allowed: abo:RUN, method_comparison, llm_peers, llamacpp_budgets")
+    if kind == "llm_headline":
+        return block_llm_headline()
+    raise KeyError(f"unknown block {name!r}; allowed: abo:RUN, method_comparison, llm_peers, llamacpp_budgets, "
+                   "llm_headline")
