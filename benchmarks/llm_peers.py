@@ -207,10 +207,11 @@ def main(argv=None) -> dict | None:
                 data["extra_texts"]["verdicts"] = texts.text_verdicts(data, data["extra_texts"], CONFIGURATIONS)
         report.write_docs(args.write_docs, data)
         return None
-    if args.merge:
-        out, other = json.loads(OUTPUT.read_text()), json.loads(args.merge.read_text())
-        if other.get("name") == "llm_peers_texts":  # rows scored on the extra texts: into texts_file(OUTPUT)
-            target = texts_file(OUTPUT)
+    if args.merge:  # into --output (default: the committed results file)
+        output = args.output or OUTPUT
+        out, other = json.loads(output.read_text()), json.loads(args.merge.read_text())
+        if other.get("name") == "llm_peers_texts":  # rows scored on the extra texts: into texts_file(output)
+            target = texts_file(output)
             mine = json.loads(target.read_text()) if target.is_file() else {**other, "rows": [], "unpruned": {}}
             added = merge_text_rows(mine, other)
             summarise(out)
@@ -220,7 +221,7 @@ def main(argv=None) -> dict | None:
             return mine
         added = merge_rows(out, other)
         summarise(out)
-        results_io.save(OUTPUT, out)
+        results_io.save(output, out)
         print(f"added {len(added)} rows from {args.merge}: " + ", ".join(f"{m} {b:.0%}" for m, b in added))
         return out
     methods = _methods(args.methods)

@@ -126,3 +126,19 @@ def test_merge_of_text_rows_adds_missing_texts_and_rows():
     assert mine["texts"] == {"wiki": 1, "captions": 3} and mine["unpruned"] == {"wiki": 1, "captions": 3}
     with pytest.raises(SystemExit, match="--merge"):
         bench.merge_text_rows(mine, {"settings": {}, "rows": []})
+
+
+def test_merge_writes_into_the_output_given_and_leaves_the_committed_file(tmp_path, monkeypatch):
+    bench = _bench()
+    committed = tmp_path / "committed.json"
+    committed.write_text(json.dumps({"settings": {"a": 1}, "rows": []}))
+    monkeypatch.setattr(bench, "OUTPUT", committed)
+    monkeypatch.setattr(bench, "summarise", lambda out: None)
+    mine, other = tmp_path / "mine.json", tmp_path / "other.json"
+    mine.write_text(json.dumps({"settings": {"a": 1}, "rows": []}))
+    other.write_text(json.dumps({"settings": {"a": 1}, "command": "x", "rows": [
+        {"method": "shortgpt", "budget": 0.3, "config": bench.config_of("shortgpt")}]}))
+    before = committed.read_text()
+    bench.main(["--merge", str(other), "--output", str(mine)])
+    assert [(r["method"], r["budget"]) for r in json.loads(mine.read_text())["rows"]] == [("shortgpt", 0.3)]
+    assert committed.read_text() == before
