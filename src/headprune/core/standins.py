@@ -49,14 +49,18 @@ def affine_standin(weight: torch.Tensor, mean: torch.Tensor, second: torch.Tenso
     shift = w_r @ mean[removed]  # the mean stand-in
     if kept.numel() == 0 or removed.numel() == 0:
         return kept, torch.zeros(w.shape[0], kept.numel(), dtype=torch.float64), shift
-    cov = second.to(torch.float64) - torch.outer(mean, mean)  # [C, C]
-    c_kk = cov[kept][:, kept]
-    c_kr = cov[kept][:, removed]
+    # the covariance's kept rows only, centred in place: no [C, C] copy beside ``second`` (at 8192 features each
+    # copy is half a gigabyte, the block-by-block stand-ins' peak)
+    rows = second.index_select(0, kept).to(torch.float64)  # [k, C] E[x_K x^T]
+    c_kk = rows.index_select(1, kept).addr_(mean[kept], mean[kept], alpha=-1)  # [k, k] C_KK
+    c_kr = rows.index_select(1, removed).addr_(mean[kept], mean[removed], alpha=-1)  # [k, r] C_KR
+    del rows
     power = float(c_kk.diagonal().clamp_min(0).mean())
     lam = damping * power if power > 0 else damping
-    eye = torch.eye(kept.numel(), dtype=torch.float64)
+    if lam > 0:
+        c_kk.diagonal().add_(lam)  # the ridge, in place
     try:
-        a_t = torch.linalg.solve(c_kk + lam * eye if lam > 0 else c_kk, c_kr)  # [k, r] = A^T
+        a_t = torch.linalg.solve(c_kk, c_kr)  # [k, r] = A^T
     except torch.linalg.LinAlgError:  # kept features that are linearly dependent, with no ridge to separate them
         raise PlanError(f"damping={damping}: the kept features' covariance is singular; allowed: a damping > 0 "
                         "(e.g. the default 0.01)") from None
