@@ -238,9 +238,14 @@ def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.
         run.stages[standin.name], shifts = done if isinstance(done, tuple) else (done, None)
         if shifts is None:
             run.unreplayable.append(standin.name)
-    prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
-    if any(drop_n.values()):
-        prune_neurons(pruned, {k: v for k, v in drop_n.items() if v}, verify=run.verify)  # its own trial
+    heads, neurons = {k: v for k, v in drop_h.items() if v}, {k: v for k, v in drop_n.items() if v}
+    # low_memory: one site / FFN per cut, so the snapshot that makes a cut atomic holds the old weights of one, not
+    # of all (at 1B, all FFNs' old and new weights at once were 2.4 GB beside the model)
+    for part in ([{k: v} for k, v in heads.items()] or [{}]) if settings.low_memory else [heads]:
+        prune_heads(pruned, part, verify=False)  # verified above (or trusted)
+    for i, part in enumerate([{k: v} for k, v in neurons.items()] if settings.low_memory else [neurons] if neurons
+                             else []):
+        prune_neurons(pruned, part, verify=run.verify and i == 0)  # its own trial, once
     pruned.eval()
     run.seconds["select+remove"] = time.perf_counter() - t
     run.stages["remove"] = "kept"

@@ -63,7 +63,7 @@ class StatsCollector:
     FFN's down projection (``neurons``) while some other pass runs the model: :func:`channel_stats` runs its own
     forward, the Fisher's scoring pass (:func:`headprune.scoring.units.unit_fisher`) collects them on its way,
     so the linear stand-ins need no second pass. ``with collector:`` registers the hooks; call
-    :meth:`batch` before each batch's forward; :meth:`finish` returns the :class:`ChannelStats`. A hook that
+    :meth:`batch` before each batch's forward; :meth:`finish` (once) returns the :class:`ChannelStats`. A hook that
     fires again in the same batch (activation checkpointing recomputes blocks in the backward) counts once."""
 
     def __init__(self, model: nn.Module, *, heads: bool = True, neurons: bool = True, gram: bool = False,
@@ -129,7 +129,8 @@ class StatsCollector:
         if bad:
             raise DataError(f"activations of {bad[:3]} are NaN or inf: the model's weights or the batches' values are "
                             "not finite")
-        second = {k: (s[3] / s[0]).cpu() for k, s in sums.items()} if self.gram else None
+        second = {k: s[3].div_(s[0]).cpu() for k, s in sums.items()} if self.gram else None  # in place: no copy
+        self.sums = {}  # the moments own the sums now: finish() once
         return ChannelStats(mean=mean, var=var, tokens={k: int(s[0]) for k, s in sums.items()}, second=second)
 
 
