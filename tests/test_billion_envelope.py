@@ -91,3 +91,12 @@ def _section_matches(data: dict) -> None:
     last = list(data["shapes"].values())[-1]
     assert (": met (" in text) == data["meets_goal"] and f"({last['peak_over_weights']:.2f}x)" in text
 
+
+
+def test_the_docs_section_is_the_committed_json():
+    data = json.loads(be.SCALE_OUTPUT.read_text())
+    _section_matches(data)
+    page = (be.ROOT / "docs" / "llms.md").read_text()
+    section = page.split(be.BEGIN, 1)[1].split(be.END, 1)[0].strip()
+    assert section == be.scale_section(data), "run: python benchmarks/billion_envelope.py --write-docs docs/llms.md"
+    assert list(data["shapes"]) == list(be.GROWTH) and data["config"]["low_memory"] is True
