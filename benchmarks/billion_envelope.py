@@ -15,14 +15,27 @@ RSS (``ru_maxrss``) starts from a clean process; ``peak_over_weights`` = peak RS
   block kept, activations recomputed); its scores are compared with the plain ones (``max_rel_diff``);
 * ``sweep_stream``: a few units of a one-head sweep through ``PrefixStream`` (the prefix cache holding
   one layer's input): the baseline pass, heads of the last two layers, perplexity per unit.
+* ``compress_selected`` (not in the default list): headprune's selected LLM configuration
+  (``benchmarks/peers/headprune_rows.py``'s ``headprune-fisher+linear``, 20% of the non-embedding parameters
+  removed) with ``low_memory=True`` (:mod:`headprune.compression.blockwise`: activation checkpointing, the linear
+  stand-ins' second moments one block at a time, the cut in place) on ``--calib-blocks`` random sequences of
+  ``--calib-length`` tokens, one per batch; wall seconds and the cores other processes kept busy meanwhile.
 
 Writes benchmarks/results/billion_envelope.json (machine, command, config, figures).
+
+    python benchmarks/billion_envelope.py --growth            # compress_selected at three shapes -> compress_scale.json
+    python benchmarks/billion_envelope.py --growth --quick    # three tiny shapes (seconds)
+    python benchmarks/billion_envelope.py --write-docs docs/llms.md   # its section, from the committed JSON
+
+``--growth`` runs ``compress_selected`` at SmolLM2-135M's shape, Qwen2.5-0.5B's (as a Llama) and the 1B shape, and
+fits ``seconds ~ params^alpha`` by least squares on logarithms (benchmarks/results/compress_scale.json).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import shlex
@@ -36,13 +49,29 @@ import torch
 import transformers as T
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # peers.headprune_rows: the selected configuration
 GOAL = 1.5
 FULL = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
             intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072, tie_word_embeddings=True,
             rope_theta=500000.0, rms_norm_eps=1e-5)
 QUICK = dict(hidden_size=64, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
              intermediate_size=128, vocab_size=1000, max_position_embeddings=256, tie_word_embeddings=True)
-CASES = ("weights", "importance_plain", "importance_checkpointed", "sweep_stream")
+CASES = ("weights", "importance_plain", "importance_checkpointed", "sweep_stream", "compress_selected")
+DEFAULT_CASES = CASES[:4]
+# --growth: compress_selected at three shapes, tied embeddings as the 1B (name -> LlamaConfig fields)
+GROWTH = {
+    "SmolLM2-135M": dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                         intermediate_size=1536, vocab_size=49152, max_position_embeddings=8192,
+                         tie_word_embeddings=True, rope_theta=100000.0, rms_norm_eps=1e-5),
+    "Qwen2.5-0.5B": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                         intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768,
+                         tie_word_embeddings=True, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "Llama-3.2-1B": FULL,
+}
+GROWTH_QUICK = {f"tiny-{h}": dict(QUICK, hidden_size=h, intermediate_size=2 * h) for h in (32, 64, 128)}
+SELECTED, BUDGET = "headprune-fisher+linear", 0.2  # llm_peers' selected configuration, 20% removed
+SCALE_OUTPUT = ROOT / "benchmarks" / "results" / "compress_scale.json"
+BEGIN, END = "<!-- compress_scale.json: begin -->", "<!-- compress_scale.json: end -->"
 
 
 def build(shape: dict, seed: int = 0) -> T.LlamaForCausalLM:
@@ -103,6 +132,8 @@ def run_case(case: str, shape: dict, n: int, length: int, units: int) -> dict:
         out["parameter_grads"] = sum(p.grad is not None for p in model.parameters())
     elif case == "sweep_stream":
         out.update(_sweep(model, ids, units))
+    elif case == "compress_selected":
+        out.update(_compress_selected(model, ids))
     out["seconds"] = time.perf_counter() - start
     out["peak_rss_bytes"] = hwm_bytes()
     out["peak_over_weights"] = out["peak_rss_bytes"] / out["weight_bytes"]
@@ -135,6 +166,65 @@ def _sweep(model, ids: torch.Tensor, units: int) -> dict:
             "held_prefix_bytes": held, "full_cache_prefix_bytes": one_block * len(next(iter(stream.stacks.values())).blocks)}
 
 
+def _compress_selected(model, ids: torch.Tensor) -> dict:
+    """The selected configuration with ``low_memory=True`` on the sequences ``ids`` (one per batch): what it kept,
+    its stages and seconds, the cores other processes kept busy while it ran."""
+    from peers.headprune_rows import settings_for
+
+    from headprune import PruneSettings, compress
+    from headprune.bench.machine import loadavg
+    from headprune.bench.protocol import cpu_clock, load_record, other_cpu
+
+    settings = PruneSettings(**{**settings_for(SELECTED, model, BUDGET).to_dict(), "low_memory": True})
+    batches = [{"input_ids": ids[i : i + 1], "attention_mask": torch.ones_like(ids[i : i + 1])} for i in range(len(ids))]
+    before, clock = loadavg(), cpu_clock()
+    result = compress(model, batches, settings)
+    load = load_record(before, loadavg(), threads=torch.get_num_threads(), other_cpu=other_cpu(clock, cpu_clock()))
+    assert result.model is model  # in place: no second copy of the weights
+    return {"settings": result.settings, "stages": result.stages, "stage_seconds": result.seconds,
+            "sizes": result.sizes, "load": load, "params_after": result.sizes["after"]["params"],
+            "heads_dropped": sum(map(len, result.dropped_heads.values())),
+            "neurons_dropped": sum(map(len, result.dropped_neurons.values()))}
+
+
+def growth_fit(rows: list[dict]) -> float:
+    """``alpha`` of ``seconds ~ params^alpha``: the least-squares slope of log seconds on log parameters."""
+    x = [math.log(r["params"]) for r in rows]
+    y = [math.log(r["seconds"]) for r in rows]
+    mx, my = sum(x) / len(x), sum(y) / len(y)
+    return sum((a - mx) * (b - my) for a, b in zip(x, y, strict=True)) / sum((a - mx) ** 2 for a in x)
+
+
+def scale_section(data: dict) -> str:
+    """The docs section of compress_scale.json: one row per shape, the growth law, the goal at the largest."""
+    cal = data["config"]
+    lines = [f"{cal['calib_blocks']} random sequences of {cal['calib_length']} tokens (one per batch), float32, "
+             f"{cal['omp_threads']} thread, `{data['command']}`; peak RSS (`ru_maxrss`) of a process that builds "
+             "the model (random weights) and compresses it, nothing else.", "",
+             "| shape | parameters | float32 weights | peak RSS | peak / weights | seconds | other processes' cores |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for name, f in data["shapes"].items():
+        other = f["load"]["other_cpu"]
+        lines.append(f"| {name} | {f['params'] / 1e6:,.0f}M | {f['weight_bytes'] / 2**30:.2f} GiB | "
+                     f"{f['peak_rss_bytes'] / 2**30:.2f} GiB | {f['peak_over_weights']:.2f} | {f['seconds']:.0f} | "
+                     f"{'-' if other is None else f'{other:.2f}'} |")
+    last_name, last = list(data["shapes"].items())[-1]
+    verdict = "met" if last["peak_over_weights"] <= data["goal_peak_over_weights"] else "not met"
+    lines += ["", f"Time grows as parameters^{data['alpha']:.2f} (least squares on logarithms over the "
+              f"{len(data['shapes'])} shapes; the calibration tokens fixed). Goal peak <= "
+              f"{data['goal_peak_over_weights']}x the float32 weights at {last_name}: {verdict} "
+              f"({last['peak_over_weights']:.2f}x). Seconds were measured on a machine shared with other jobs "
+              "(the last column: cores they kept busy meanwhile, of "
+              f"{last['load']['cores']}); the memory figures do not depend on them."]
+    return "\n".join(lines)
+
+
+def write_docs(page: Path, data: dict) -> None:
+    from peers.results_io import write_section
+
+    write_section(page, BEGIN, END, scale_section(data))
+
+
 class _nothing:
     def __enter__(self):
         return None
@@ -144,24 +234,75 @@ class _nothing:
 
 
 def child(args) -> None:
-    shape = QUICK if args.quick else FULL
-    result = run_case(args.case, shape, args.sequences, args.length, args.units)
+    shape = json.loads(args.shape) if args.shape else QUICK if args.quick else FULL
+    n, length = (args.calib_blocks, args.calib_length) if args.case == "compress_selected" else (args.sequences,
+                                                                                                   args.length)
+    result = run_case(args.case, shape, n, length, args.units)
     Path(args.child_output).write_text(json.dumps(result))
 
 
-def main() -> None:
+def run_child(args, case: str, tmp: str, shape: dict | None = None) -> dict:
+    """``case`` in a process of its own (a clean peak RSS), at ``shape`` (None: the script's own)."""
+    path = Path(tmp) / f"{case}.json"
+    cmd = [sys.executable, __file__, "--case", case, "--child-output", str(path), "--sequences", str(args.sequences),
+           "--length", str(args.length), "--units", str(args.units), "--calib-blocks", str(args.calib_blocks),
+           "--calib-length", str(args.calib_length)] + (["--quick"] if args.quick else []) + \
+          (["--shape", json.dumps(shape)] if shape else [])
+    subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
+    f = json.loads(path.read_text())
+    print(f"{case}: peak RSS {f['peak_rss_bytes'] / 2**30:.2f} GiB = {f['peak_over_weights']:.3f} x the "
+          f"float32 weights ({f['weight_bytes'] / 2**30:.2f} GiB), {f['seconds']:.1f} s", flush=True)
+    return f
+
+
+def growth(args) -> None:
+    """``compress_selected`` at the three shapes of :data:`GROWTH` (tiny ones with ``--quick``), smallest first,
+    and the growth law of its time; writes ``args.output`` (default compress_scale.json)."""
+    from headprune.bench import machine_info
+    from headprune.provenance import versions
+
+    shapes = GROWTH_QUICK if args.quick else GROWTH
+    with tempfile.TemporaryDirectory() as tmp:
+        figures = {name: run_child(args, "compress_selected", tmp, shape) for name, shape in shapes.items()}
+    result = {"benchmark": "compress_scale", "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+              "machine": machine_info(), "versions": versions(), "goal_peak_over_weights": GOAL,
+              "config": {"model": "LlamaForCausalLM, random weights (meta -> to_empty -> normal 0.02)",
+                         "configuration": SELECTED, "budget_removed": BUDGET, "low_memory": True,
+                         "calib_blocks": args.calib_blocks, "calib_length": args.calib_length, "batch_size": 1,
+                         "dtype": "float32", "omp_threads": os.environ.get("OMP_NUM_THREADS", "1"),
+                         "shapes": shapes},
+              "shapes": figures, "alpha": growth_fit(list(figures.values()))}
+    result["meets_goal"] = list(figures.values())[-1]["peak_over_weights"] <= GOAL
+    output = args.output or SCALE_OUTPUT
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2))
+    print(f"alpha {result['alpha']:.2f}; wrote {output}")
+
+
+def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny model, seconds (for a smoke run)")
     parser.add_argument("--sequences", type=int, default=2)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--units", type=int, default=3, help="one-head units of the streamed sweep")
-    parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--output", type=Path, default=ROOT / "benchmarks" / "results" / "billion_envelope.json")
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES), help=f"among {', '.join(CASES)}")
+    parser.add_argument("--calib-blocks", type=int, default=8, help="compress_selected: calibration sequences")
+    parser.add_argument("--calib-length", type=int, default=256, help="compress_selected: tokens per sequence")
+    parser.add_argument("--growth", action="store_true", help="compress_selected at three shapes, the growth law")
+    parser.add_argument("--write-docs", type=Path, default=None, help="Write compress_scale.json's section into "
+                        "this page, exit.")
+    parser.add_argument("--output", type=Path, default=None, help="default: benchmarks/results/billion_envelope.json "
+                        "(--growth: compress_scale.json)")
     parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--child-output", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.case:
         return child(args)
+    if args.write_docs:
+        return write_docs(args.write_docs, json.loads(SCALE_OUTPUT.read_text()))
+    if args.growth:
+        return growth(args)
     from headprune.bench import machine_info
     from headprune.provenance import versions
 
@@ -172,15 +313,7 @@ def main() -> None:
     figures = {}
     with tempfile.TemporaryDirectory() as tmp:
         for case in cases:
-            path = Path(tmp) / f"{case}.json"
-            cmd = [sys.executable, __file__, "--case", case, "--child-output", str(path), "--sequences",
-                   str(args.sequences), "--length", str(args.length), "--units", str(args.units)] + \
-                  (["--quick"] if args.quick else [])
-            subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")})
-            figures[case] = json.loads(path.read_text())
-            f = figures[case]
-            print(f"{case}: peak RSS {f['peak_rss_bytes'] / 2**30:.2f} GiB = {f['peak_over_weights']:.3f} x the "
-                  f"float32 weights ({f['weight_bytes'] / 2**30:.2f} GiB), {f['seconds']:.1f} s", flush=True)
+            figures[case] = run_child(args, case, tmp)
     if "importance_plain" in figures and "importance_checkpointed" in figures:
         a, b = figures["importance_plain"]["scores"], figures["importance_checkpointed"]["scores"]
         diffs = [abs(x - y) / max(max(abs(v) for v in a[k]), 1e-30) for k in a for x, y in zip(a[k], b[k], strict=True)]
@@ -197,9 +330,10 @@ def main() -> None:
         "figures": figures,
         "meets_goal": {c: f["peak_over_weights"] <= GOAL for c, f in figures.items()},
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.output}")
+    output = args.output or ROOT / "benchmarks" / "results" / "billion_envelope.json"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(result, indent=2))
+    print(f"wrote {output}")
 
 
 if __name__ == "__main__":

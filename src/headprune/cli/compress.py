@@ -47,7 +47,8 @@ SETTING_FLAGS = {"share": "--share", "n_keep": "--n-keep", "price": "--price", "
                  "max_scale": "--max-scale", "val_share": "--val-share", "same_per_site": "--same-per-site",
                  "min_per_site": "--min-per-site", "seq_len": "--seq-len", "tgt_len": "--tgt-len",
                  "damping": "--damping", "distill_epochs": "--distill-epochs", "distill_lr": "--distill-lr",
-                 "seed": "--seed", "guard": "--no-guard", "multiple_of": "--multiple-of"}
+                 "seed": "--seed", "guard": "--no-guard", "multiple_of": "--multiple-of",
+                 "low_memory": "--low-memory"}
 
 
 def _option(default, flag: str, text: str):
@@ -104,6 +105,10 @@ class PruneFlags(Flags):
     multiple_of: int = _option(1, "--multiple-of", "Every FFN width and attention width (heads x head_dim) pruning "
                                "changes is a multiple of N: 32 / 256 for llama.cpp's Q4_0 / Q8_0 and K-quant blocks, "
                                "64 / 128 for GPU tiles (the budget over heads and neurons; default 1: any width).")
+    low_memory: bool = _option(False, "--low-memory", "For models near the machine's memory (neurons / both, or "
+                               "--price params; compensate none, bias or linear): score with activation "
+                               "checkpointing, solve linear stand-ins one block at a time, cut the loaded model in "
+                               "place (no copy; needs --no-bench: no unpruned model is left to time).")
     config: Path = _option(None, "--config", "The settings from a TOML file instead of these flags: a [settings] "
                            "table of PruneSettings fields, as every compress run writes to compress.toml (rerun a "
                            "run with --config RUN/compress.toml; default: none, the flags).")
@@ -257,6 +262,9 @@ def compress_command(
     settings = prune.settings()
     calib, calib_split = inputs.check(settings, data, flags.split, output)
     bench.check()
+    if settings.low_memory and not bench.no_bench:
+        raise ConfigError("--low-memory without --no-bench: the model is pruned in place, so no unpruned model is left "
+                          "to time against; allowed: --low-memory --no-bench")
     bars = show_progress(quiet, progress)
     t = TaskSetup(model_dir, task, flags)
     model, tok = t.model, t.tokenizer

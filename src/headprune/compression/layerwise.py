@@ -16,7 +16,7 @@ last layer's output (pre-LN models' final norm). Encoder-decoders are left to th
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -52,9 +52,15 @@ class LayerStack:
             for h in handles:
                 h.remove()
 
-    def advance(self) -> None:
-        """Run the current layer (as it is now) on every batch: its outputs become the next layer's inputs."""
-        self.hidden = [self.run(b) for b in range(len(self.hidden))]
+    def advance(self, before: Callable[[int], None] | None = None) -> None:
+        """Run the current layer (as it is now) on every batch: its outputs become the next layer's inputs.
+        ``before(b)``: called before batch ``b`` runs (e.g. to tell hooks which batch comes)."""
+        hidden = []
+        for b in range(len(self.hidden)):
+            if before is not None:
+                before(b)
+            hidden.append(self.run(b))
+        self.hidden = hidden
         self.index += 1
 
 

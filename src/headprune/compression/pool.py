@@ -27,6 +27,11 @@ Stages (each recorded; the summary says which were kept):
 6. *distill* (``distill_epochs`` > 0, off by default): every weight of the pruned model trained for a few
    passes over the fit batches to match the unpruned model's output distribution
    (:mod:`.distill`; no labels read), kept only if it lowers the validation loss further.
+
+``low_memory=True`` (for a model near the machine's memory; no refit, no distillation) changes how, not what:
+the scoring pass runs inside :func:`headprune.scoring.checkpointed_blocks` (one input per block kept) and gathers
+no second moments; linear stand-ins gather theirs one block at a time (:mod:`.blockwise`: the same moments);
+the cut is made on the model passed, which becomes the returned model (no copy). Same scores, units and weights.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import copy
 import math
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -51,12 +57,14 @@ from ..core.surgery import kept_heads
 from ..core.unit_cost import UnitCosts, unit_costs
 from ..core.verify import verify_surgery
 from ..errors import ConfigError
+from ..scoring.checkpointing import checkpointed_blocks
 from ..scoring.fluctuation import channel_stats
 from ..scoring.gradients import LossFn, mean_loss
 from ..scoring.scorer import ScoreRequest
 from ..selection.aligned import select_aligned
 from ..selection.gqa import kv_groups
 from ..selection.units import select_units
+from .blockwise import blockwise_standins
 from .distill import distill
 from .replay import Plan, floats
 from .settings import PruneSettings
@@ -108,7 +116,7 @@ def compress_pool(
     progress: bool = False,
 ) -> UnitResult:
     """The pipeline of :func:`headprune.compression.compress` for heads and/or FFN neurons under one budget
-    (see the module doc): prune a copy of ``model``.
+    (see the module doc): prune a copy of ``model`` (``settings.low_memory``: ``model`` itself, in place).
 
     ``calib_batches``: labelled inputs for scores and the refit; ``val_batches``: labelled inputs for the
     guard, disjoint from both the calibration data and whatever the result is evaluated on.
@@ -216,20 +224,28 @@ def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.
     """(a pruned copy of the model, the bias shifts of the stand-in or None): the stand-in, then the cut."""
     t = time.perf_counter()
     model, settings = run.model, run.settings
-    pruned = copy.deepcopy(model)
+    pruned = model if settings.low_memory else copy.deepcopy(model)  # low_memory: no stage after reads the original
     shifts = None
     standin: Any = settings.standin  # a stand-in compensation: gram, apply (compensation.check_compensation)
     if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
-        if stats is None or (standin.gram and stats.second is None):  # before the cut, which keeps biases
-            stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
-                                  gram=standin.gram, progress=run.progress)
-        done = standin.apply(pruned, model, stats, drop_h, drop_n, settings)
+        if settings.low_memory and standin.gram:  # one block's second moments at a time
+            done = blockwise_standins(model, calib, standin, drop_h, drop_n, settings, run.progress)
+        else:
+            if stats is None or (standin.gram and stats.second is None):  # before the cut, which keeps biases
+                stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
+                                      gram=standin.gram, progress=run.progress)
+            done = standin.apply(pruned, model, stats, drop_h, drop_n, settings)
         run.stages[standin.name], shifts = done if isinstance(done, tuple) else (done, None)
         if shifts is None:
             run.unreplayable.append(standin.name)
-    prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)  # verified above (or trusted)
-    if any(drop_n.values()):
-        prune_neurons(pruned, {k: v for k, v in drop_n.items() if v}, verify=run.verify)  # its own trial
+    heads, neurons = {k: v for k, v in drop_h.items() if v}, {k: v for k, v in drop_n.items() if v}
+    # low_memory: one site / FFN per cut, so the snapshot that makes a cut atomic holds the old weights of one, not
+    # of all (at 1B, all FFNs' old and new weights at once were 2.4 GB beside the model)
+    for part in ([{k: v} for k, v in heads.items()] or [{}]) if settings.low_memory else [heads]:
+        prune_heads(pruned, part, verify=False)  # verified above (or trusted)
+    for i, part in enumerate([{k: v} for k, v in neurons.items()] if settings.low_memory else [neurons] if neurons
+                             else []):
+        prune_neurons(pruned, part, verify=run.verify and i == 0)  # its own trial, once
     pruned.eval()
     run.seconds["select+remove"] = time.perf_counter() - t
     run.stages["remove"] = "kept"
@@ -268,9 +284,12 @@ def _compensate(run: _Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.
 def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitCosts, loss_fn, progress: bool):
     """(head scores, neuron scores, channel statistics or None) of ``settings.scorer`` for the one-budget search."""
     standin: Any = settings.standin
+    blockwise = settings.low_memory and bool(standin and standin.gram)  # its moments come block by block, later
     request = ScoreRequest(units=settings.units, loss_fn=loss_fn, seed=settings.seed, costs=costs,
-                           stats=standin is not None, gram=bool(standin and standin.gram), progress=progress)
-    found = settings.scorer.score(model, calib, request)
+                           stats=standin is not None and not blockwise, gram=bool(standin and standin.gram) and not
+                           blockwise, progress=progress)
+    with checkpointed_blocks(model) if settings.low_memory else nullcontext():  # one input per block kept
+        found = settings.scorer.score(model, calib, request)
     return found.heads, found.neurons, found.stats
 
 

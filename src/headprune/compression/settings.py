@@ -22,7 +22,9 @@ Two pipelines run them (:func:`headprune.compression.compress`): heads alone wit
 both, ``params`` / ``latency`` prices, ``fluctuation`` scores, ``reconstruct`` / ``bias`` or distillation go
 through the one budget over heads
 and neurons (:mod:`headprune.selection.units`). Every setting is checked here, on creation, against
-what its pipeline can do, so nothing given is ignored.
+what its pipeline can do, so nothing given is ignored. ``low_memory`` runs the second pipeline within about
+the model's own memory (activation checkpointing, stand-ins block by block, the cut in place: the model passed is
+the model returned), the same result, where no stage needs the unpruned model afterwards.
 """
 
 from __future__ import annotations
@@ -76,6 +78,10 @@ class PruneSettings:
     multiple_of: int = 1  # every FFN width and attention width (heads x head_dim) pruning changes is a multiple
     # of this: 32 / 256 for llama.cpp's legacy / K-quant blocks, 64 / 128 for GPU tiles (1: any width; the budget
     # over heads and neurons, headprune.selection.aligned)
+    low_memory: bool = False  # the budget over heads and neurons, for models near the machine's memory: score with
+    # activation checkpointing, solve linear stand-ins one block at a time (headprune.compression.blockwise) and cut
+    # the model passed *in place* (no copy; it is the returned model). Refused with refits or distillation (they
+    # read the unpruned model)
 
     def __post_init__(self):
         check_choice("units", self.units, UNITS)
@@ -96,7 +102,7 @@ class PruneSettings:
         check_choice("target", self.target, TARGETS)
         check_share("val_share", self.val_share, one=False)
         check_number("distill_lr", self.distill_lr, low=0, strict=True)
-        for name in ("guard", "same_per_site"):
+        for name in ("guard", "same_per_site", "low_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}; allowed: True or False")
         self._check_methods()
@@ -122,6 +128,13 @@ class PruneSettings:
             other = " | ".join(self._pool_names()) if self._scorer.pool else "'none'"
             raise ConfigError(f"compensate={self._compensate_text()} with scores={name!r}; allowed: scores='fisher' "
                               f"(rearrangement and tuning read the Fisher matrix), or compensate {other}")
+        if self.low_memory and (self.head_plan or self.refits or self.distill_epochs):
+            given = f"compensate={self._compensate_text()}" if self.refits else \
+                f"distill_epochs={self.distill_epochs}" if self.distill_epochs else "the head plan"
+            raise ConfigError(f"low_memory=True with {given}: low_memory prunes the model in place, and refits and "
+                              "distillation read the unpruned one; allowed: the budget over heads and neurons "
+                              "(units neurons | both, or price params) with compensate none | bias | linear and "
+                              "distill_epochs=0")
         if self.head_plan:
             if self.same_per_site and (self.gqa == "free" or (self.n_keep is None and self.price != "count")):
                 raise ConfigError(f"same_per_site=True with gqa={self.gqa!r}, price={self.price!r}; allowed: gqa "

@@ -39,27 +39,37 @@ def affine_standin(weight: torch.Tensor, mean: torch.Tensor, second: torch.Tenso
     float64, for a projection ``weight`` ``[d_out, C]`` whose input features ``removed`` ``[r]`` go, from the
     features' ``mean`` ``[C]`` and second moment ``second`` ``[C, C]`` (``E[x x^T]``)."""
     width = weight.shape[1]
-    w = weight.to(torch.float64)
     drop = torch.zeros(width, dtype=torch.bool)
     drop[removed] = True
     kept = (~drop).nonzero().flatten()
     removed = drop.nonzero().flatten()
     mean = mean.to(torch.float64)
-    w_r = w[:, removed]  # [d_out, r]
+    w_r = weight[:, removed].to(torch.float64)  # [d_out, r]
     shift = w_r @ mean[removed]  # the mean stand-in
     if kept.numel() == 0 or removed.numel() == 0:
-        return kept, torch.zeros(w.shape[0], kept.numel(), dtype=torch.float64), shift
-    cov = second.to(torch.float64) - torch.outer(mean, mean)  # [C, C]
-    c_kk = cov[kept][:, kept]
-    c_kr = cov[kept][:, removed]
+        return kept, torch.zeros(weight.shape[0], kept.numel(), dtype=torch.float64), shift
+    # one [k, k] matrix beside ``second``, centred, ridged and factored in place: at 8192 features each copy is
+    # half a gigabyte, what the block-by-block stand-ins' peak memory is made of
+    k = kept.numel()
+    c_kk = torch.empty(k, k, dtype=torch.float64).mT  # [k, k] C_KK, column-major: LAPACK factors it where it is
+    c_kr = torch.empty(k, removed.numel(), dtype=torch.float64)  # [k, r] C_KR
+    for start in range(0, k, 256):  # a block of rows at a time: no [k, C] or [k, k] index copies
+        rows = second.index_select(0, kept[start:start + 256]).to(torch.float64)  # [<=256, C]
+        c_kk[:, start:start + 256] = rows.index_select(1, kept).T  # symmetric: rows are columns, contiguous here
+        c_kr[start:start + 256] = rows.index_select(1, removed)
+    c_kk.addr_(mean[kept], mean[kept], alpha=-1)
+    c_kr.addr_(mean[kept], mean[removed], alpha=-1)
     power = float(c_kk.diagonal().clamp_min(0).mean())
     lam = damping * power if power > 0 else damping
-    eye = torch.eye(kept.numel(), dtype=torch.float64)
+    if lam > 0:
+        c_kk.diagonal().add_(lam)  # the ridge
     try:
-        a_t = torch.linalg.solve(c_kk + lam * eye if lam > 0 else c_kk, c_kr)  # [k, r] = A^T
+        low = torch.linalg.cholesky(c_kk, out=c_kk)  # C_KK + lam I = L L^T, symmetric positive definite
     except torch.linalg.LinAlgError:  # kept features that are linearly dependent, with no ridge to separate them
         raise PlanError(f"damping={damping}: the kept features' covariance is singular; allowed: a damping > 0 "
                         "(e.g. the default 0.01)") from None
+    a_t = torch.linalg.solve_triangular(low.mT, torch.linalg.solve_triangular(low, c_kr, upper=False),
+                                        upper=True)  # [k, r] = A^T
     delta = w_r @ a_t.T  # [d_out, k]
     return kept, delta, shift - delta @ mean[kept]
 

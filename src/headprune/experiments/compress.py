@@ -78,6 +78,9 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     bench_batch = inputs.bench_batch
     if bench_batch is not None and (isinstance(bench_batch, bool) or not isinstance(bench_batch, int) or bench_batch < 1):
         raise ConfigError(f"bench_batch={bench_batch!r}; allowed: an integer >= 1, or None for no timing")
+    if settings.low_memory and bench_batch is not None:
+        raise ConfigError(f"bench_batch={bench_batch} with low_memory=True: the model is pruned in place, so no unpruned "
+                          "model is left to time against; allowed: bench_batch=None (no timing)")
     if settings.head_plan:
         check_head_count(model, settings.n_keep, None)  # a count above the model's heads: refused before any work
     flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now

@@ -21,7 +21,7 @@ standardised each kind over all layers at once: on SmolLM2-135M at 20% of the pa
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -63,13 +63,16 @@ class StatsCollector:
     FFN's down projection (``neurons``) while some other pass runs the model: :func:`channel_stats` runs its own
     forward, the Fisher's scoring pass (:func:`headprune.scoring.units.unit_fisher`) collects them on its way,
     so the linear stand-ins need no second pass. ``with collector:`` registers the hooks; call
-    :meth:`batch` before each batch's forward; :meth:`finish` returns the :class:`ChannelStats`. A hook that
+    :meth:`batch` before each batch's forward; :meth:`finish` (once) returns the :class:`ChannelStats`. A hook that
     fires again in the same batch (activation checkpointing recomputes blocks in the backward) counts once."""
 
-    def __init__(self, model: nn.Module, *, heads: bool = True, neurons: bool = True, gram: bool = False):
+    def __init__(self, model: nn.Module, *, heads: bool = True, neurons: bool = True, gram: bool = False,
+                 names: Collection[str] | None = None):
         sites = find_sites(model) if heads else []
         ffns = find_ffns(model) if neurons else []
         self.targets = [(s.name, s.kind, s.o) for s in sites] + [(f.name, f.name.split(".")[0], f.down) for f in ffns]
+        if names is not None:  # only these sites / FFNs (one block's, for the block-by-block stand-ins)
+            self.targets = [t for t in self.targets if t[0] in names]
         if not self.targets:
             raise ConfigError(f"{type(model).__name__}: nothing to score (heads={heads}, neurons={neurons})")
         self.model, self.gram = model, gram
@@ -107,7 +110,11 @@ class StatsCollector:
             s[2] = s[2] + (x * x).sum(0)
             if self.gram:  # one batch's products in float32 (a few thousand terms each), summed over batches in float64
                 x32 = x.to(torch.float32)
-                s[3] = s[3] + (x32.T @ x32).to(torch.float64)
+                product = x32.T @ x32  # [C, C]
+                if isinstance(s[3], torch.Tensor):
+                    s[3].add_(product)  # in place: no second [C, C] float64 copy
+                else:
+                    s[3] = product.to(torch.float64)
         return pre
 
     def finish(self) -> ChannelStats:
@@ -122,7 +129,8 @@ class StatsCollector:
         if bad:
             raise DataError(f"activations of {bad[:3]} are NaN or inf: the model's weights or the batches' values are "
                             "not finite")
-        second = {k: (s[3] / s[0]).cpu() for k, s in sums.items()} if self.gram else None
+        second = {k: s[3].div_(s[0]).cpu() for k, s in sums.items()} if self.gram else None  # in place: no copy
+        self.sums = {}  # the moments own the sums now: finish() once
         return ChannelStats(mean=mean, var=var, tokens={k: int(s[0]) for k, s in sums.items()}, second=second)
 
 
