@@ -404,12 +404,28 @@ def _headline_recovery(rec: dict | None) -> list[str]:
     return out
 
 
+def _headline_scale(scale: dict | None) -> list[str]:
+    if scale is None:
+        return ["Scale: not measured yet (`benchmarks/billion_envelope.py --growth`)."]
+    c = scale["config"]
+    rows = []
+    for name, r in scale["shapes"].items():
+        rows.append(f"{name} ({r['params'] / 1e9:.2f}B): peak {r['peak_rss_bytes'] / 2**30:.2f} GiB = "
+                    f"{r['peak_over_weights']:.2f}x the float32 weights, {r['seconds']:.0f} s (other processes "
+                    f"{r['load']['other_cpu']:.2f} of {r['load']['cores']} cores)")
+    return [f"Scale, the selected configuration with `low_memory=True` at {c['budget_removed']:.0%}, random weights, "
+            f"{c['calib_blocks']} x {c['calib_length']} calibration tokens, {c['omp_threads']} thread "
+            f"(`compress_scale.json`; goal: peak <= {scale['goal_peak_over_weights']}x the weights): "
+            + "; ".join(rows) + f". Time grows as parameters^{scale['alpha']:.2f}."]
+
+
 def block_llm_headline() -> str:
     """docs/peers.md's headline: headprune against the best peer per budget and text, the pruning time against
     FLAP, recovery after pruning, and the run at a 1B shape (each from its committed JSON; "not run" where absent)."""
     out = _headline_quality(bench("llm_peers"), _optional("llm_peers_texts"))
     out += [""] + _headline_time(_optional("prune_time"))
     out += [""] + _headline_recovery(_optional("recovery"))
+    out += [""] + _headline_scale(_optional("compress_scale"))
     return "\n".join(out)
 
 
