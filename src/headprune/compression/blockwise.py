@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from ..core.devices import input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.inputs import model_inputs
-from ..core.sites import find_sites
+from ..core.sites import find_sites, is_conv1d
 from ..errors import ConfigError
 from ..scoring.fluctuation import StatsCollector
 from ..scoring.gradients import scoring_mode
@@ -39,11 +39,13 @@ from .layerwise import Stop, layer_stack
 
 def blockwise_standins(model: nn.Module, batches: Sequence[Mapping[str, torch.Tensor]], standin: Any,
                        drop_heads: Mapping[str, Sequence[int]], drop_neurons: Mapping[str, Sequence[int]],
-                       settings: Any, progress: bool = False) -> tuple[str, dict | None]:
+                       settings: Any, progress: bool = False, *, sequential: bool = False) -> tuple[str, dict | None]:
     """Fold ``standin`` (a compensation of stage ``standin``: ``apply(pruned, model, stats, heads, neurons,
     settings)``) into ``model`` in place for the units to drop ({site: heads}, {ffn: neurons}), from moments
-    gathered one block at a time over ``batches`` (see the module doc). Returns (the stage's note, the bias
-    shifts it added, or None where the stand-in changes more than biases)."""
+    gathered one block at a time over ``batches`` (see the module doc). ``sequential``: each block's moments on
+    the inputs the blocks before it give *after* their fold and cut (their removed columns are zeroed here, what the
+    cut computes), so every fit sees the pruned model's inputs (``linear-seq``). Returns (the stage's note, the
+    bias shifts it added, or None where the stand-in changes more than biases)."""
     targets = _targets(model, drop_heads, drop_neurons)  # name -> output / down projection losing units
     if not targets:
         return "skipped (nothing removed)", {}
@@ -52,18 +54,27 @@ def blockwise_standins(model: nn.Module, batches: Sequence[Mapping[str, torch.Te
         stack = layer_stack(model, batches, [(m, None) for m in targets.values()])
         if stack is not None:
             groups = _by_layer(stack, targets)
+        elif sequential:
+            raise ConfigError(f"compensate={standin.name!r}: {type(model).__name__}'s blocks cannot be replayed one at "
+                              "a time, so stand-ins cannot be fitted on the pruned model's inputs; allowed: "
+                              "compensate='linear'")
         else:
             groups = [[name] for name in reversed(_execution_order(model, batches[0], targets))]
         done = _Folded()
         for names in tqdm(groups, desc="stand-ins", unit="block", disable=not progress):
-            stats = _moments(model, batches, stack, targets, names)
-            done.add(standin.apply(model, model, stats, {k: v for k, v in drop_heads.items() if k in names},
-                                   {k: v for k, v in drop_neurons.items() if k in names}, settings))
+            stats = _moments(model, batches, stack, targets, names, advance=not sequential)
+            heads = {k: v for k, v in drop_heads.items() if k in names}
+            neurons = {k: v for k, v in drop_neurons.items() if k in names}
+            done.add(standin.apply(model, model, stats, heads, neurons, settings))
             del stats
+            if sequential:  # the block as the cut leaves it gives the next block its inputs
+                _zero_removed(model, heads, neurons)
+                stack.advance()
     return done.note, done.shifts
 
 
-def _moments(model: nn.Module, batches: list, stack, targets: Mapping[str, nn.Module], names: list[str]):
+def _moments(model: nn.Module, batches: list, stack, targets: Mapping[str, nn.Module], names: list[str],
+             advance: bool = True):
     """The :class:`~headprune.scoring.fluctuation.ChannelStats` (second moments included) of the projections
     ``names``: from their layer of ``stack``, which then moves past it (its outputs, before any fold, go on), or
     from whole-model forwards cut short after the first of them (``stack`` None)."""
@@ -72,10 +83,35 @@ def _moments(model: nn.Module, batches: list, stack, targets: Mapping[str, nn.Mo
         if stack is not None:
             while stack.index < stack.layer_of(targets[names[0]]):
                 stack.advance()
-            stack.advance(lambda b: collector.batch(batches[b]))
+            if advance:
+                stack.advance(lambda b: collector.batch(batches[b]))
+            else:  # the layer runs on its inputs for the moments; the stack stays at it
+                for b in range(len(batches)):
+                    collector.batch(batches[b])
+                    stack.run(b)
         else:
             _run_upto(model, batches, targets[names[0]], collector)
     return collector.finish()  # the collector's float64 sums go with it
+
+
+def _zero_removed(model: nn.Module, drop_heads: Mapping, drop_neurons: Mapping) -> None:
+    """Zero the input columns of the removed heads' output projections and removed neurons' down projections:
+    what cutting them computes (the cut itself comes later, in the pipeline)."""
+    with torch.no_grad():
+        for site in find_sites(model):
+            for h in drop_heads.get(site.name, ()):
+                _zero_columns(site.o, list(range(int(h) * site.head_dim, (int(h) + 1) * site.head_dim)))
+        if any(list(v) for v in drop_neurons.values()):
+            for ffn in find_ffns(model, skip_moe=True):
+                if list(drop_neurons.get(ffn.name, ())):
+                    _zero_columns(ffn.down, [int(i) for i in drop_neurons[ffn.name]])
+
+
+def _zero_columns(module: nn.Module, columns: list[int]) -> None:
+    if is_conv1d(module):  # [C, d_out]
+        module.weight[columns, :] = 0
+    else:
+        module.weight[:, columns] = 0
 
 
 class _Folded:

@@ -228,8 +228,10 @@ def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.
     shifts = None
     standin: Any = settings.standin  # a stand-in compensation: gram, apply (compensation.check_compensation)
     if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
-        if settings.low_memory and standin.gram:  # one block's second moments at a time
-            done = blockwise_standins(model, calib, standin, drop_h, drop_n, settings, run.progress)
+        sequential = getattr(standin, "sequential", False)  # fitted on the pruned model's inputs, block by block
+        if sequential or (settings.low_memory and standin.gram):  # one block's second moments at a time
+            done = blockwise_standins(pruned if sequential else model, calib, standin, drop_h, drop_n, settings,
+                                      run.progress, sequential=sequential)
         else:
             if stats is None or (standin.gram and stats.second is None):  # before the cut, which keeps biases
                 stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
@@ -284,7 +286,8 @@ def _compensate(run: _Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.
 def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitCosts, loss_fn, progress: bool):
     """(head scores, neuron scores, channel statistics or None) of ``settings.scorer`` for the one-budget search."""
     standin: Any = settings.standin
-    blockwise = settings.low_memory and bool(standin and standin.gram)  # its moments come block by block, later
+    blockwise = bool(standin and standin.gram) and (settings.low_memory or getattr(standin, "sequential", False))
+    # (blockwise: its moments come block by block, later)
     request = ScoreRequest(units=settings.units, loss_fn=loss_fn, seed=settings.seed, costs=costs,
                            stats=standin is not None and not blockwise, gram=bool(standin and standin.gram) and not
                            blockwise, progress=progress)

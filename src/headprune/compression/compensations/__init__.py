@@ -2,10 +2,11 @@
 
 from .bias import Bias
 from .linear import Linear
+from .linear_seq import LinearSequential
 from .rearrange import Rearrange
 from .refit import Reconstruct
 from .tune import Tune
 
-BUILT_IN = (Rearrange(), Tune(), Reconstruct(), Bias(), Linear())
+BUILT_IN = (Rearrange(), Tune(), Reconstruct(), Bias(), Linear(), LinearSequential())
 
-__all__ = ["Bias", "Linear", "Rearrange", "Reconstruct", "Tune", "BUILT_IN"]
+__all__ = ["Bias", "Linear", "LinearSequential", "Rearrange", "Reconstruct", "Tune", "BUILT_IN"]
