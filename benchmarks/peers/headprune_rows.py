@@ -41,6 +41,9 @@ CONFIGURATIONS: dict[str, dict] = {
     # the Fisher's (loss-based) scores with the same stand-ins and damping
     "headprune-fisher+linear": {"units": "both", "price": "params", "scores": "fisher", "compensate": "linear",
                                 "damping": 0.3},
+    # the same, the stand-ins fitted block after block on the pruned model's inputs (compensate="linear-seq")
+    "headprune-fisher+linear-seq": {"units": "both", "price": "params", "scores": "fisher",
+                                    "compensate": "linear-seq", "damping": 0.3},
     # the same metric unstandardised: each unit's expected squared output change, traded by its price
     "headprune-fluctuation-raw+bias": {"units": "both", "price": "params", "scores": "fluctuation-raw",
                                        "compensate": "bias"},
