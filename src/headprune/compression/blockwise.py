@@ -67,7 +67,7 @@ def blockwise_standins(model: nn.Module, batches: Sequence[Mapping[str, torch.Te
             neurons = {k: v for k, v in drop_neurons.items() if k in names}
             done.add(standin.apply(model, model, stats, heads, neurons, settings))
             del stats
-            if sequential:  # the block as the cut leaves it gives the next block its inputs
+            if sequential and stack is not None:  # the block as the cut leaves it gives the next block its inputs
                 _zero_removed(model, heads, neurons)
                 stack.advance()
     return done.note, done.shifts
