@@ -102,9 +102,9 @@ def test_linear_seq_equals_a_numpy_reference_on_the_pruned_models_inputs():
     assert float((other - want).abs().max()) > 1e-3 * scale  # fitted on other inputs than linear's: a real check
 
 
-def test_linear_seq_lowers_the_calibration_loss_where_inputs_drift():
-    """On its own calibration tokens the sequential fit is never meant to be worse at the last block; over the whole
-    model it should not lose to ``linear`` by more than noise on this tiny model."""
+def test_linear_seq_is_not_worse_than_linear_on_the_calibration_loss():
+    """Over the whole model, on its own calibration tokens, the sequential fit does not lose to ``linear`` by more
+    than 5% (a coarse guard against a fit on the wrong inputs; the exact check is the numpy reference above)."""
     torch.manual_seed(0)
     model = build("llama")
     batches = _batches("llama")

@@ -228,8 +228,8 @@ def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.
     shifts = None
     standin: Any = settings.standin  # a stand-in compensation: gram, apply (compensation.check_compensation)
     if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
-        sequential = getattr(standin, "sequential", False)  # fitted on the pruned model's inputs, block by block
-        if sequential or (settings.low_memory and standin.gram):  # one block's second moments at a time
+        if _block_by_block(settings):  # one block's moments at a time
+            sequential = _sequential(standin)  # fitted on the pruned model's inputs: fold into the copy as it goes
             done = blockwise_standins(pruned if sequential else model, calib, standin, drop_h, drop_n, settings,
                                       run.progress, sequential=sequential)
         else:
@@ -243,10 +243,10 @@ def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.
     heads, neurons = {k: v for k, v in drop_h.items() if v}, {k: v for k, v in drop_n.items() if v}
     # low_memory: one site / FFN per cut, so the snapshot that makes a cut atomic holds the old weights of one, not
     # of all (at 1B, all FFNs' old and new weights at once were 2.4 GB beside the model)
-    for part in ([{k: v} for k, v in heads.items()] or [{}]) if settings.low_memory else [heads]:
+    parts = (lambda d: [{k: v} for k, v in d.items()]) if settings.low_memory else (lambda d: [d] if d else [])
+    for part in parts(heads) or [{}]:
         prune_heads(pruned, part, verify=False)  # verified above (or trusted)
-    for i, part in enumerate([{k: v} for k, v in neurons.items()] if settings.low_memory else [neurons] if neurons
-                             else []):
+    for i, part in enumerate(parts(neurons)):
         prune_neurons(pruned, part, verify=run.verify and i == 0)  # its own trial, once
     pruned.eval()
     run.seconds["select+remove"] = time.perf_counter() - t
@@ -286,14 +286,25 @@ def _compensate(run: _Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.
 def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitCosts, loss_fn, progress: bool):
     """(head scores, neuron scores, channel statistics or None) of ``settings.scorer`` for the one-budget search."""
     standin: Any = settings.standin
-    blockwise = bool(standin and standin.gram) and (settings.low_memory or getattr(standin, "sequential", False))
-    # (blockwise: its moments come block by block, later)
+    later = _block_by_block(settings)  # the stand-in's moments come block by block, after the selection
     request = ScoreRequest(units=settings.units, loss_fn=loss_fn, seed=settings.seed, costs=costs,
-                           stats=standin is not None and not blockwise, gram=bool(standin and standin.gram) and not
-                           blockwise, progress=progress)
+                           stats=standin is not None and not later, gram=bool(standin and standin.gram) and not later,
+                           progress=progress)
     with checkpointed_blocks(model) if settings.low_memory else nullcontext():  # one input per block kept
         found = settings.scorer.score(model, calib, request)
     return found.heads, found.neurons, found.stats
+
+
+def _sequential(standin: Any) -> bool:
+    """Whether a stand-in compensation is fitted on the pruned model's inputs, block after block (``linear-seq``)."""
+    return bool(getattr(standin, "sequential", False))
+
+
+def _block_by_block(settings: PruneSettings) -> bool:
+    """Whether the stand-in's moments are gathered one block at a time (:mod:`.blockwise`) rather than in the
+    scoring pass: a sequential stand-in, or second moments under ``low_memory``."""
+    standin: Any = settings.standin
+    return standin is not None and (_sequential(standin) or (settings.low_memory and bool(standin.gram)))
 
 
 def _split(batches: list, val_batches, settings: PruneSettings) -> tuple[list, list]:
