@@ -35,20 +35,24 @@ from ..errors import ConfigError
 from ..scoring.fluctuation import StatsCollector
 from ..scoring.gradients import scoring_mode
 from .layerwise import Stop, layer_stack
+from .reselect import reselect
 
 
 def blockwise_standins(model: nn.Module, batches: Sequence[Mapping[str, torch.Tensor]], standin: Any,
                        drop_heads: Mapping[str, Sequence[int]], drop_neurons: Mapping[str, Sequence[int]],
-                       settings: Any, progress: bool = False, *, sequential: bool = False) -> tuple[str, dict | None]:
+                       settings: Any, progress: bool = False, *,
+                       sequential: bool = False) -> tuple[str, dict | None, tuple[dict, dict]]:
     """Fold ``standin`` (a compensation of stage ``standin``: ``apply(pruned, model, stats, heads, neurons,
     settings)``) into ``model`` in place for the units to drop ({site: heads}, {ffn: neurons}), from moments
     gathered one block at a time over ``batches`` (see the module doc). ``sequential``: each block's moments on
     the inputs the blocks before it give *after* their fold and cut (their removed columns are zeroed here, what the
-    cut computes), so every fit sees the pruned model's inputs (``linear-seq``). Returns (the stage's note, the
-    bias shifts it added, or None where the stand-in changes more than biases)."""
+    cut computes), so every fit sees the pruned model's inputs (``linear-seq``); a stand-in with ``reselect`` then
+    re-chooses which units of each site / FFN go first (:mod:`.reselect`, ``obs-seq``). Returns (the stage's note,
+    the bias shifts it added or None where the stand-in changes more than biases, ({site: heads}, {ffn: neurons})
+    dropped: ``drop_heads`` / ``drop_neurons`` unless re-chosen)."""
     targets = _targets(model, drop_heads, drop_neurons)  # name -> output / down projection losing units
     if not targets:
-        return "skipped (nothing removed)", {}
+        return "skipped (nothing removed)", {}, (dict(drop_heads), dict(drop_neurons))
     batches = [to_device(b, input_device(model)) for b in batches]
     with scoring_mode(model), torch.no_grad():
         stack = layer_stack(model, batches, [(m, None) for m in targets.values()])
@@ -61,16 +65,22 @@ def blockwise_standins(model: nn.Module, batches: Sequence[Mapping[str, torch.Te
         else:
             groups = [[name] for name in reversed(_execution_order(model, batches[0], targets))]
         done = _Folded()
+        chosen: tuple[dict, dict] = ({k: list(v) for k, v in drop_heads.items()},
+                                     {k: list(v) for k, v in drop_neurons.items()})
         for names in tqdm(groups, desc="stand-ins", unit="block", disable=not progress):
             stats = _moments(model, batches, stack, targets, names, advance=not sequential)
-            heads = {k: v for k, v in drop_heads.items() if k in names}
-            neurons = {k: v for k, v in drop_neurons.items() if k in names}
+            heads = {k: list(v) for k, v in drop_heads.items() if k in names}
+            neurons = {k: list(v) for k, v in drop_neurons.items() if k in names}
+            if sequential and getattr(standin, "reselect", False):  # which units go, on the pruned model's inputs
+                heads, neurons = reselect(model, stats, heads, neurons, settings.damping)
+                chosen[0].update(heads)
+                chosen[1].update(neurons)
             done.add(standin.apply(model, model, stats, heads, neurons, settings))
             del stats
             if sequential and stack is not None:  # the block as the cut leaves it gives the next block its inputs
                 _zero_removed(model, heads, neurons)
                 stack.advance()
-    return done.note, done.shifts
+    return done.note, done.shifts, chosen
 
 
 def _moments(model: nn.Module, batches: list, stack, targets: Mapping[str, nn.Module], names: list[str],

@@ -157,7 +157,7 @@ def compress_pool(
     seconds["score"] = time.perf_counter() - start
     drop_h, drop_n, selection = _select(model, settings, costs, head_scores, neuron_scores)
     run = _Run(model, settings, loss_fn, verify, progress, seconds=seconds)
-    pruned, shifts = _cut(run, calib, stats, drop_h, drop_n)
+    pruned, shifts, drop_h, drop_n = _cut(run, calib, stats, drop_h, drop_n)
     pruned, rows, distilled = _compensate(run, pruned, fit, val)
     seconds["total"] = time.perf_counter() - start
     after = sizes(pruned, settings)
@@ -220,8 +220,9 @@ def _select(model: nn.Module, settings: PruneSettings, costs: UnitCosts, head_sc
                         gqa=settings.gqa, min_per_site=settings.min_per_site)
 
 
-def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.Module, dict | None]:
-    """(a pruned copy of the model, the bias shifts of the stand-in or None): the stand-in, then the cut."""
+def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.Module, dict | None, dict, dict]:
+    """(a pruned copy of the model, the bias shifts of the stand-in or None, the heads and neurons dropped): the
+    stand-in (which may re-choose the units within each site / FFN: ``obs-seq``), then the cut."""
     t = time.perf_counter()
     model, settings = run.model, run.settings
     pruned = model if settings.low_memory else copy.deepcopy(model)  # low_memory: no stage after reads the original
@@ -230,8 +231,10 @@ def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.
     if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
         if _block_by_block(settings):  # one block's moments at a time
             sequential = _sequential(standin)  # fitted on the pruned model's inputs: fold into the copy as it goes
-            done = blockwise_standins(pruned if sequential else model, calib, standin, drop_h, drop_n, settings,
-                                      run.progress, sequential=sequential)
+            note, added, (drop_h, drop_n) = blockwise_standins(pruned if sequential else model, calib, standin,
+                                                               drop_h, drop_n, settings, run.progress,
+                                                               sequential=sequential)
+            done = (note, added)
         else:
             if stats is None or (standin.gram and stats.second is None):  # before the cut, which keeps biases
                 stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
@@ -251,7 +254,7 @@ def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.
     pruned.eval()
     run.seconds["select+remove"] = time.perf_counter() - t
     run.stages["remove"] = "kept"
-    return pruned, shifts
+    return pruned, shifts, drop_h, drop_n
 
 
 def _compensate(run: _Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.Module, list, dict]:
