@@ -47,7 +47,7 @@ COMMANDS = {
                  "--min-per-site", "--seq-len", "--tgt-len", "--damping", "--max-scale", "--target", "--no-guard",
                  "--val-share", "--bench-batch", "--bench-repeats", "--no-bench", "--seed", "--val-data", "--val-data2",
                  "--val-split", "--val-limit", "--fit-limit", "--distill-epochs", "--distill-lr", "--output", "--quiet",
-                 "--progress", "--no-verify", "--config", "--multiple-of", "--low-memory"],
+                 "--progress", "--no-verify", "--config", "--multiple-of", "--low-memory", "--steps"],
     "cross-domain": [*TASK, *SWEEP, "--data-b", "--data2-b", "--split-b", "--names", "--output", "--fresh", "--quiet",
                      "--progress"],
     "curve": [*TASK, "--calib-data", "--calib-data2", "--calib-split", "--calib-limit", "--gqa", "--kind",

@@ -48,7 +48,7 @@ SETTING_FLAGS = {"share": "--share", "n_keep": "--n-keep", "price": "--price", "
                  "min_per_site": "--min-per-site", "seq_len": "--seq-len", "tgt_len": "--tgt-len",
                  "damping": "--damping", "distill_epochs": "--distill-epochs", "distill_lr": "--distill-lr",
                  "seed": "--seed", "guard": "--no-guard", "multiple_of": "--multiple-of",
-                 "low_memory": "--low-memory"}
+                 "low_memory": "--low-memory", "steps": "--steps"}
 
 
 def _option(default, flag: str, text: str):
@@ -111,6 +111,9 @@ class PruneFlags(Flags):
                                "--price params; compensate none, bias or linear): score with activation "
                                "checkpointing, solve linear stand-ins one block at a time, cut the loaded model in "
                                "place (no copy; needs --no-bench: no unpruned model is left to time).")
+    steps: int = _option(1, "--steps", "Rounds of score, select, stand-in and cut, each taking an equal part of "
+                         "the budget from the model the round before left, so later scores see what is gone (the "
+                         "budget over heads and neurons; about N times the time; default 1).")
     config: Path = _option(None, "--config", "The settings from a TOML file instead of these flags: a [settings] "
                            "table of PruneSettings fields, as every compress run writes to compress.toml (rerun a "
                            "run with --config RUN/compress.toml; default: none, the flags).")

@@ -41,7 +41,7 @@ import math
 import time
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -130,6 +130,9 @@ def compress_pool(
                           "a params / latency price, fluctuation scores, reconstruct / bias / linear, distillation)")
     if settings.price == "latency" and prices is None:
         raise ConfigError("price='latency' needs prices= (a latency table measured on the target machine)")
+    if prices is not None and settings.steps > 1:
+        raise ConfigError(f"prices= with steps={settings.steps}: the table prices the units of the model passed, not "
+                          "of the smaller ones later rounds score; allowed: steps=1")
     batches = list(calib_batches)
     if not batches:
         raise ConfigError("calib_batches: empty; compression needs calibration examples")
@@ -153,17 +156,14 @@ def compress_pool(
     before = sizes(model, settings)
     costs = prices if prices is not None else unit_costs(model, settings.price, seq_len=settings.seq_len,
                                                           tgt_len=settings.tgt_len)
-    head_scores, neuron_scores, stats = _scores(model, calib, settings, costs, loss_fn, progress)
-    seconds["score"] = time.perf_counter() - start
-    drop_h, drop_n, selection = _select(model, settings, costs, head_scores, neuron_scores)
     run = _Run(model, settings, loss_fn, verify, progress, seconds=seconds)
-    pruned, shifts, drop_h, drop_n = _cut(run, calib, stats, drop_h, drop_n)
+    pruned, shifts, drop_h, drop_n, selection = _rounds(run, calib, costs)
     pruned, rows, distilled = _compensate(run, pruned, fit, val)
     seconds["total"] = time.perf_counter() - start
     after = sizes(pruned, settings)
     stages = run.stages
-    unreplayable = run.unreplayable + [k for k in (*(r.name for r in settings.refits), "distill")
-                                       if stages.get(k, "").startswith("kept")]
+    unreplayable = list(dict.fromkeys(run.unreplayable)) + [
+        k for k in (*(r.name for r in settings.refits), "distill") if stages.get(k, "").startswith("kept")]
     plan = Plan(dropped_heads=drop_h, dropped_neurons=drop_n, biases=floats(shifts),
                 sizes={"before": before, "after": after}, not_replayable=unreplayable)
     return UnitResult(model=pruned, plan=plan, settings=settings.to_dict(), dropped_heads=drop_h,
@@ -206,6 +206,45 @@ class _Run:
         return current, current_key, f"rejected (validation loss {new:.4f} > {old:.4f} without it)"
 
 
+def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict | None, dict, dict, dict]:
+    """(the pruned model, the stand-ins' bias shifts or None, heads dropped, neurons dropped, the selection's
+    record) after ``settings.steps`` rounds of score, select, stand-in and cut. Round ``i`` of ``k`` brings the
+    pool's price down to ``1 - i/k`` of the way to the budget, scored on the model the rounds before left (each
+    round's scores see the units already gone and the stand-ins already folded); the units dropped are given as
+    indices of the model passed."""
+    settings, model = run.settings, run.model
+    current, shifts, records = model, {}, []
+    total, kept_share = costs.total(), settings.share
+    for i in range(1, settings.steps + 1):
+        t = time.perf_counter()
+        if i > 1:
+            costs = unit_costs(current, settings.price, seq_len=settings.seq_len, tgt_len=settings.tgt_len)
+        now = settings if settings.steps == 1 else replace(
+            settings, share=min(1.0, total * (1 - (1 - kept_share) * i / settings.steps) / costs.total()))
+        head_scores, neuron_scores, stats = _scores(current, calib, now, costs, run.loss_fn, run.progress)
+        run.seconds["score"] = run.seconds.get("score", 0.0) + time.perf_counter() - t
+        drop_h, drop_n, selection = _select(current, now, costs, head_scores, neuron_scores)
+        current, added, drop_h, drop_n = _cut(run, current, calib, stats, drop_h, drop_n, inplace=i > 1)
+        shifts = None if added is None or shifts is None else _add_shifts(shifts, added)
+        records.append(selection)
+    if settings.steps == 1:
+        return current, shifts, drop_h, drop_n, records[0]
+    return (current, shifts, _dropped(kept_heads(model), kept_heads(current)),
+            _dropped(kept_neurons(model), kept_neurons(current)) if find_ffns(current, skip_moe=True) else {},
+            {"steps": records})
+
+
+def _add_shifts(total: dict, added: dict) -> dict:
+    """{name: bias shift} summed over rounds (a projection's output width does not change)."""
+    return {**total, **{k: total[k] + v if k in total else v for k, v in added.items()}}
+
+
+def _dropped(before: Mapping[str, list[int]], after: Mapping[str, list[int]]) -> dict[str, list[int]]:
+    """{name: positions in ``before`` (original indices kept then) of the units no longer kept ``after``}."""
+    return {name: [j for j, unit in enumerate(kept) if unit not in set(after.get(name, ()))]
+            for name, kept in before.items()}
+
+
 def _select(model: nn.Module, settings: PruneSettings, costs: UnitCosts, head_scores: dict, neuron_scores: dict):
     """(heads dropped, neurons dropped, the selection's record): the one budget over heads and neurons, in whole
     blocks of ``multiple_of`` where that is set (:mod:`headprune.selection.aligned`)."""
@@ -220,12 +259,14 @@ def _select(model: nn.Module, settings: PruneSettings, costs: UnitCosts, head_sc
                         gqa=settings.gqa, min_per_site=settings.min_per_site)
 
 
-def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.Module, dict | None, dict, dict]:
-    """(a pruned copy of the model, the bias shifts of the stand-in or None, the heads and neurons dropped): the
-    stand-in (which may re-choose the units within each site / FFN: ``obs-seq``), then the cut."""
+def _cut(run: _Run, model: nn.Module, calib: list, stats, drop_h: dict, drop_n: dict,
+         inplace: bool = False) -> tuple[nn.Module, dict | None, dict, dict]:
+    """(a pruned copy of ``model`` (``inplace``: ``model``), the bias shifts of the stand-in or None, the heads and
+    neurons dropped): the stand-in (which may re-choose the units within each site / FFN: ``obs-seq``), the cut."""
     t = time.perf_counter()
-    model, settings = run.model, run.settings
-    pruned = model if settings.low_memory else copy.deepcopy(model)  # low_memory: no stage after reads the original
+    settings = run.settings
+    # low_memory: no stage after reads the original; a later round: ``model`` is the rounds' own copy
+    pruned = model if settings.low_memory or inplace else copy.deepcopy(model)
     shifts = None
     standin: Any = settings.standin  # a stand-in compensation: gram, apply (compensation.check_compensation)
     if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
@@ -252,7 +293,7 @@ def _cut(run: _Run, calib: list, stats, drop_h: dict, drop_n: dict) -> tuple[nn.
     for i, part in enumerate(parts(neurons)):
         prune_neurons(pruned, part, verify=run.verify and i == 0)  # its own trial, once
     pruned.eval()
-    run.seconds["select+remove"] = time.perf_counter() - t
+    run.seconds["select+remove"] = run.seconds.get("select+remove", 0.0) + time.perf_counter() - t
     run.stages["remove"] = "kept"
     return pruned, shifts, drop_h, drop_n
 

@@ -82,6 +82,8 @@ class PruneSettings:
     # activation checkpointing, solve linear stand-ins one block at a time (headprune.compression.blockwise) and cut
     # the model passed *in place* (no copy; it is the returned model). Refused with refits or distillation (they
     # read the unpruned model)
+    steps: int = 1  # the budget over heads and neurons: rounds of score, select, stand-in and cut, each taking an
+    # equal part of the budget from the model the round before left (its scores see what is already gone)
 
     def __post_init__(self):
         check_choice("units", self.units, UNITS)
@@ -94,7 +96,7 @@ class PruneSettings:
         self._compensations = get_compensations(self.compensate)
         check_choice("gqa", self.gqa, GQA_MODES)
         self._check_budget()
-        for name in ("min_per_site", "seq_len", "distill_epochs", "seed", "multiple_of"):
+        for name in ("min_per_site", "seq_len", "distill_epochs", "seed", "multiple_of", "steps"):
             check_int(name, getattr(self, name), 0 if name in ("min_per_site", "distill_epochs", "seed") else 1)
         check_int("tgt_len", self.tgt_len, 1, optional=True)
         check_number("damping", self.damping, low=0)
@@ -135,6 +137,9 @@ class PruneSettings:
                               "distillation read the unpruned one; allowed: the budget over heads and neurons "
                               "(units neurons | both, or price params) with compensate none | bias | linear and "
                               "distill_epochs=0")
+        if self.head_plan and self.steps > 1:
+            raise ConfigError(f"steps={self.steps} with the head plan; allowed: steps=1, or the budget over heads and "
+                              "neurons (units neurons | both, or price params)")
         if self.head_plan:
             if self.same_per_site and (self.gqa == "free" or (self.n_keep is None and self.price != "count")):
                 raise ConfigError(f"same_per_site=True with gqa={self.gqa!r}, price={self.price!r}; allowed: gqa "
