@@ -94,7 +94,7 @@ CHANGED_AFTER_RESULTS = [
     "row was seen ahead of headprune-fisher+linear; run at 50% first; which configuration is judged is still chosen "
     "on the held-out blocks.",
     "headprune-fisher+obs-seq (the units within each site and FFN re-chosen by their OBS error on the pruned "
-    "model's inputs) and headprune-fisher+obs-seq-2steps (the same in two rounds) were added after SlimGPT's 50% "
+    "model's inputs) and headprune-fisher+obs-seq-2steps / -3steps (the same in two / three rounds) were added after SlimGPT's 50% "
     "row was seen ahead of headprune-fisher+linear-seq; both were first tried at 50% on the held-out calibration "
     "blocks only (with a Fisher score weighted by each unit's unexplained variance, 126.1, not kept); which "
     "configuration is judged is still chosen on the held-out blocks.",

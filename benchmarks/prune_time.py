@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llm_peers  # noqa: E402
 from peers.flap import flap_plan  # noqa: E402
-from peers.headprune_rows import headprune_row  # noqa: E402
+from peers.headprune_rows import CONFIGURATIONS, headprune_row  # noqa: E402
 from peers.plan import apply_plan  # noqa: E402
 from peers.results_io import save, write_section  # noqa: E402
 
@@ -42,7 +42,7 @@ from headprune.provenance import versions  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "benchmarks" / "results" / "prune_time.json"
 BEGIN, END = "<!-- prune_time.json: begin -->", "<!-- prune_time.json: end -->"
-SELECTED = "headprune-fisher+linear"  # the configuration llm_peers.json selects at every budget (held-out blocks)
+SELECTED = "selected"  # per budget, the configuration llm_peers.json selects there (held-out blocks)
 GOAL = 3.0  # headprune's pruning time at most GOAL x FLAP's
 
 
@@ -51,7 +51,8 @@ def parse(argv=None):
     p.add_argument("--budgets", default="0.1,0.2,0.3,0.5", help="Shares of non-embedding parameters removed.")
     p.add_argument("--rounds", type=int, default=2, help="Alternating rounds per budget (each prunes with both).")
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--config", default=SELECTED, help="headprune's configuration (benchmarks/peers/headprune_rows.py).")
+    p.add_argument("--config", default=SELECTED, help="headprune's configuration (benchmarks/peers/headprune_rows.py), "
+                   "or 'selected': at each budget the one benchmarks/results/llm_peers.json selects there.")
     p.add_argument("--quick", action="store_true", help="The tiny random GQA Llama of llm_peers --quick.")
     p.add_argument("--output", type=Path, default=None)
     p.add_argument("--write-docs", type=Path, default=None, help="Write the table from the JSON into this page, exit.")
@@ -99,10 +100,11 @@ def main(argv=None) -> dict | None:
     protocol = ProtocolSettings(min_rounds=args.rounds, max_rounds=args.rounds, budget_s=0.0, warmup=0,
                                 threads=args.threads)
     for budget in budgets:
-        print(f"budget {budget:.0%}: FLAP and {args.config}, {args.rounds} alternating round(s)", flush=True)
-        timed = paired_rounds(_workloads(model, batches, budget, args.config), "headprune", protocol)
+        config = configuration(args.config, budget, args.quick)
+        print(f"budget {budget:.0%}: FLAP and {config}, {args.rounds} alternating round(s)", flush=True)
+        timed = paired_rounds(_workloads(model, batches, budget, config), "headprune", protocol)
         ratio = timed["ratios"]["flap"]  # headprune's seconds / FLAP's, per round
-        out["budgets"][str(budget)] = {"seconds": timed["seconds"], "median_s": timed["median_s"],
+        out["budgets"][str(budget)] = {"config": config, "seconds": timed["seconds"], "median_s": timed["median_s"],
                                        "headprune_over_flap": ratio, "within_goal": ratio["high"] <= GOAL,
                                        "load": timed["load"], "reliable": timed["reliable"], "reason": timed["reason"]}
         print(f"  FLAP {timed['median_s']['flap']:.1f} s, headprune {timed['median_s']['headprune']:.1f} s, "
@@ -113,15 +115,31 @@ def main(argv=None) -> dict | None:
     return out
 
 
+def configuration(name: str, budget: float, quick: bool) -> str:
+    """``name``, or for ``selected`` the configuration ``llm_peers.json`` selects at ``budget`` (the quick run:
+    ``headprune-fisher+linear``, which its tiny model has no selection for)."""
+    if name != SELECTED:
+        if name not in CONFIGURATIONS:
+            raise SystemExit(f"--config {name!r}; allowed: {SELECTED}, {', '.join(CONFIGURATIONS)}")
+        return name
+    if quick:
+        return "headprune-fisher+linear"
+    selected = json.loads(llm_peers.OUTPUT.read_text()).get("selected", {})
+    if str(budget) not in selected:
+        raise SystemExit(f"--budgets {budget}: {llm_peers.OUTPUT.name} selects no configuration there; allowed: "
+                         f"{', '.join(selected)} or --config NAME")
+    return selected[str(budget)]
+
+
 def table(data: dict) -> str:
     """The docs table: per budget FLAP's and headprune's median seconds, the ratio with its interval."""
     s = data["settings"]
-    lines = [f"Pruning time, {s['config']} against FLAP, {s['rounds']} alternating round(s) per budget, "
+    lines = [f"Pruning time, {s['config']} configuration against FLAP, {s['rounds']} alternating round(s) per budget, "
              f"{s['threads']} thread(s), machine: {data['machine'].get('processor', '?')} "
              f"({data['machine'].get('cpu_count', '?')} cores); `{data['command']}`.", "",
-             "| budget | FLAP s | headprune s | headprune / FLAP [interval] | within 3x | other processes' CPU (cores) "
-             "| load average before / after |",
-             "|---|---|---|---|---|---|---|"]
+             "| budget | configuration | FLAP s | headprune s | headprune / FLAP [interval] | within 3x | other "
+             "processes' CPU (cores) | load average before / after |",
+             "|---|---|---|---|---|---|---|---|"]
     for budget, row in data["budgets"].items():
         r, load = row["headprune_over_flap"], row["load"]
         if row["reliable"]:
@@ -130,7 +148,7 @@ def table(data: dict) -> str:
         else:
             cells = ("not measured reliably",) * 3 + (f"({row['reason']})",)
         other = load.get("other_cpu")
-        lines.append(f"| {float(budget):.0%} | " + " | ".join(cells) + f" | {'-' if other is None else f'{other:.2f}'} "
+        lines.append(f"| {float(budget):.0%} | {row.get('config', s['config'])} | " + " | ".join(cells) + f" | {'-' if other is None else f'{other:.2f}'} "
                      f"| {load['before']:.2f} / {load['after']:.2f} |")
     return "\n".join(lines)
 

@@ -382,14 +382,15 @@ def _headline_time(times: dict | None, selected: dict) -> list[str]:
     configuration (``selected``: budget -> configuration) is another one, whose time was not measured so."""
     if times is None:
         return ["Pruning time against FLAP: not measured yet (`benchmarks/prune_time.py`)."]
-    config = times["settings"]["config"]
+    timed = {b: row.get("config", times["settings"]["config"]) for b, row in times["budgets"].items()}
     cells = []
     for budget, b in sorted(times["budgets"].items(), key=lambda kv: float(kv[0])):
         r = b["headprune_over_flap"]
-        cells.append(f"{float(budget):.0%} x{r['median']:.2f} [{r['low']:.2f}, {r['high']:.2f}]"
+        cells.append(f"{float(budget):.0%} {timed[budget]} x{r['median']:.2f} [{r['low']:.2f}, {r['high']:.2f}]"
                      + ("" if b["reliable"] else " (not reliable: load)"))
-    other = [f"{float(b):.0%} ({m})" for b, m in sorted(selected.items(), key=lambda kv: float(kv[0])) if m != config]
-    return [f"Pruning time, {config} / FLAP, alternating rounds of one invocation (`prune_time.json`): "
+    other = [f"{float(b):.0%} ({m})" for b, m in sorted(selected.items(), key=lambda kv: float(kv[0]))
+             if m != timed.get(b)]
+    return ["Pruning time / FLAP, alternating rounds of one invocation (`prune_time.json`): "
             f"{'; '.join(cells)}." + (f" Selected at {', '.join(other)} instead: not timed side by side with FLAP "
                                       "(its row's pruning seconds are in the results table)." if other else "")]
 

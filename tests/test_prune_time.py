@@ -33,7 +33,7 @@ def test_the_ratio_is_headprune_seconds_over_flap_seconds_per_round(quick):
     assert row["headprune_over_flap"]["median"] == pytest.approx(statistics.median(per_round), rel=1e-12)
     assert row["within_goal"] == (row["headprune_over_flap"]["high"] <= 3.0)
     assert set(row["load"]) >= {"before", "after", "cores", "reliable"}
-    assert quick["settings"]["config"] == "headprune-fisher+linear"
+    assert quick["settings"]["config"] == "selected" and row["config"] == "headprune-fisher+linear"
 
 
 def test_unreliable_budgets_are_not_quoted(quick):
