@@ -335,7 +335,7 @@ CORE_LAYERS = (
     ("records", {"records", "devices", "calls", "inputs", "gguf", "quiet"}),
     ("model", {"runtime", "layouts", "sites", "ffn", "kept", "cost", "unit_cost", "kvcache"}),
     ("masks", {"masking", "folding"}),
-    ("surgery", {"snapshot", "surgery", "neurons", "biases", "standins"}),
+    ("surgery", {"snapshot", "surgery", "neurons", "biases", "standins", "obs"}),
     ("io", {"loading", "checkpoint", "stock", "saving"}),
     ("verify", {"trial", "verify"}),
     ("public", {"prune", "io"}),
