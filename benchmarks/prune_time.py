@@ -54,6 +54,8 @@ def parse(argv=None):
     p.add_argument("--config", default=SELECTED, help="headprune's configuration (benchmarks/peers/headprune_rows.py), "
                    "or 'selected': at each budget the one benchmarks/results/llm_peers.json selects there.")
     p.add_argument("--quick", action="store_true", help="The tiny random GQA Llama of llm_peers --quick.")
+    p.add_argument("--update", action="store_true", help="Keep the budgets of --output not measured now (same "
+                   "model and calibration); each budget records the command that measured it.")
     p.add_argument("--output", type=Path, default=None)
     p.add_argument("--write-docs", type=Path, default=None, help="Write the table from the JSON into this page, exit.")
     return p.parse_args(argv)
@@ -96,7 +98,7 @@ def main(argv=None) -> dict | None:
            "settings": {**described, "calib_block": block, "calib_blocks": blocks, "config": args.config,
                         "rounds": args.rounds, "threads": args.threads, "goal": f"headprune <= {GOAL} x FLAP",
                         "workload": "scores + selection + compensation + surgery on a copy", "seed": 0},
-           "budgets": {}}
+           "budgets": _kept_budgets(output, described) if args.update else {}}
     protocol = ProtocolSettings(min_rounds=args.rounds, max_rounds=args.rounds, budget_s=0.0, warmup=0,
                                 threads=args.threads)
     for budget in budgets:
@@ -104,7 +106,8 @@ def main(argv=None) -> dict | None:
         print(f"budget {budget:.0%}: FLAP and {config}, {args.rounds} alternating round(s)", flush=True)
         timed = paired_rounds(_workloads(model, batches, budget, config), "headprune", protocol)
         ratio = timed["ratios"]["flap"]  # headprune's seconds / FLAP's, per round
-        out["budgets"][str(budget)] = {"config": config, "seconds": timed["seconds"], "median_s": timed["median_s"],
+        out["budgets"][str(budget)] = {"config": config, "command": out["command"], "rounds": args.rounds,
+                                       "seconds": timed["seconds"], "median_s": timed["median_s"],
                                        "headprune_over_flap": ratio, "within_goal": ratio["high"] <= GOAL,
                                        "load": timed["load"], "reliable": timed["reliable"], "reason": timed["reason"]}
         print(f"  FLAP {timed['median_s']['flap']:.1f} s, headprune {timed['median_s']['headprune']:.1f} s, "
@@ -113,6 +116,18 @@ def main(argv=None) -> dict | None:
         save(output, out)
     print(f"wrote {output}")
     return out
+
+
+def _kept_budgets(output: Path, described: dict) -> dict:
+    """The budgets already in ``output`` (``--update``), each with the command that measured it; refused where the
+    file's model or calibration differ."""
+    if not output.exists():
+        return {}
+    old = json.loads(output.read_text())
+    if any(old["settings"].get(k) != v for k, v in described.items()):
+        raise SystemExit(f"--update: {output} was measured on another model or calibration; allowed: a file of the "
+                         "same settings, or no --update")
+    return {b: {"command": old["command"], **row} for b, row in old["budgets"].items()}
 
 
 def configuration(name: str, budget: float, quick: bool) -> str:
@@ -136,7 +151,9 @@ def table(data: dict) -> str:
     s = data["settings"]
     lines = [f"Pruning time, {s['config']} configuration against FLAP, {s['rounds']} alternating round(s) per budget, "
              f"{s['threads']} thread(s), machine: {data['machine'].get('processor', '?')} "
-             f"({data['machine'].get('cpu_count', '?')} cores); `{data['command']}`.", "",
+             f"({data['machine'].get('cpu_count', '?')} cores); "
+             + "; ".join(f"`{c}`" for c in dict.fromkeys(r.get("command", data["command"]) for r in data["budgets"].values()))
+             + ".", "",
              "| budget | configuration | FLAP s | headprune s | headprune / FLAP [interval] | within 3x | other "
              "processes' CPU (cores) | load average before / after |",
              "|---|---|---|---|---|---|---|---|"]

@@ -58,3 +58,14 @@ def test_the_docs_table_is_the_committed_json():
     section = (ROOT / "docs" / "peers.md").read_text().split(mod.BEGIN, 1)[1].split(mod.END, 1)[0].strip()
     assert section == mod.table(data), "run: python benchmarks/prune_time.py --write-docs docs/peers.md"
     assert set(data["budgets"]) == {"0.1", "0.2", "0.3", "0.5"}
+
+
+def test_update_keeps_the_other_budgets_with_their_command(quick, tmp_path):
+    out = tmp_path / "prune_time.json"
+    out.write_text(json.dumps(quick))
+    _module().main(["--quick", "--budgets", "0.2", "--rounds", "1", "--update", "--output", str(out)])
+    data = json.loads(out.read_text())
+    assert set(data["budgets"]) == {"0.2", "0.3"}
+    assert data["budgets"]["0.3"]["seconds"] == quick["budgets"]["0.3"]["seconds"]
+    assert data["budgets"]["0.3"]["command"] == quick["command"] != data["budgets"]["0.2"]["command"]
+    assert "--update" in data["budgets"]["0.2"]["command"] and data["budgets"]["0.2"]["rounds"] == 1
