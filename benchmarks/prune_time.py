@@ -127,7 +127,8 @@ def _kept_budgets(output: Path, described: dict) -> dict:
     if any(old["settings"].get(k) != v for k, v in described.items()):
         raise SystemExit(f"--update: {output} was measured on another model or calibration; allowed: a file of the "
                          "same settings, or no --update")
-    return {b: {"command": old["command"], **row} for b, row in old["budgets"].items()}
+    return {b: {"command": old["command"], "config": old["settings"]["config"], "rounds": old["settings"]["rounds"],
+                **row} for b, row in old["budgets"].items()}
 
 
 def configuration(name: str, budget: float, quick: bool) -> str:
@@ -149,14 +150,14 @@ def configuration(name: str, budget: float, quick: bool) -> str:
 def table(data: dict) -> str:
     """The docs table: per budget FLAP's and headprune's median seconds, the ratio with its interval."""
     s = data["settings"]
-    lines = [f"Pruning time, {s['config']} configuration against FLAP, {s['rounds']} alternating round(s) per budget, "
+    lines = [f"Pruning time, {s['config']} configuration against FLAP, alternating rounds, "
              f"{s['threads']} thread(s), machine: {data['machine'].get('processor', '?')} "
              f"({data['machine'].get('cpu_count', '?')} cores); "
              + "; ".join(f"`{c}`" for c in dict.fromkeys(r.get("command", data["command"]) for r in data["budgets"].values()))
              + ".", "",
-             "| budget | configuration | FLAP s | headprune s | headprune / FLAP [interval] | within 3x | other "
+             "| budget | configuration | rounds | FLAP s | headprune s | headprune / FLAP [interval] | within 3x | other "
              "processes' CPU (cores) | load average before / after |",
-             "|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|"]
     for budget, row in data["budgets"].items():
         r, load = row["headprune_over_flap"], row["load"]
         if row["reliable"]:
@@ -165,7 +166,8 @@ def table(data: dict) -> str:
         else:
             cells = ("not measured reliably",) * 3 + (f"({row['reason']})",)
         other = load.get("other_cpu")
-        lines.append(f"| {float(budget):.0%} | {row.get('config', s['config'])} | " + " | ".join(cells) + f" | {'-' if other is None else f'{other:.2f}'} "
+        lines.append(f"| {float(budget):.0%} | {row.get('config', s['config'])} | {row.get('rounds', s['rounds'])} | "
+                     + " | ".join(cells) + f" | {'-' if other is None else f'{other:.2f}'} "
                      f"| {load['before']:.2f} / {load['after']:.2f} |")
     return "\n".join(lines)
 
