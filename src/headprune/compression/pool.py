@@ -152,7 +152,7 @@ def compress_pool(
     if verify:
         verify_surgery(model)
     start = time.perf_counter()
-    seconds = {}
+    seconds: dict[str, float] = {}
     before = sizes(model, settings)
     costs = prices if prices is not None else unit_costs(model, settings.price, seq_len=settings.seq_len,
                                                           tgt_len=settings.tgt_len)
@@ -213,8 +213,9 @@ def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict |
     round's scores see the units already gone and the stand-ins already folded); the units dropped are given as
     indices of the model passed."""
     settings, model = run.settings, run.model
-    current, shifts, records = model, {}, []
-    total, kept_share = costs.total(), settings.share
+    current, records = model, []
+    shifts: dict | None = {}
+    total, kept_share = costs.total(), 1.0 if settings.share is None else settings.share  # None: refused by _select
     for i in range(1, settings.steps + 1):
         t = time.perf_counter()
         if i > 1:
