@@ -81,7 +81,8 @@ def _next_units(w: torch.Tensor, hinv: torch.Tensor, left: dict, width: int) -> 
     assert best is not None
     _, i, step = best
     units, count = left[i]
-    left[i] = ([u for u in units if u not in step], count - len(step))
+    gone = set(step)
+    left[i] = ([u for u in units if u not in gone], count - len(step))
     return step
 
 
