@@ -15,6 +15,13 @@ of 1 x 2048 and 16 x 512 tokens (the last position's logits, as generation needs
 Table 4: a BERT-base shape (12 x 12 heads), 50% of the heads removed at random (uneven, as importance
 pruning is), examples/s at batch 1/4/16/64 and 128 tokens.
 
+Before the speed rows, the pruning itself (issue 34): headprune's selected LLM configuration at 20% and 50%
+(``benchmarks/results/llm_peers.json``'s ``selected``) compresses the Llama-3.2-1B and Llama-3-8B shapes in
+bfloat16 on ``low_memory=True`` with 8 random calibration sequences of 256 tokens: wall seconds, each stage's
+seconds, and the peak of CUDA memory allocated against the weights' bytes; ``growth`` fits ``seconds ~
+params^alpha`` per configuration. A compress row that fails is recorded with its error (the speed rows still
+run); one whose time, extrapolated from the smaller shape's, would pass ``--compress-limit`` is skipped, not started.
+
 Every pair is timed with :func:`headprune.bench.protocol.paired_rounds` (alternating rounds, median ratio with
 a distribution-free interval, the load before and after). Each row carries the limit its workload implies:
 the FLOP ratio for prefill, the ratio of bytes read per generated token (weights + KV cache) for decode.
@@ -30,6 +37,7 @@ import copy
 import gc
 import json
 import platform
+import shlex
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,7 +47,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_bench.json"
-SCHEMA = 1
+SCHEMA = 2
+COMPRESS_BUDGETS = (0.2, 0.5)  # the selected configuration at each (llm_peers.json), timed before the speed rows
 FRACTIONS = (0.2, 0.3, 0.5)  # shares of non-embedding parameters removed
 PAPER_TABLE4 = {1: 1.019, 4: 1.027, 16: 1.175, 64: 1.175}  # BERT-base MNLI, 50% of heads, GTX 1080Ti
 LLAMA = {  # the published configs' shapes (no weights needed)
@@ -51,12 +60,15 @@ LLAMA = {  # the published configs' shapes (no weights needed)
 BERT_BASE = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072, vocab_size=30522)
 REAL = {"llms": LLAMA, "bert": BERT_BASE, "align": 128, "prefill": ((1, 2048), (16, 512)), "decode": (1, 32),
         "prompt_len": 128, "new_tokens": 32, "table4_batches": (1, 4, 16, 64), "table4_seq": 128,
-        "dtype": "bfloat16", "min_rounds": 5, "budget_s": 6.0}
+        "dtype": "bfloat16", "min_rounds": 5, "budget_s": 6.0,
+        "compress": {"shapes": ("llama-3.2-1b", "llama-3-8b"), "calib_blocks": 8, "calib_length": 256}}
 DRY = {"llms": {"llama-tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
                                    head_dim=8, intermediate_size=256, vocab_size=512, tie_word_embeddings=True)},
        "bert": dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, vocab_size=128),
        "align": 16, "prefill": ((1, 32), (2, 16)), "decode": (1, 2), "prompt_len": 8, "new_tokens": 4,
-       "table4_batches": (1, 4), "table4_seq": 16, "dtype": "float32", "min_rounds": 3, "budget_s": 0.0}
+       "table4_batches": (1, 4), "table4_seq": 16, "dtype": "float32", "min_rounds": 3, "budget_s": 0.0,
+       "compress": {"shapes": ("llama-tiny", "llama-tiny-2x"), "calib_blocks": 2, "calib_length": 16}}
+DRY["llms_compress_only"] = {"llama-tiny-2x": dict(DRY["llms"]["llama-tiny"], hidden_size=128, intermediate_size=512)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,7 +76,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None, help=f"JSON to write (default {RESULTS}; required with --dry-run)")
     ap.add_argument("--dry-run", action="store_true", help="CPU, tiny shapes, the same JSON schema")
     ap.add_argument("--time-limit", type=float, default=450.0, help="seconds after which no new row starts")
+    ap.add_argument("--compress-limit", type=float, default=180.0,
+                    help="seconds (from the start) after which no compress row starts or is predicted to end")
     args = ap.parse_args(argv)
+    if not 0 <= args.compress_limit <= args.time_limit:
+        print(f"gpu_bench: --compress-limit {args.compress_limit}: allowed 0 to --time-limit ({args.time_limit})",
+              file=sys.stderr)
+        return 2
     if args.dry_run and args.out is None:
         print("gpu_bench: --dry-run needs --out PATH (it never overwrites the real figures)", file=sys.stderr)
         return 2
@@ -74,10 +92,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = DRY if args.dry_run else REAL
     device = torch.device("cpu" if args.dry_run else "cuda")
-    result = run(spec, device, args.time_limit, dry_run=args.dry_run)
     out = args.out or RESULTS
+    result = run(spec, device, (args.time_limit, args.compress_limit), dry_run=args.dry_run)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
+    for row in result["compress"]:
+        print(_compress_line(row))
     for row in result["rows"] + result["table4"]:
         print(_line(row))
     print(f"{len(result['rows'])} rows, {len(result['table4'])} Table 4 rows, {len(result['skipped'])} skipped, "
@@ -85,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(spec: dict, device: torch.device, time_limit: float, *, dry_run: bool) -> dict:
+def run(spec: dict, device: torch.device, limits: tuple[float, float], *, dry_run: bool) -> dict:
+    """Every row; ``limits`` = (seconds after which no row starts, the same for compress rows)."""
     import transformers
 
     import headprune
@@ -95,7 +116,9 @@ def run(spec: dict, device: torch.device, time_limit: float, *, dry_run: bool) -
     # one thread drives a GPU; on the CPU (the dry run) torch's own threads do the work
     threads = 1 if device.type == "cuda" else torch.get_num_threads()
     protocol = ProtocolSettings(min_rounds=spec["min_rounds"], budget_s=spec["budget_s"], warmup=1, threads=threads)
+    time_limit, compress_limit = limits
     run_ = _Run(protocol, device, start + time_limit)
+    compress_rows = _compress_rows(spec, run_, start + compress_limit)
     models = {shape: _llm_rows(shape, config, spec, run_) for shape, config in spec["llms"].items()}
     models["bert-base"] = _table4(spec, run_)
     rows, table4, skipped = run_.rows, run_.table4, run_.skipped
@@ -105,8 +128,10 @@ def run(spec: dict, device: torch.device, time_limit: float, *, dry_run: bool) -
             "versions": {"headprune": headprune.__version__, "torch": torch.__version__,
                          "transformers": transformers.__version__, "python": platform.python_version(),
                          "cuda": torch.version.cuda},
-            "command": "python benchmarks/gpu_bench.py" + (" --dry-run" if dry_run else ""),
-            "time_limit_s": time_limit, "seconds": round(time.perf_counter() - start, 1),
+            "command": shlex.join(["python", "benchmarks/gpu_bench.py", *sys.argv[1:]]),
+            "time_limit_s": time_limit, "compress_limit_s": compress_limit,
+            "seconds": round(time.perf_counter() - start, 1),
+            "compress": compress_rows, "compress_growth": _growth(compress_rows),
             "models": models, "rows": rows, "table4": table4, "paper_table4": {str(b): v for b, v in PAPER_TABLE4.items()},
             "skipped": skipped}
 
@@ -355,6 +380,103 @@ def _prefill_flops_encoder(model, seq: int) -> int:
     from headprune.core.cost import flop_breakdown
 
     return flop_breakdown(model, seq)["total"]
+
+
+# ---------------------------------------------------------------- the pruning itself (issue 34)
+
+
+def _selected(budget: float) -> str:
+    """The configuration ``llm_peers.json`` selects at ``budget`` on held-out calibration blocks."""
+    return json.loads((RESULTS.parent / "llm_peers.json").read_text())["selected"][str(budget)]
+
+
+def _compress_rows(spec: dict, run: _Run, deadline: float) -> list[dict]:
+    """The selected configuration at each of :data:`COMPRESS_BUDGETS` on each shape, smallest first; a row whose
+    seconds, extrapolated linearly in parameters from the smaller shape's, would end past ``deadline`` is skipped."""
+    shapes = {**spec["llms"], **spec.get("llms_compress_only", {})}
+    rows: list[dict] = []
+    for budget in COMPRESS_BUDGETS:
+        name, before = _selected(budget), None
+        for shape in spec["compress"]["shapes"]:
+            base = {"shape": shape, "budget": budget, "configuration": name}
+            left = deadline - time.perf_counter()
+            guess = _extrapolate(before, shapes[shape]) if before else 0.0
+            if left <= 0 or guess > left:
+                run.skipped.append({**base, "reason": f"compress limit: {left:.0f} s left, about {guess:.0f} s needed"})
+                continue
+            try:
+                row = _compress_one(shapes[shape], spec, run.device, name, budget)
+            except Exception as e:  # noqa: BLE001 - a failure on the device is a result; the speed rows still run
+                import traceback
+
+                row = {"ok": False, "error": f"{type(e).__name__}: {e}"[:500], "traceback": traceback.format_exc()[-2000:]}
+            rows.append({**base, **row})
+            before = row if row["ok"] else None
+            _free(run.device)
+    return rows
+
+
+def _extrapolate(row: dict, config: dict) -> float:
+    """Seconds of the same configuration at ``config``'s shape, linear in parameters from ``row``'s."""
+    import transformers as T
+
+    with torch.device("meta"):
+        params = sum(p.numel() for p in T.LlamaForCausalLM(T.LlamaConfig(**config)).parameters())
+    return row["seconds"] * params / row["params"]
+
+
+def _compress_one(config: dict, spec: dict, device: torch.device, name: str, budget: float) -> dict:
+    """``compress`` with configuration ``name`` removing ``budget`` of the non-embedding parameters, in place on
+    ``low_memory=True``: seconds, stage seconds, the CUDA peak against the weights, what was removed."""
+    from peers.headprune_rows import settings_for
+
+    from headprune import PruneSettings, compress
+
+    model = _build("llama", config, spec, device)
+    weights = sum({p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}.values())
+    params = sum(p.numel() for p in model.parameters())
+    cal = spec["compress"]
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, config["vocab_size"], (cal["calib_blocks"], cal["calib_length"]), generator=g)  # [n, T]
+    batches = [{"input_ids": ids[i : i + 1], "attention_mask": torch.ones_like(ids[i : i + 1])} for i in range(len(ids))]
+    settings = PruneSettings(**{**settings_for(name, model, budget).to_dict(), "low_memory": True})
+    non_embedding = _non_embedding(model)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    _sync(device)
+    t = time.perf_counter()
+    result = compress(model, batches, settings)
+    _sync(device)
+    seconds = time.perf_counter() - t
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+    after = result.sizes["after"]["params"]
+    return {"ok": True, "seconds": seconds, "stage_seconds": result.seconds, "params": params,
+            "weight_bytes": weights, "peak_bytes": peak, "peak_measure": "torch.cuda.max_memory_allocated",
+            "peak_over_weights": peak / weights if peak is not None else None,
+            "params_after": after, "share_removed": 1 - _non_embedding(result.model) / non_embedding,
+            "heads_dropped": sum(map(len, result.dropped_heads.values())),
+            "neurons_dropped": sum(map(len, result.dropped_neurons.values())),
+            "calib_blocks": cal["calib_blocks"], "calib_length": cal["calib_length"], "low_memory": True}
+
+
+def _growth(rows: list[dict]) -> dict:
+    """Per configuration, ``alpha`` of ``seconds ~ params^alpha`` over its successful rows (least squares on logs)."""
+    from billion_envelope import growth_fit
+
+    out = {}
+    for name in dict.fromkeys(r["configuration"] for r in rows):
+        ok = [r for r in rows if r["configuration"] == name and r["ok"]]
+        if len({r["params"] for r in ok}) >= 2:
+            out[name] = {"alpha": growth_fit(ok), "shapes": [r["shape"] for r in ok]}
+    return out
+
+
+def _compress_line(row: dict) -> str:
+    where = f"compress {row['shape']:<13} {row['budget']:.0%} {row['configuration']}"
+    if not row["ok"]:
+        return f"{where}: FAILED {row['error']}"
+    peak = f", peak {row['peak_over_weights']:.2f}x the weights" if row["peak_over_weights"] is not None else ""
+    return f"{where}: {row['seconds']:.1f} s, {row['share_removed']:.1%} removed{peak}"
 
 
 def _free(device: torch.device) -> None:

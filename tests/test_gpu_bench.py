@@ -18,7 +18,8 @@ ROW_KEYS = {"shape", "fraction", "workload", "batch", "seq_len", "unit", "limit_
             "ratio_low", "ratio_high", "coverage", "rounds", "limit", "efficiency", "reliable", "reason", "load",
             "seconds"}
 TOP_KEYS = {"schema", "dry_run", "device", "dtype", "attn_implementation", "align", "fractions", "protocol",
-            "versions", "command", "time_limit_s", "seconds", "models", "rows", "table4", "paper_table4", "skipped"}
+            "versions", "command", "time_limit_s", "compress_limit_s", "seconds", "models", "rows", "table4",
+            "paper_table4", "skipped", "compress", "compress_growth"}
 
 
 def _env() -> dict:
@@ -42,7 +43,7 @@ def _layer_params(config: dict, attention_width: int, ffn_width: int) -> int:
 
 
 def test_dry_run_writes_the_schema(dry):
-    assert TOP_KEYS <= set(dry) and dry["dry_run"] is True and dry["schema"] == 1
+    assert TOP_KEYS <= set(dry) and dry["dry_run"] is True and dry["schema"] == 2
     assert dry["skipped"] == [] and dry["attn_implementation"] == "sdpa"
     shapes = dry["models"]
     llms = [s for s in shapes if s != "bert-base"]
@@ -74,6 +75,21 @@ def test_pruned_widths_are_aligned_and_remove_the_share_they_report(dry):
             assert abs(p["share_removed"] - float(key.rstrip("%")) / 100) < 0.1
 
 
+def test_compress_rows_run_the_selected_configuration_and_remove_its_budget(dry):
+    """Each budget's row runs the configuration llm_peers.json selects there, on every compress shape; the
+    parameters it reports removed are what the budget asks, counted on the unpruned model's own parameters."""
+    selected = json.loads((ROOT / "benchmarks" / "results" / "llm_peers.json").read_text())["selected"]
+    rows = dry["compress"]
+    assert [(r["budget"], r["shape"]) for r in rows] == [(b, s) for b in (0.2, 0.5) for s in ("llama-tiny", "llama-tiny-2x")]
+    for r in rows:
+        assert r["ok"], r.get("traceback")
+        assert r["configuration"] == selected[str(r["budget"])]
+        assert abs(r["share_removed"] - r["budget"]) < 0.02 and r["params_after"] < r["params"]
+        assert r["weight_bytes"] == 4 * r["params"] and r["seconds"] > 0  # float32, tied embeddings counted once
+        assert r["peak_bytes"] is None  # no CUDA: no peak quoted
+    assert set(dry["compress_growth"]) == set(selected[str(b)] for b in (0.2, 0.5))
+
+
 def test_table4_removes_half_the_heads(dry):
     bert = dry["models"]["bert-base"]
     assert bert["pruned"]["50% of heads"]["heads"] * 2 == bert["unpruned"]["heads"]
@@ -87,3 +103,6 @@ def test_without_cuda_and_without_dry_run_says_so_and_writes_nothing(tmp_path):
     run = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], env=_env(), capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 2 and "--out" in run.stderr
+    run = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--time-limit", "10",
+                          "--compress-limit", "20"], env=_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "--compress-limit 20.0" in run.stderr and not out.exists()
