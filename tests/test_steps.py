@@ -47,17 +47,20 @@ def test_two_rounds_equal_two_calls_on_the_smaller_model():
     assert "steps" in got.selection and len(got.selection["steps"]) == 2
 
 
-def test_dropped_indices_are_of_the_model_passed():
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_dropped_indices_are_of_the_model_passed(low_memory):
+    """Also with ``low_memory`` (the first round cuts the model passed in place): the indices are still of the model
+    as it was passed, read here from weights copied before the call."""
     torch.manual_seed(0)
     model, batches = build("llama"), _batches()
-    got = compress(model, batches, PruneSettings(**BASE, share=0.4, compensate="none", steps=3))
-    assert any(got.dropped_neurons.values())
-    before = {f.name: f.down.weight.detach() for f in hp.find_ffns(model)}
+    before = {f.name: f.down.weight.detach().clone() for f in hp.find_ffns(model)}
+    width = {s.name: s.num_heads for s in hp.find_sites(model)}
+    got = compress(model, batches, PruneSettings(**BASE, share=0.4, compensate="none", steps=3, low_memory=low_memory))
+    assert any(got.dropped_neurons.values()) and any(got.dropped_heads.values())
     for ffn in hp.find_ffns(got.model):
         kept = [j for j in range(before[ffn.name].shape[1]) if j not in set(got.dropped_neurons[ffn.name])]
         assert torch.equal(ffn.down.weight.detach(), before[ffn.name][:, kept])
     assert got.plan.dropped_neurons == got.dropped_neurons
-    width = {s.name: s.num_heads for s in hp.find_sites(model)}
     for site in hp.find_sites(got.model):
         assert site.num_heads == width[site.name] - len(got.dropped_heads[site.name])
 

@@ -214,6 +214,9 @@ def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict |
     indices of the model passed."""
     settings, model = run.settings, run.model
     current, records = model, []
+    # read before any cut: with low_memory the first round cuts ``model`` itself
+    heads_before = kept_heads(model) if settings.steps > 1 else {}
+    neurons_before = kept_neurons(model) if settings.steps > 1 and find_ffns(model, skip_moe=True) else {}
     shifts: dict | None = {}
     total, kept_share = costs.total(), 1.0 if settings.share is None else settings.share  # None: refused by _select
     for i in range(1, settings.steps + 1):
@@ -230,9 +233,8 @@ def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict |
         records.append(selection)
     if settings.steps == 1:
         return current, shifts, drop_h, drop_n, records[0]
-    return (current, shifts, _dropped(kept_heads(model), kept_heads(current)),
-            _dropped(kept_neurons(model), kept_neurons(current)) if find_ffns(current, skip_moe=True) else {},
-            {"steps": records})
+    return (current, shifts, _dropped(heads_before, kept_heads(current)),
+            _dropped(neurons_before, kept_neurons(current)) if neurons_before else {}, {"steps": records})
 
 
 def _add_shifts(total: dict, added: dict) -> dict:
