@@ -433,6 +433,58 @@ def block_llm_headline() -> str:
     out += [""] + _headline_time(_optional("prune_time"), peers["selected"])
     out += [""] + _headline_recovery(_optional("recovery"))
     out += [""] + _headline_scale(_optional("compress_scale"))
+    out += [""] + _headline_gpu(_optional("gpu_bench"))
+    return "\n".join(out)
+
+
+def _headline_gpu(g: dict | None) -> list[str]:
+    """The selected configuration's pruning on a GPU (``gpu_bench.json``'s compress rows), and what did not run."""
+    if g is None or not g.get("compress"):
+        return ["On a GPU: not measured yet (`make gpu-bench`)."]
+    rows = [f"{r['shape']} {r['budget']:.0%} {r['configuration']}: {_compress_cells(r)}" for r in g["compress"]]
+    rows += [f"{s['shape']} {s['budget']:.0%} {s['configuration']}: not run ({s['reason']})"
+             for s in g["skipped"] if "budget" in s]
+    growth = "; ".join(f"{n}: parameters^{v['alpha']:.2f}" for n, v in g["compress_growth"].items())
+    return [f"On a GPU ({g['device']}, {g['dtype']}, `low_memory=True`, `gpu_bench.json`): " + "; ".join(rows)
+            + (f". Time grows as {growth}." if growth else ". No growth law on the GPU: one shape ran.")]
+
+
+def _compress_cells(r: dict) -> str:
+    """One ``gpu_bench.json`` compress row: seconds, the stages, the CUDA peak against the weights."""
+    if not r["ok"]:
+        return f"failed: {r['error']}"
+    st = r["stage_seconds"]
+    return (f"{r['seconds']:.1f} s (scores {st['score']:.1f} s, select + stand-ins + cut {st['select+remove']:.1f} s); "
+            f"peak {r['peak_bytes'] / 2**30:.2f} GiB = {r['peak_over_weights']:.2f}x the bf16 weights; "
+            f"{r['share_removed']:.1%} removed")
+
+
+def block_gpu_bench() -> str:
+    """docs/gpus.md's GPU figures from ``gpu_bench.json``: the selected configuration's pruning (time, CUDA peak),
+    and prefill/decode tokens/s of pruned against unpruned, each with its interval and limit; rows not run, why."""
+    g = _optional("gpu_bench")
+    if g is None:
+        return "Not measured: no GPU has been lent since `make gpu-bench` was written."
+    out = [f"Device: {g['device']}, {g['dtype']}, torch {g['versions']['torch']}, transformers "
+           f"{g['versions']['transformers']}; runs: " + "; ".join(f"{r['run']}: `{r['command']}`" for r in g["runs"]),
+           "", "| shape | removed | configuration | pruning on the GPU |", "|---|---|---|---|"]
+    for r in g["compress"]:
+        out.append(f"| {r['shape']} | {r['budget']:.0%} | {r['configuration']} | {_compress_cells(r)} |")
+    for s in g["skipped"]:
+        if "budget" in s:
+            out.append(f"| {s['shape']} | {s['budget']:.0%} | {s['configuration']} | not run: {s['reason']} |")
+    out += ["", "| shape | removed | workload | batch x tokens | unpruned -> pruned tokens/s | pruned/unpruned "
+            "[95% interval] | limit | run |", "|---|---|---|---|---|---|---|---|"]
+    for r in g["rows"]:
+        t = r["throughput"]
+        ratio = f"x{r['ratio']:.3f} [{r['ratio_low']:.3f}, {r['ratio_high']:.3f}]"
+        out.append(f"| {r['shape']} | {r['fraction']:.0%} | {r['workload']} | {r['batch']} x {r['seq_len']} | "
+                   f"{t['unpruned']:,.0f} -> {t['pruned']:,.0f} | "
+                   f"{ratio if r['reliable'] else 'not quoted (load): ' + r['reason']} | x{r['limit']:.3f} | {r['run']} |")
+    gone = sorted({(s["shape"], s.get("fraction")) for s in g["skipped"] if "budget" not in s}, key=str)
+    if gone:
+        out += ["", "Not run (time limit reached before them): "
+                + ", ".join(f"{shape}" + (f" {f:.0%}" if f is not None else "") for shape, f in gone) + "."]
     return "\n".join(out)
 
 
@@ -460,5 +512,7 @@ def block(name: str) -> str:
         return block_llamacpp_budgets()
     if kind == "llm_headline":
         return block_llm_headline()
+    if kind == "gpu_bench":
+        return block_gpu_bench()
     raise KeyError(f"unknown block {name!r}; allowed: abo:RUN, method_comparison, llm_peers, llamacpp_budgets, "
-                   "llm_headline")
+                   "llm_headline, gpu_bench")
