@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from ..core.devices import input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.inputs import model_inputs
-from ..core.sites import find_sites, is_conv1d
+from ..core.sites import find_sites, is_conv1d, structure_fixed
 from ..errors import ConfigError
 from ..scoring.fluctuation import StatsCollector
 from ..scoring.gradients import scoring_mode
@@ -54,7 +54,8 @@ def blockwise_standins(model: nn.Module, batches: Sequence[Mapping[str, torch.Te
     if not targets:
         return "skipped (nothing removed)", {}, (dict(drop_heads), dict(drop_neurons))
     batches = [to_device(b, input_device(model)) for b in batches]
-    with scoring_mode(model), torch.no_grad():
+    # folds and zeroed columns change weights only (the cut comes after): sites and FFNs are searched once
+    with scoring_mode(model), torch.no_grad(), structure_fixed(model):
         stack = layer_stack(model, batches, [(m, None) for m in targets.values()])
         if stack is not None:
             groups = _by_layer(stack, targets)

@@ -244,8 +244,11 @@ def _add_shifts(total: dict, added: dict) -> dict:
 
 def _dropped(before: Mapping[str, list[int]], after: Mapping[str, list[int]]) -> dict[str, list[int]]:
     """{name: positions in ``before`` (original indices kept then) of the units no longer kept ``after``}."""
-    return {name: [j for j, unit in enumerate(kept) if unit not in set(after.get(name, ()))]
-            for name, kept in before.items()}
+    out = {}
+    for name, kept in before.items():
+        still = set(after.get(name, ()))
+        out[name] = [j for j, unit in enumerate(kept) if unit not in still]
+    return out
 
 
 def _select(model: nn.Module, settings: PruneSettings, costs: UnitCosts, head_scores: dict, neuron_scores: dict):

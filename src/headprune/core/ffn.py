@@ -29,7 +29,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from .records import ORIGINAL_KEY, config_record
-from .sites import find_sites, is_conv1d
+from .sites import find_sites, found_once, is_conv1d
 
 # (up/gate child names, down child name) under one container module, most specific first.
 _PATTERNS = (
@@ -81,6 +81,10 @@ def out_features(module: nn.Module) -> int:
 def find_ffns(model: nn.Module, *, skip_moe: bool = False) -> list[FFN]:
     """Every FFN of ``model`` in module order; raises :class:`UnsupportedModelError` for MoE models (``skip_moe``:
     returns no FFN for them instead, for heads-only work that only counts or refits around FFNs)."""
+    return found_once(model, f"ffns:{skip_moe}", lambda: _find_ffns(model, skip_moe=skip_moe))
+
+
+def _find_ffns(model: nn.Module, *, skip_moe: bool) -> list[FFN]:
     try:
         _refuse_moe(model)
     except UnsupportedModelError:

@@ -21,6 +21,8 @@ and for cross-attention (kind ``cross``), e.g. ``encoder.3.self``, ``decoder.1.s
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -207,11 +209,43 @@ def sites_table(model: nn.Module) -> list[dict]:
     ]
 
 
+_FIXED: dict[int, dict[str, list]] = {}  # id(model) -> what each finder found, inside structure_fixed(model)
+
+
+@contextmanager
+def structure_fixed(model: nn.Module) -> Iterator[None]:
+    """Inside, :func:`find_sites` and :func:`headprune.core.ffn.find_ffns` search ``model`` once and hand out copies
+    of what they found: for loops that change weights (folds, zeroed columns, added biases) but never which modules
+    exist or their shapes. Nested uses keep the outer one's findings; leaving the outermost forgets them."""
+    if id(model) in _FIXED:
+        yield
+        return
+    _FIXED[id(model)] = {}
+    try:
+        yield
+    finally:
+        del _FIXED[id(model)]
+
+
+def found_once(model: nn.Module, key: str, find: Callable[[], list]) -> list:
+    """``find()``, or inside :func:`structure_fixed` the first result for ``key`` (a copy of the list)."""
+    cache = _FIXED.get(id(model))
+    if cache is None:
+        return find()
+    if key not in cache:
+        cache[key] = find()
+    return list(cache[key])
+
+
 def find_sites(model: nn.Module) -> list[Site]:
     """All attention sites of ``model`` that still have heads, in module order.
 
     Raises :class:`UnsupportedModelError` naming the model class when none is found.
     """
+    return found_once(model, "sites", lambda: _find_sites(model))
+
+
+def _find_sites(model: nn.Module) -> list[Site]:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type in _REFUSED:
         raise UnsupportedModelError(f"model of class {type(model).__name__} ({model_type}) is not supported: "
