@@ -90,3 +90,59 @@ def test_a_replay_past_the_memory_budget_runs_the_whole_model():
     reconstruct(b, teacher, batches, layerwise=False)
     assert all((p - q).abs().max() <= 1e-6 * max(float(q.abs().max()), 1e-12)
                for p, q in zip(a.parameters(), b.parameters(), strict=True) if q.numel())
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_replaying_every_layer_gives_the_models_own_logits_on_every_batch(family):
+    """Batch 0 shows every layer the same arguments, so later batches are recorded up to layer 0 only: the replay
+    of each batch through every layer, then the model's final norm and head, is the model's own forward."""
+    model = build(family)
+    batches = [inputs(family, batch=3, seed=s) for s in range(3)]
+    stack = layer_stack(model, batches, [(f.down, None) for f in hp.find_ffns(model)])
+    assert stack is not None
+    assert all(stack.calls[b][0] is stack.calls[b][-1] for b in (1, 2))  # the shortcut was taken
+    for _ in range(len(stack.layers)):
+        stack.advance()
+    for b, batch in enumerate(batches):
+        with torch.no_grad():
+            want = model(**batch).logits
+            got = model.lm_head(model.model.norm(stack.hidden[b]))
+        assert (got - want).abs().max() <= 1e-5 * want.abs().max()
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, hidden_states, scale):
+        return torch.tanh(self.linear(hidden_states)) * scale
+
+
+class _PerLayer(torch.nn.Module):
+    """A stack whose layers are each given their own argument, made from the batch (as per-layer masks are)."""
+
+    def __init__(self):
+        super().__init__()
+        self.config = type("Config", (), {"is_encoder_decoder": False})()
+        self.layers = torch.nn.ModuleList(_Scaled() for _ in range(3))
+
+    def forward(self, input_ids):
+        h = input_ids.float()
+        for i, layer in enumerate(self.layers):
+            h = layer(h, scale=(i + 1) * input_ids.float().mean(1, keepdim=True))
+        return h
+
+
+def test_layers_given_their_own_arguments_are_recorded_whole_on_every_batch():
+    torch.manual_seed(0)
+    model = _PerLayer()
+    batches = [{"input_ids": torch.randint(1, 9, (2, 4), generator=torch.Generator().manual_seed(s))} for s in range(3)]
+    stack = layer_stack(model, batches, [(layer.linear, None) for layer in model.layers])
+    assert stack is not None
+    assert all(stack.calls[b][0] is not stack.calls[b][1] for b in range(3))
+    for _ in range(len(stack.layers)):
+        stack.advance()
+    for b, batch in enumerate(batches):
+        with torch.no_grad():
+            assert torch.allclose(stack.hidden[b], model(**batch), rtol=1e-6, atol=0)

@@ -83,15 +83,19 @@ def layer_stack(model: nn.Module, batches: Sequence[Mapping[str, torch.Tensor]],
     for proj, norm in units:
         if norm is not None and _layer_of(layers, norm) != _layer_of(layers, proj):
             outside[norm] = _layer_of(layers, proj)
-    calls, hidden = [], []
+    calls, hidden, shared = [], [], False
     for b, batch in enumerate(batches):
-        record = _record_calls(model, batch, layers, outside if b == 0 else {})
+        # every layer given the very same arguments in batch 0's whole forward (made once, before the layers):
+        # later batches run up to layer 0 only, and its arguments serve every layer
+        record = _record_first(model, batch, layers) if shared else _record_calls(model, batch, layers,
+                                                                                    outside if b == 0 else {})
         if record is None:
             return None
         calls.append(record[0])
         hidden.append(record[1])
         if b == 0 and record[1].numel() * record[1].element_size() * len(batches) > budget:
             return None
+        shared = shared or (b == 0 and all(_same(c, record[0][0]) for c in record[0][1:]))
     return LayerStack(layers, calls, hidden)
 
 
@@ -153,6 +157,45 @@ def _record_calls(model, batch, layers: nn.ModuleList, outside: Mapping[nn.Modul
     if any(id(n) not in norm_inputs or not torch.equal(norm_inputs[id(n)], outputs[i]) for n, i in outside.items()):
         return None
     return calls, inputs[0]
+
+
+def _record_first(model, batch, layers: nn.ModuleList):
+    """What :func:`_record_calls` returns, from a forward stopped at layer 0: its (args, kwargs) for every layer
+    (only where batch 0 showed every layer the same ones), and its hidden input."""
+    seen: list = []
+
+    def before(_module, args, kwargs):
+        seen.append(_split_hidden(args, kwargs))
+        raise Stop
+
+    handle = layers[0].register_forward_pre_hook(before, with_kwargs=True)
+    try:
+        with torch.no_grad():
+            model(**model_inputs(model, batch, cache=False))
+    except Stop:
+        pass
+    finally:
+        handle.remove()
+    if not seen or seen[0][0] is None:
+        return None
+    h, rest_args, rest_kwargs = seen[0]
+    return [(rest_args, rest_kwargs)] * len(layers), h
+
+
+def _same(a, b) -> bool:
+    """The same objects (tensors by identity, containers item by item, other values by equality)."""
+    if a is b:
+        return True
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor) or type(a) is not type(b):
+        return False
+    if isinstance(a, (tuple, list)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - a value that cannot be compared is not the same
+        return False
 
 
 def _split_hidden(args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, tuple, dict]:
