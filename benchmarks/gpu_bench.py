@@ -3,6 +3,8 @@
     make gpu-bench                                   # on a CUDA machine, no network: the real figures
     python benchmarks/gpu_bench.py                   # the same, writes benchmarks/results/gpu_bench.json
     python benchmarks/gpu_bench.py --dry-run --out /tmp/gpu_bench.json   # CPU, tiny shapes, the same schema
+    python benchmarks/gpu_bench.py --shapes llama-3-8b --compress-shapes llama-3-8b --compress-budgets 0.2 --update
+                                                     # a part; the file's other rows kept, each naming its run
 
 Models are built from configs with random weights (speed does not depend on the values): Llama-3.2-1B and
 Llama-3-8B shapes in bfloat16 with sdpa attention, each pruned by headprune's surgery (``prune_heads``,
@@ -78,22 +80,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time-limit", type=float, default=450.0, help="seconds after which no new row starts")
     ap.add_argument("--compress-limit", type=float, default=180.0,
                     help="seconds (from the start) after which no compress row starts or is predicted to end")
+    ap.add_argument("--shapes", default=None, help="comma-separated shapes of the speed rows (default: all; "
+                                                   "bert-base is the paper's Table 4)")
+    ap.add_argument("--compress-shapes", default=None, help="comma-separated shapes of the compress rows (default: all)")
+    ap.add_argument("--compress-budgets", default=None,
+                    help=f"comma-separated budgets of the compress rows (default {','.join(map(str, COMPRESS_BUDGETS))})")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the rows of --out that this run does not measure (each row names its run)")
     args = ap.parse_args(argv)
-    if not 0 <= args.compress_limit <= args.time_limit:
-        print(f"gpu_bench: --compress-limit {args.compress_limit}: allowed 0 to --time-limit ({args.time_limit})",
-              file=sys.stderr)
+    problem = _check(args)
+    if problem:
+        print(f"gpu_bench: {problem}", file=sys.stderr)
         return 2
-    if args.dry_run and args.out is None:
-        print("gpu_bench: --dry-run needs --out PATH (it never overwrites the real figures)", file=sys.stderr)
-        return 2
-    if not args.dry_run and not torch.cuda.is_available():
-        print(f"gpu_bench: no CUDA device here (torch {torch.__version__} sees none); nothing was run and "
-              f"{args.out or RESULTS} was not written (--dry-run runs tiny shapes on the CPU)", file=sys.stderr)
-        return 2
-    spec = DRY if args.dry_run else REAL
+    spec = _spec(args)
     device = torch.device("cpu" if args.dry_run else "cuda")
     out = args.out or RESULTS
     result = run(spec, device, (args.time_limit, args.compress_limit), dry_run=args.dry_run)
+    if args.update and out.exists():
+        result = _merge(json.loads(out.read_text()), result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     for row in result["compress"]:
@@ -103,6 +107,89 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(result['rows'])} rows, {len(result['table4'])} Table 4 rows, {len(result['skipped'])} skipped, "
           f"{result['seconds']:.0f} s -> {out}")
     return 0
+
+
+def _names(value: str | None) -> list[str] | None:
+    return None if value is None else [v.strip() for v in value.split(",") if v.strip()]
+
+
+def _check(args) -> str | None:
+    """The first problem with the arguments, as one line (None: none)."""
+    spec = DRY if args.dry_run else REAL
+    speed = [*spec["llms"], "bert-base"]
+    compress = list(spec["compress"]["shapes"])
+    if not 0 <= args.compress_limit <= args.time_limit:
+        return f"--compress-limit {args.compress_limit}: allowed 0 to --time-limit ({args.time_limit})"
+    for flag, value, allowed in (("--shapes", args.shapes, speed), ("--compress-shapes", args.compress_shapes, compress)):
+        names = _names(value)
+        if names is not None and (not names or any(n not in allowed for n in names)):
+            return f"{flag} {value!r}: allowed a comma-separated subset of {', '.join(allowed)}"
+    if args.compress_budgets is not None:
+        selected = json.loads((RESULTS.parent / "llm_peers.json").read_text())["selected"]
+        budgets = [b.strip() for b in args.compress_budgets.split(",") if b.strip()]
+        if not budgets or any(str(_float(b)) not in selected for b in budgets):
+            return f"--compress-budgets {args.compress_budgets!r}: allowed budgets llm_peers.json selects at: " + \
+                ", ".join(selected)
+    out = args.out or RESULTS
+    if args.dry_run and args.out is None:
+        return "--dry-run needs --out PATH (it never overwrites the real figures)"
+    if args.update and out.exists() and json.loads(out.read_text()).get("dry_run") != args.dry_run:
+        return f"--update: {out} was written by a {'GPU' if args.dry_run else 'dry'} run; allowed: a file of the same kind"
+    if not args.dry_run and not torch.cuda.is_available():
+        return (f"no CUDA device here (torch {torch.__version__} sees none); nothing was run and {out} was not written "
+                "(--dry-run runs tiny shapes on the CPU)")
+    return None
+
+
+def _float(value: str) -> float | None:
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _spec(args) -> dict:
+    """The spec of this run: the shapes and budgets the flags name."""
+    spec = dict(DRY if args.dry_run else REAL)
+    shapes = _names(args.shapes)
+    if shapes is not None:
+        spec["llms"] = {k: v for k, v in spec["llms"].items() if k in shapes}
+        spec["table4"] = "bert-base" in shapes
+    compress = dict(spec["compress"])
+    if args.compress_shapes is not None:
+        compress["shapes"] = tuple(_names(args.compress_shapes) or ())
+    if args.compress_budgets is not None:
+        compress["budgets"] = tuple(float(b) for b in args.compress_budgets.split(",") if b.strip())
+    spec["compress"] = compress
+    return spec
+
+
+def _merge(old: dict, new: dict) -> dict:
+    """``new`` with the rows of ``old`` it did not measure; every row and skip names its run (1, 2, ...)."""
+    runs = old["runs"]
+    n = len(runs) + 1
+    for key in ("rows", "table4", "compress", "skipped"):
+        for r in new[key]:
+            r["run"] = n
+
+    def speed(r):
+        return r["shape"], r["fraction"], r.get("workload"), r.get("batch"), r.get("seq_len")
+
+    def comp(r):
+        return r["shape"], r["budget"]
+    done = {speed(r) for r in new["rows"] + new["table4"]} | {comp(r) for r in new["compress"]}
+    done |= {comp(r) if "budget" in r else speed(r) for r in new["skipped"]}
+    shapes = {speed(r)[:2] for r in new["rows"] + new["table4"]}  # a whole model skipped before: now measured
+    merged = dict(new)
+    merged["rows"] = [r for r in old["rows"] if speed(r) not in done] + new["rows"]
+    merged["table4"] = [r for r in old["table4"] if speed(r) not in done] + new["table4"]
+    merged["compress"] = [r for r in old["compress"] if comp(r) not in done] + new["compress"]
+    merged["skipped"] = [s for s in old["skipped"] if (comp(s) if "budget" in s else speed(s)) not in done
+                         and ("budget" in s or "workload" in s or (s["shape"], s["fraction"]) not in shapes)] + new["skipped"]
+    merged["models"] = {**old["models"], **new["models"]}
+    merged["compress_growth"] = _growth(merged["compress"])
+    merged["runs"] = runs + [{**new["runs"][0], "run": n}]
+    return merged
 
 
 def run(spec: dict, device: torch.device, limits: tuple[float, float], *, dry_run: bool) -> dict:
@@ -120,20 +207,22 @@ def run(spec: dict, device: torch.device, limits: tuple[float, float], *, dry_ru
     run_ = _Run(protocol, device, start + time_limit)
     compress_rows = _compress_rows(spec, run_, start + compress_limit)
     models = {shape: _llm_rows(shape, config, spec, run_) for shape, config in spec["llms"].items()}
-    models["bert-base"] = _table4(spec, run_)
+    if spec.get("table4", True):
+        models["bert-base"] = _table4(spec, run_)
     rows, table4, skipped = run_.rows, run_.table4, run_.skipped
+    for r in (*compress_rows, *rows, *table4, *skipped):
+        r["run"] = 1
+    versions = {"headprune": headprune.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
+                "python": platform.python_version(), "cuda": torch.version.cuda}
+    command, seconds = shlex.join(["python", "benchmarks/gpu_bench.py", *sys.argv[1:]]), round(time.perf_counter() - start, 1)
     return {"schema": SCHEMA, "dry_run": dry_run, "device": _device_name(device), "dtype": spec["dtype"],
             "attn_implementation": "sdpa", "align": spec["align"], "fractions": list(FRACTIONS),
-            "protocol": {**vars(protocol), "note": "headprune.bench.protocol.paired_rounds"},
-            "versions": {"headprune": headprune.__version__, "torch": torch.__version__,
-                         "transformers": transformers.__version__, "python": platform.python_version(),
-                         "cuda": torch.version.cuda},
-            "command": shlex.join(["python", "benchmarks/gpu_bench.py", *sys.argv[1:]]),
-            "time_limit_s": time_limit, "compress_limit_s": compress_limit,
-            "seconds": round(time.perf_counter() - start, 1),
+            "protocol": {**vars(protocol), "note": "headprune.bench.protocol.paired_rounds"}, "versions": versions,
+            "command": command, "time_limit_s": time_limit, "compress_limit_s": compress_limit, "seconds": seconds,
             "compress": compress_rows, "compress_growth": _growth(compress_rows),
             "models": models, "rows": rows, "table4": table4, "paper_table4": {str(b): v for b, v in PAPER_TABLE4.items()},
-            "skipped": skipped}
+            "skipped": skipped, "runs": [{"run": 1, "command": command, "seconds": seconds,
+                                          "device": _device_name(device), "versions": versions}]}
 
 
 def _device_name(device: torch.device) -> str:
@@ -395,7 +484,7 @@ def _compress_rows(spec: dict, run: _Run, deadline: float) -> list[dict]:
     seconds, extrapolated linearly in parameters from the smaller shape's, would end past ``deadline`` is skipped."""
     shapes = {**spec["llms"], **spec.get("llms_compress_only", {})}
     rows: list[dict] = []
-    for budget in COMPRESS_BUDGETS:
+    for budget in spec["compress"].get("budgets", COMPRESS_BUDGETS):
         name, before = _selected(budget), None
         for shape in spec["compress"]["shapes"]:
             base = {"shape": shape, "budget": budget, "configuration": name}

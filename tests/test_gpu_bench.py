@@ -19,7 +19,7 @@ ROW_KEYS = {"shape", "fraction", "workload", "batch", "seq_len", "unit", "limit_
             "seconds"}
 TOP_KEYS = {"schema", "dry_run", "device", "dtype", "attn_implementation", "align", "fractions", "protocol",
             "versions", "command", "time_limit_s", "compress_limit_s", "seconds", "models", "rows", "table4",
-            "paper_table4", "skipped", "compress", "compress_growth"}
+            "paper_table4", "skipped", "compress", "compress_growth", "runs"}
 
 
 def _env() -> dict:
@@ -106,3 +106,30 @@ def test_without_cuda_and_without_dry_run_says_so_and_writes_nothing(tmp_path):
     run = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--time-limit", "10",
                           "--compress-limit", "20"], env=_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "--compress-limit 20.0" in run.stderr and not out.exists()
+
+
+def test_update_measures_what_the_flags_name_and_keeps_the_rest(dry, tmp_path):
+    """A second run of one speed shape and one compress row with --update: those rows are the new run's, every
+    other row is the first run's, and both runs are named."""
+    out = tmp_path / "gpu_bench.json"
+    out.write_text(json.dumps(dry))
+    run = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), "--shapes", "llama-tiny",
+                          "--compress-shapes", "llama-tiny", "--compress-budgets", "0.2", "--update"], env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert [r["run"] for r in got["runs"]] == [1, 2] and "--update" in got["runs"][1]["command"]
+    assert len(got["rows"]) == len(dry["rows"]) and {r["run"] for r in got["rows"]} == {2}
+    assert [(r["batch"], r["run"]) for r in got["table4"]] == [(r["batch"], 1) for r in dry["table4"]]
+    assert sorted((r["shape"], r["budget"], r["run"]) for r in got["compress"]) == sorted(
+        (r["shape"], r["budget"], 2 if (r["shape"], r["budget"]) == ("llama-tiny", 0.2) else 1) for r in dry["compress"])
+
+
+@pytest.mark.parametrize("flags, named", [(["--shapes", "llama-huge"], "--shapes"),
+                                          (["--compress-shapes", "bert-base"], "--compress-shapes"),
+                                          (["--compress-budgets", "0.4"], "--compress-budgets")])
+def test_a_shape_or_budget_it_does_not_have_is_refused(tmp_path, flags, named):
+    out = tmp_path / "gpu_bench.json"
+    run = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(out), *flags], env=_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and named in run.stderr and "allowed" in run.stderr and not out.exists()
