@@ -382,6 +382,7 @@ MUTABLE_STATE = {
     "scoring.registry._REGISTRY": "scorers by name: register_scorer adds one",
     "core.verify._VERDICTS": "verdicts per class and shrunk config, cached for the process",
     "core.runtime.SWAPPED_CLASSES": "one swapped class per (mixin, base), written once per key",
+    "core.sites._FIXED": "sites and FFNs found once per model inside structure_fixed(), forgotten when it ends",
 }
 _MUTATORS = {"append", "extend", "update", "add", "pop", "clear", "setdefault", "remove", "insert", "popitem",
              "discard"}
