@@ -126,15 +126,17 @@ def _check(args) -> str | None:
             return f"{flag} {value!r}: allowed a comma-separated subset of {', '.join(allowed)}"
     if args.compress_budgets is not None:
         selected = json.loads((RESULTS.parent / "llm_peers.json").read_text())["selected"]
-        budgets = [b.strip() for b in args.compress_budgets.split(",") if b.strip()]
+        budgets = _names(args.compress_budgets)
         if not budgets or any(str(_float(b)) not in selected for b in budgets):
             return f"--compress-budgets {args.compress_budgets!r}: allowed budgets llm_peers.json selects at: " + \
                 ", ".join(selected)
     out = args.out or RESULTS
     if args.dry_run and args.out is None:
         return "--dry-run needs --out PATH (it never overwrites the real figures)"
-    if args.update and out.exists() and json.loads(out.read_text()).get("dry_run") != args.dry_run:
-        return f"--update: {out} was written by a {'GPU' if args.dry_run else 'dry'} run; allowed: a file of the same kind"
+    old = json.loads(out.read_text()) if args.update and out.exists() else None
+    if old is not None and (old.get("dry_run") != args.dry_run or old.get("schema") != SCHEMA):
+        return (f"--update: {out} is a {'dry' if old.get('dry_run') else 'GPU'} run of schema {old.get('schema')}; "
+                f"allowed: a {'dry' if args.dry_run else 'GPU'} run of schema {SCHEMA}")
     if not args.dry_run and not torch.cuda.is_available():
         return (f"no CUDA device here (torch {torch.__version__} sees none); nothing was run and {out} was not written "
                 "(--dry-run runs tiny shapes on the CPU)")
@@ -159,7 +161,7 @@ def _spec(args) -> dict:
     if args.compress_shapes is not None:
         compress["shapes"] = tuple(_names(args.compress_shapes) or ())
     if args.compress_budgets is not None:
-        compress["budgets"] = tuple(float(b) for b in args.compress_budgets.split(",") if b.strip())
+        compress["budgets"] = tuple(float(b) for b in _names(args.compress_budgets) or ())
     spec["compress"] = compress
     return spec
 
