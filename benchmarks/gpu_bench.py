@@ -518,7 +518,8 @@ def _extrapolate(row: dict, config: dict) -> float:
 
 def _compress_one(config: dict, spec: dict, device: torch.device, name: str, budget: float) -> dict:
     """``compress`` with configuration ``name`` removing ``budget`` of the non-embedding parameters, in place on
-    ``low_memory=True``: seconds, stage seconds, the CUDA peak against the weights, what was removed."""
+    ``low_memory=True`` (a copy where the configuration has a ``step_standin``, which low_memory refuses): seconds,
+    stage seconds, the CUDA peak against the weights, what was removed."""
     from peers.headprune_rows import settings_for
 
     from headprune import PruneSettings, compress
@@ -530,7 +531,9 @@ def _compress_one(config: dict, spec: dict, device: torch.device, name: str, bud
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(3, config["vocab_size"], (cal["calib_blocks"], cal["calib_length"]), generator=g)  # [n, T]
     batches = [{"input_ids": ids[i : i + 1], "attention_mask": torch.ones_like(ids[i : i + 1])} for i in range(len(ids))]
-    settings = PruneSettings(**{**settings_for(name, model, budget).to_dict(), "low_memory": True})
+    given = settings_for(name, model, budget)
+    low = given.step_standin is None  # step_standin's last pass reads the model passed, which low_memory cuts first
+    settings = PruneSettings(**{**given.to_dict(), "low_memory": low})
     non_embedding = _non_embedding(model)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -547,7 +550,7 @@ def _compress_one(config: dict, spec: dict, device: torch.device, name: str, bud
             "params_after": after, "share_removed": 1 - _non_embedding(result.model) / non_embedding,
             "heads_dropped": sum(map(len, result.dropped_heads.values())),
             "neurons_dropped": sum(map(len, result.dropped_neurons.values())),
-            "calib_blocks": cal["calib_blocks"], "calib_length": cal["calib_length"], "low_memory": True}
+            "calib_blocks": cal["calib_blocks"], "calib_length": cal["calib_length"], "low_memory": low}
 
 
 def _growth(rows: list[dict]) -> dict:

@@ -74,3 +74,111 @@ def test_steps_refused_where_they_cannot_run():
     prices = hp.compression.pool.unit_costs(model, "params")
     with pytest.raises(ConfigError, match="prices= with steps=2"):
         compress(model, _batches(1), PruneSettings(units="both", price="latency", share=0.5, steps=2), prices=prices)
+
+
+def _affine_reference(model, batches, dropped_heads, dropped_neurons):
+    """A copy of ``model`` with every removed feature of an output / down projection replaced by its least-squares
+    affine prediction from the kept ones on ``batches`` (numpy ``lstsq`` on the inputs hooks record here), the removed
+    columns zeroed (what cutting them computes) and the shift added by a forward hook."""
+    import copy
+
+    import numpy as np
+
+    ref = copy.deepcopy(model)
+    targets = {s.name: (s.o, [j for h in dropped_heads.get(s.name, ()) for j in range(h * s.head_dim, (h + 1) * s.head_dim)])
+               for s in hp.find_sites(model)}
+    targets |= {f.name: (f.down, list(dropped_neurons.get(f.name, ()))) for f in hp.find_ffns(model)}
+    seen = {name: [] for name in targets}
+    hooks = [module.register_forward_pre_hook(lambda _m, a, name=name: seen[name].append(a[0].reshape(-1, a[0].shape[-1])))
+             for name, (module, _) in targets.items()]
+    with torch.no_grad():
+        for b in batches:
+            model(**{k: v for k, v in b.items() if k != "labels"})
+    for h in hooks:
+        h.remove()
+    mine = {s.name: s.o for s in hp.find_sites(ref)} | {f.name: f.down for f in hp.find_ffns(ref)}
+    for name, (_, removed) in targets.items():
+        if not removed:
+            continue
+        x = torch.cat(seen[name]).double().numpy()
+        kept = [j for j in range(x.shape[1]) if j not in set(removed)]
+        design = np.hstack([x[:, kept], np.ones((x.shape[0], 1))])
+        coef = np.linalg.lstsq(design, x[:, removed], rcond=None)[0]  # [k + 1, r]
+        w = mine[name].weight.detach().double().numpy()
+        new = w.copy()
+        new[:, kept] += w[:, removed] @ coef[:-1].T
+        new[:, removed] = 0
+        shift = torch.tensor(w[:, removed] @ coef[-1], dtype=torch.float32)
+        with torch.no_grad():
+            mine[name].weight.copy_(torch.tensor(new, dtype=torch.float32))
+        mine[name].register_forward_hook(lambda _m, _a, out, s=shift: out + s)
+    return ref
+
+
+def test_step_standin_rounds_choose_then_one_fold_on_the_model_passed():
+    """``step_standin``: the rounds (folding ``linear``, damping 0.3) choose what the plain rounds choose; the
+    settings' own stand-in (``linear``, no ridge) is then fitted once on the model passed, equal to numpy's
+    least-squares stand-ins on the unpruned model's inputs."""
+    torch.manual_seed(0)
+    model, batches = build("llama"), _batches(4)
+    rounds = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate="linear", damping=0.3, steps=2))
+    got = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate="linear", damping=0.0, steps=2,
+                                                 step_standin="linear", step_damping=0.3))
+    assert got.dropped_heads == rounds.dropped_heads and got.dropped_neurons == rounds.dropped_neurons
+    assert any(got.dropped_neurons.values())
+    ref = _affine_reference(model, batches, got.dropped_heads, got.dropped_neurons)
+    probe = inputs("llama", batch=3, seed=9, pad=False)
+    with torch.no_grad():
+        a, b, c = got.model(**probe).logits, ref(**probe).logits, rounds.model(**probe).logits
+    scale = float(b.abs().max())
+    assert float((a - b).abs().max()) <= 1e-4 * scale
+    assert float((c - b).abs().max()) > 1e-3 * scale  # folded round by round, the model differs: the check can fail
+
+
+def test_obs_seq_once_after_linear_rounds():
+    """``obs-seq`` run once after the rounds re-chooses units among all of the model passed, as many per FFN and
+    key/value group as the rounds dropped; the indices are of the model passed and match its weights."""
+    torch.manual_seed(0)
+    model, batches = build("llama"), _batches(4)
+    before = {f.name: f.down.weight.detach().clone() for f in hp.find_ffns(model)}
+    rounds = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate="linear", damping=0.3, steps=2))
+    got = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate="obs-seq", damping=0.01, steps=2,
+                                                 step_standin="linear", step_damping=0.3))
+    for name, drop in rounds.dropped_neurons.items():
+        assert len(got.dropped_neurons[name]) == len(drop)
+    for name, drop in rounds.dropped_heads.items():
+        assert len(got.dropped_heads[name]) == len(drop)
+    for ffn in hp.find_ffns(got.model):
+        assert ffn.down.weight.shape[1] == before[ffn.name].shape[1] - len(got.dropped_neurons[ffn.name])
+    assert got.selection["step_standin"] == "linear" and len(got.selection["steps"]) == 2
+    assert got.plan.dropped_neurons == got.dropped_neurons
+
+
+def test_score_batches_scores_on_batches_spread_over_the_order():
+    """``score_batches=2`` of 4 scores on the 1st and 3rd: the units dropped with no compensation are those of a
+    call given only those two batches."""
+    torch.manual_seed(0)
+    model, batches = build("llama"), _batches(4)
+    got = compress(model, batches, PruneSettings(**BASE, share=0.6, compensate="none", score_batches=2))
+    ref = compress(model, [batches[0], batches[2]], PruneSettings(**BASE, share=0.6, compensate="none"))
+    every = compress(model, batches, PruneSettings(**BASE, share=0.6, compensate="none"))
+    assert got.dropped_neurons == ref.dropped_neurons and got.dropped_heads == ref.dropped_heads
+    assert (every.dropped_neurons, every.dropped_heads) != (ref.dropped_neurons, ref.dropped_heads)
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    (dict(step_standin="linear"), "step_standin='linear' with steps=1"),
+    (dict(steps=2, step_standin="linear", low_memory=True), "step_standin='linear' with low_memory=True"),
+    (dict(steps=2, step_standin="reconstruct"), "step_standin='reconstruct'; allowed: None or a stand-in"),
+    (dict(steps=2, step_damping=0.3), "step_damping=0.3 without step_standin"),
+    (dict(steps=2, step_standin="linear", step_damping=-1.0), "step_damping=-1.0"),
+    (dict(score_batches=-1), "score_batches=-1"),
+])
+def test_step_settings_refused_with_one_line(given, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        PruneSettings(**BASE, share=0.5, compensate=given.pop("compensate", "obs-seq"), **given)
+
+
+def test_score_batches_refused_with_the_head_plan():
+    with pytest.raises(ConfigError, match="score_batches=2 with the head plan"):
+        PruneSettings(units="heads", share=0.5, score_batches=2)

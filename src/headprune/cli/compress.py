@@ -48,7 +48,8 @@ SETTING_FLAGS = {"share": "--share", "n_keep": "--n-keep", "price": "--price", "
                  "min_per_site": "--min-per-site", "seq_len": "--seq-len", "tgt_len": "--tgt-len",
                  "damping": "--damping", "distill_epochs": "--distill-epochs", "distill_lr": "--distill-lr",
                  "seed": "--seed", "guard": "--no-guard", "multiple_of": "--multiple-of",
-                 "low_memory": "--low-memory", "steps": "--steps"}
+                 "low_memory": "--low-memory", "steps": "--steps", "step_standin": "--step-standin",
+                 "step_damping": "--step-damping", "score_batches": "--score-batches"}
 
 
 def _option(default, flag: str, text: str):
@@ -114,6 +115,14 @@ class PruneFlags(Flags):
     steps: int = _option(1, "--steps", "Rounds of score, select, stand-in and cut, each taking an equal part of "
                          "the budget from the model the round before left, so later scores see what is gone (the "
                          "budget over heads and neurons; about N times the time; default 1).")
+    step_standin: str = _option(None, "--step-standin", "With --steps: the stand-in every round folds (e.g. linear); "
+                                "the rounds then only choose the units, and --compensate's stand-in runs once after "
+                                "them on the loaded model (obs-seq: re-choosing which units of each site and FFN go; "
+                                "default: none, every round folds --compensate's).")
+    step_damping: float = _option(None, "--step-damping", "--step-standin's damping (default: --damping).")
+    score_batches: int = _option(0, "--score-batches", "Score on N of the calibration batches, spread over them "
+                                 "(the budget over heads and neurons; block-by-block stand-ins and refits read all; "
+                                 "default 0: all).")
     config: Path = _option(None, "--config", "The settings from a TOML file instead of these flags: a [settings] "
                            "table of PruneSettings fields, as every compress run writes to compress.toml (rerun a "
                            "run with --config RUN/compress.toml; default: none, the flags).")

@@ -96,13 +96,26 @@ def _moments(model: nn.Module, batches: list, stack, targets: Mapping[str, nn.Mo
                 stack.advance()
             if advance:
                 stack.advance(lambda b: collector.batch(batches[b]))
-            else:  # the layer runs on its inputs for the moments; the stack stays at it
+            else:  # the layer runs on its inputs for the moments, up to the last projection read; the stack stays
+                left: set[str] = set()
+                hooks = [(targets[n], "pre", _stop_when_read(left, n)) for n in names]  # after the collector's
                 for b in range(len(batches)):
                     collector.batch(batches[b])
-                    stack.run(b)
+                    left.update(names)
+                    stack.run(b, hooks)
         else:
             _run_upto(model, batches, targets[names[0]], collector)
     return collector.finish()  # the collector's float64 sums go with it
+
+
+def _stop_when_read(left: set[str], name: str):
+    """A pre-hook of projection ``name``: it has read its input; once every projection in ``left`` has, the rest
+    of the layer is not needed (raise :class:`~.layerwise.Stop`)."""
+    def pre(_module, _args):
+        left.discard(name)
+        if not left:
+            raise Stop
+    return pre
 
 
 def _zero_removed(model: nn.Module, drop_heads: Mapping, drop_neurons: Mapping) -> None:

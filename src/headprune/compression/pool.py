@@ -211,7 +211,10 @@ def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict |
     record) after ``settings.steps`` rounds of score, select, stand-in and cut. Round ``i`` of ``k`` brings the
     pool's price down to ``1 - i/k`` of the way to the budget, scored on the model the rounds before left (each
     round's scores see the units already gone and the stand-ins already folded); the units dropped are given as
-    indices of the model passed."""
+    indices of the model passed. With ``step_standin`` the rounds fold that stand-in and only choose the units: the
+    settings' own stand-in then runs once, on the model passed (``obs-seq`` re-choosing which units of each site and
+    FFN go, on the pruned model's inputs), so one sequential pass serves all the rounds. Every round scores on
+    ``score_batches`` of the calibration batches."""
     settings, model = run.settings, run.model
     current, records = model, []
     # read before any cut: with low_memory the first round cuts ``model`` itself
@@ -219,22 +222,45 @@ def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict |
     neurons_before = kept_neurons(model) if settings.steps > 1 and find_ffns(model, skip_moe=True) else {}
     shifts: dict | None = {}
     total, kept_share = costs.total(), 1.0 if settings.share is None else settings.share  # None: refused by _select
+    once = settings.step_standin is not None  # the rounds fold step_standin; settings' own stand-in runs once, after
+    rounds = replace(run, settings=_step_settings(settings), unreplayable=[]) if once else run
+    scoring = _scoring_batches(calib, settings.score_batches)
     for i in range(1, settings.steps + 1):
         t = time.perf_counter()
         if i > 1:
             costs = unit_costs(current, settings.price, seq_len=settings.seq_len, tgt_len=settings.tgt_len)
-        now = settings if settings.steps == 1 else replace(
-            settings, share=min(1.0, total * (1 - (1 - kept_share) * i / settings.steps) / costs.total()))
-        head_scores, neuron_scores, stats = _scores(current, calib, now, costs, run.loss_fn, run.progress)
+        now = rounds.settings if settings.steps == 1 else replace(
+            rounds.settings, share=min(1.0, total * (1 - (1 - kept_share) * i / settings.steps) / costs.total()))
+        head_scores, neuron_scores, stats = _scores(current, scoring, now, costs, run.loss_fn, run.progress)
         run.seconds["score"] = run.seconds.get("score", 0.0) + time.perf_counter() - t
         drop_h, drop_n, selection = _select(current, now, costs, head_scores, neuron_scores)
-        current, added, drop_h, drop_n = _cut(run, current, calib, stats, drop_h, drop_n, inplace=i > 1)
+        current, added, drop_h, drop_n = _cut(rounds, current, calib, stats, drop_h, drop_n, inplace=i > 1)
         shifts = None if added is None or shifts is None else _add_shifts(shifts, added)
         records.append(selection)
     if settings.steps == 1:
         return current, shifts, drop_h, drop_n, records[0]
-    return (current, shifts, _dropped(heads_before, kept_heads(current)),
-            _dropped(neurons_before, kept_neurons(current)) if neurons_before else {}, {"steps": records})
+    drop_h = _dropped(heads_before, kept_heads(current))
+    drop_n = _dropped(neurons_before, kept_neurons(current)) if neurons_before else {}
+    if not once:
+        return current, shifts, drop_h, drop_n, {"steps": records}
+    del current  # the rounds chose the units; the stand-in now runs once on the model passed (its indices)
+    pruned, shifts, drop_h, drop_n = _cut(run, model, calib, None, drop_h, drop_n)
+    return pruned, shifts, drop_h, drop_n, {"steps": records, "step_standin": settings.step_standin}
+
+
+def _step_settings(settings: PruneSettings) -> PruneSettings:
+    """The settings of the rounds when ``step_standin`` is set: that stand-in alone, with ``step_damping``."""
+    damping = settings.damping if settings.step_damping is None else settings.step_damping
+    return replace(settings, compensate=[settings.step_standin], step_standin=None, step_damping=None,
+                   damping=damping, distill_epochs=0)
+
+
+def _scoring_batches(calib: list, k: int) -> list:
+    """``k`` of the calibration batches spread over their order, the first included (``k`` 0 or more than there
+    are: all)."""
+    if not k or k >= len(calib):
+        return calib
+    return [calib[int(i * len(calib) / k)] for i in range(k)]
 
 
 def _add_shifts(total: dict, added: dict) -> dict:

@@ -84,6 +84,13 @@ class PruneSettings:
     # read the unpruned model)
     steps: int = 1  # the budget over heads and neurons: rounds of score, select, stand-in and cut, each taking an
     # equal part of the budget from the model the round before left (its scores see what is already gone)
+    step_standin: str | None = None  # steps > 1: the stand-in every round folds (e.g. "linear"); the rounds then only
+    # choose the units, and compensate's stand-in runs once, after them, on the model passed (an obs-seq one re-choosing
+    # which units of each site / FFN go among all of them, on the pruned model's inputs)
+    step_damping: float | None = None  # step_standin's damping (None: damping)
+    score_batches: int = 0  # the budget over heads and neurons: the scoring pass (the scores, and the stand-in moments
+    # it gathers) reads this many calibration batches, spread over their order from the first (0: all of them);
+    # block-by-block stand-ins, refits and the guard read all
 
     def __post_init__(self):
         check_choice("units", self.units, UNITS)
@@ -96,8 +103,10 @@ class PruneSettings:
         self._compensations = get_compensations(self.compensate)
         check_choice("gqa", self.gqa, GQA_MODES)
         self._check_budget()
-        for name in ("min_per_site", "seq_len", "distill_epochs", "seed", "multiple_of", "steps"):
-            check_int(name, getattr(self, name), 0 if name in ("min_per_site", "distill_epochs", "seed") else 1)
+        for name in ("min_per_site", "seq_len", "distill_epochs", "seed", "multiple_of", "steps", "score_batches"):
+            check_int(name, getattr(self, name), 0 if name in ("min_per_site", "distill_epochs", "seed",
+                                                               "score_batches") else 1)
+        check_number("step_damping", self.step_damping, low=0, optional=True)
         check_int("tgt_len", self.tgt_len, 1, optional=True)
         check_number("damping", self.damping, low=0)
         check_number("max_scale", self.max_scale, low=0, strict=True)
@@ -137,6 +146,7 @@ class PruneSettings:
                               "distillation read the unpruned one; allowed: the budget over heads and neurons "
                               "(units neurons | both, or price params) with compensate none | bias | linear and "
                               "distill_epochs=0")
+        self._check_steps()
         if self.head_plan and self.steps > 1:
             raise ConfigError(f"steps={self.steps} with the head plan; allowed: steps=1, or the budget over heads and "
                               "neurons (units neurons | both, or price params)")
@@ -157,6 +167,26 @@ class PruneSettings:
             raise ConfigError(f"{', '.join(refused)} with {self._pool_reason()}; allowed there: a share of price "
                               f"{' | '.join(POOL_PRICES)}, scores {' | '.join(self._pool_scores())}, compensate "
                               f"{' | '.join(self._pool_names())}")
+
+    def _check_steps(self) -> None:
+        """``step_standin`` / ``step_damping`` / ``score_batches`` against the rounds and the pipeline that runs them."""
+        if self.head_plan and self.score_batches:
+            raise ConfigError(f"score_batches={self.score_batches} with the head plan; allowed: 0, or the budget over "
+                              "heads and neurons (units neurons | both, or price params)")
+        if self.step_standin is None:
+            if self.step_damping is not None:
+                raise ConfigError(f"step_damping={self.step_damping!r} without step_standin; allowed: None")
+            return
+        standins = [n for n in compensation_names() if get_compensations(n)[0].stage == "standin"]
+        if not isinstance(self.step_standin, str) or self.step_standin not in standins:
+            raise ConfigError(f"step_standin={self.step_standin!r}; allowed: None or a stand-in: "
+                              f"{' | '.join(standins)}")
+        if self.steps < 2 or self.standin is None or self.low_memory:
+            why = f"steps={self.steps}" if self.steps < 2 else "low_memory=True" if self.low_memory else \
+                f"compensate={self._compensate_text()}"
+            raise ConfigError(f"step_standin={self.step_standin!r} with {why}; allowed: steps >= 2, a stand-in in "
+                              "compensate (it runs once after the rounds, on the model passed, which low_memory "
+                              "cuts in the first round)")
 
     @staticmethod
     def _pool_scores() -> list[str]:
