@@ -43,7 +43,6 @@ from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.core.ffn import find_ffns  # noqa: E402
 from headprune.core.sites import find_sites  # noqa: E402
 from headprune.core.unit_cost import unit_costs  # noqa: E402
-from headprune.evaluation.lm import LanguageModelling  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 from headprune.scoring.scorer import ScoreRequest, UnitScores  # noqa: E402
 
@@ -82,15 +81,7 @@ def parse(argv=None):
 
 def _data(quick: bool):
     """(model, calibration batches, held-out blocks [n, T], description)."""
-    peer_args = llm_peers.parse(["--quick"] if quick else [])
-    model, tok, calib_text, _, described = llm_peers.load(peer_args)
-    block, n_calib, n_held = (64, 8, 4) if quick else (peer_args.calib_block, peer_args.calib_blocks,
-                                                       peer_args.select_blocks)
-    calib = LanguageModelling(tok, [calib_text], block_size=block, max_blocks=n_calib + n_held, batch_size=4)
-    if len(calib) < n_calib + n_held:
-        raise SystemExit(f"calibration text: {len(calib)} blocks of {block} tokens; {n_calib + n_held} needed")
-    described = {**described, "calib_block": block, "calib_blocks": n_calib, "held_out_blocks": n_held}
-    return model, list(calib.batches(limit=n_calib)), calib.blocks[n_calib:], described
+    return llm_peers.held_out_data(quick, quick_held=4)
 
 
 def widths(model) -> dict:

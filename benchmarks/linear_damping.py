@@ -28,7 +28,6 @@ from peers.headprune_rows import CONFIGURATIONS, settings_for  # noqa: E402
 
 from headprune import compress  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
-from headprune.evaluation.lm import LanguageModelling  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "linear_damping.json"
@@ -52,11 +51,7 @@ def main(argv=None) -> dict:
     if not 0 < args.budget < 1:
         raise SystemExit(f"--budget {args.budget}; allowed: a number in (0, 1)")
     torch.set_num_threads(args.threads)
-    peers_args = llm_peers.parse(["--quick"] if args.quick else [])
-    model, tok, calib_text, _, described = llm_peers.load(peers_args)
-    block, n_calib, n_held = (64, 8, 8) if args.quick else (256, 32, 8)
-    calib = LanguageModelling(tok, [calib_text], block_size=block, max_blocks=n_calib + n_held, batch_size=4)
-    batches, held = list(calib.batches(limit=n_calib)), calib.blocks[n_calib:]
+    model, batches, held, described = llm_peers.held_out_data(args.quick)
     unpruned = protocol.perplexity(protocol.window_nll(model, held))
     rows = []
     for name, extra in [("bias", {"compensate": "bias"}),
@@ -74,8 +69,8 @@ def main(argv=None) -> dict:
     out = {"name": "linear_damping", "command": shlex.join([sys.executable, "benchmarks/linear_damping.py",
                                                            *(sys.argv[1:] if argv is None else argv)]),
            "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions(),
-           "settings": {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget, "calib_block": block, "calib_blocks": n_calib,
-                        "held_out_blocks": n_held, "scores": "fluctuation", "quick": args.quick},
+           "settings": {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
+                        "scores": "fluctuation", "quick": args.quick},
            "unpruned_held_out_perplexity": unpruned, "rows": rows, "best_damping": best["damping"]}
     results_io.save(args.output or (OUTPUT.with_name("linear_damping_quick.json") if args.quick else OUTPUT), out)
     return out

@@ -176,6 +176,21 @@ def quick_model():
     return LlamaForCausalLM(config).eval(), tok
 
 
+def held_out_data(quick: bool, quick_held: int = 8):
+    """(model, calibration batches, held-out blocks [n, T], description with the block counts): the harness's model
+    and calibration batches, and the calibration blocks after them that no method reads (settings are chosen on
+    them, never on an evaluation text)."""
+    peer_args = parse(["--quick"] if quick else [])
+    model, tok, calib_text, _, described = load(peer_args)
+    block, n_calib, n_held = (64, 8, quick_held) if quick else (peer_args.calib_block, peer_args.calib_blocks,
+                                                                peer_args.select_blocks)
+    calib = LanguageModelling(tok, [calib_text], block_size=block, max_blocks=n_calib + n_held, batch_size=4)
+    if len(calib) < n_calib + n_held:
+        raise SystemExit(f"calibration text: {len(calib)} blocks of {block} tokens; {n_calib + n_held} needed")
+    described = {**described, "calib_block": block, "calib_blocks": n_calib, "held_out_blocks": n_held}
+    return model, list(calib.batches(limit=n_calib)), calib.blocks[n_calib:], described
+
+
 def load(args):
     """(model, tokenizer, calibration text, evaluation text, description of model and data)."""
     if args.quick:

@@ -30,7 +30,6 @@ from peers.headprune_rows import CONFIGURATIONS, settings_for  # noqa: E402
 
 from headprune import compress  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
-from headprune.evaluation.lm import LanguageModelling  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "step_standin.json"
@@ -54,15 +53,11 @@ def main(argv=None) -> dict:
     if not 0 < args.budget < 1:
         raise SystemExit(f"--budget {args.budget}; allowed: a number in (0, 1)")
     torch.set_num_threads(args.threads)
-    peers_args = llm_peers.parse(["--quick"] if args.quick else [])
-    model, tok, calib_text, _, described = llm_peers.load(peers_args)
-    block, n_calib, n_held = (64, 8, 8) if args.quick else (256, 32, 8)
-    calib = LanguageModelling(tok, [calib_text], block_size=block, max_blocks=n_calib + n_held, batch_size=4)
-    batches, held = list(calib.batches(limit=n_calib)), calib.blocks[n_calib:]
+    model, batches, held, described = llm_peers.held_out_data(args.quick)
     output = args.output or (OUTPUT.with_name("step_standin_quick.json") if args.quick else OUTPUT)
     settings = {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
-                "calib_block": block, "calib_blocks": n_calib, "held_out_blocks": n_held, "selected": SELECTED,
-                "selected_config": CONFIGURATIONS[SELECTED], "threads": args.threads, "quick": args.quick}
+                "selected": SELECTED, "selected_config": CONFIGURATIONS[SELECTED], "threads": args.threads,
+                "quick": args.quick}
     out = results_io.resume(output, settings, lambda name: _config(VARIANTS.get(name, {"missing": True})))
     out.update({"name": "step_standin", "command": shlex.join([sys.executable, "benchmarks/step_standin.py",
                                                                  *(sys.argv[1:] if argv is None else argv)]),

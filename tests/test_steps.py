@@ -182,3 +182,25 @@ def test_step_settings_refused_with_one_line(given, message):
 def test_score_batches_refused_with_the_head_plan():
     with pytest.raises(ConfigError, match="score_batches=2 with the head plan"):
         PruneSettings(units="heads", share=0.5, score_batches=2)
+
+
+def test_cli_step_flags_reach_the_settings_and_are_refused_by_flag_name(tmp_path):
+    """On a BERT classifier (an encoder: the final stand-in ``linear`` needs no block replay): the flags reach the
+    recorded settings; a step stand-in without rounds is refused in one line naming the flags, nothing written."""
+    from typer.testing import CliRunner
+
+    from headprune.cli import app
+    from test_fluctuation import cli_fixture
+
+    base = [a if a != "fluctuation" else "fisher" for a in cli_fixture(tmp_path)]
+    runner = CliRunner()
+    out = tmp_path / "out"
+    result = runner.invoke(app, [*base, "--compensate", "linear", "--damping", "0.3", "--steps", "2",
+                                 "--step-standin", "bias", "--score-batches", "1", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    record = __import__("json").loads((out / "compress.json").read_text())
+    assert record["settings"]["step_standin"] == "bias" and record["settings"]["score_batches"] == 1
+    assert record["stages"]["linear"].startswith("kept") and record["selection"]["step_standin"] == "bias"
+    refused = runner.invoke(app, [*base, "--compensate", "linear", "--step-standin", "bias", "-o", str(tmp_path / "x")])
+    assert refused.exit_code != 0 and "--step-standin 'bias' with --steps 1" in refused.output
+    assert not (tmp_path / "x").exists()
