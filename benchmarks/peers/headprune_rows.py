@@ -59,9 +59,9 @@ CONFIGURATIONS: dict[str, dict] = {
                                         "compensate": "obs-seq", "damping": 0.01, "steps": 3},
     # two rounds of headprune-fisher+linear (Fisher on 2 of the 8 calibration batches, damping 0.3) only choose the
     # units; obs-seq then runs once on the unpruned model, re-choosing within each site / FFN on the pruned model's
-    # inputs: one sequential pass instead of one per round. Held-out at 50%: Fisher on all 8 batches 113.3, on 2 112.4,
-    # on 1 123.4; the rounds folding obs-seq's damping 0.01 instead of 0.3: 122.6, folding nothing 122.9; obs-seq on
-    # half the batches 124.8 (benchmarks/results/step_standin.json)
+    # inputs: one sequential pass instead of one per round. Held-out at 50% (benchmarks/results/step_standin.json):
+    # Fisher on 2 batches 112.9, on all 8 112.9, on 1 121.4; the rounds at obs-seq's damping 0.01 instead of 0.3:
+    # 121.3; the rounds folding the mean: 115.8
     "headprune-fisher+linear-2steps+obs-seq": {"units": "both", "price": "params", "scores": "fisher",
                                                "compensate": "obs-seq", "damping": 0.01, "steps": 2,
                                                "step_standin": "linear", "step_damping": 0.3, "score_batches": 2},
