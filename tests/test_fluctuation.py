@@ -345,3 +345,19 @@ def test_standardised_scores_are_one_threshold_over_a_kind():
     kept = torch.cat([z[k][[i for i in range(len(z[k])) if i not in set(v)]] for k, v in result.dropped_neurons.items()])
     assert float(dropped.max()) <= float(kept.min())
     assert len({len(v) for v in result.dropped_neurons.values()}) > 1
+
+
+@pytest.mark.parametrize("columns", [5, 256, 257, 600])
+def test_gram_upper_mirrored_is_numpys_full_product(columns):
+    """Half of x^T x computed, the other half mirrored, summed over two batches: numpy's full product."""
+    import numpy as np
+
+    from headprune.scoring.fluctuation import gram_upper, mirror_upper
+
+    g = torch.Generator().manual_seed(columns)
+    a, b = torch.randn(70, columns, generator=g), torch.randn(30, columns, generator=g)
+    got = mirror_upper(gram_upper(a).double() + gram_upper(b).double()).numpy()
+    x = np.concatenate([a.numpy(), b.numpy()]).astype(np.float64)
+    want = x.T @ x
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    assert np.array_equal(got[256:, :256], got[:256, 256:].T)  # the mirrored blocks: the transpose, exactly

@@ -106,3 +106,58 @@ def test_obs_seq_is_refused_where_blocks_cannot_be_replayed():
     x = inputs("bart", batch=5, seed=0)
     with pytest.raises(ConfigError, match="obs-seq.*allowed: compensate='linear'"):
         compress(model, [{**x, "labels": labels("bart", x, seed=0)}], PruneSettings(**SETTINGS, compensate="obs-seq"))
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_the_narrowed_block_hands_on_what_the_zeroed_block_hands_on(family):
+    """The block-by-block pass runs each folded block with its removed queries, keys, values and up projections
+    cut out and the kept features put back among zeros before the output / down projection: its outputs equal
+    the zeroed block's (a hand-zeroed copy of the weights, run whole), and the model is left as it was."""
+    from headprune.compression.blockwise import _narrowed, _zero_removed
+    from headprune.core.ffn import out_features
+    from headprune.core.sites import find_sites
+
+    torch.manual_seed(3)
+    model = build(family).eval()
+    site, ffn = hp.find_sites(model)[0], hp.find_ffns(model)[0]
+    heads, neurons = {site.name: [0]}, {ffn.name: [1, 4, 5]}
+    _zero_removed(model, heads, neurons)
+    width, heads_before = ffn.width, site.num_heads
+    probe = inputs(family, batch=2, seed=4, pad=False)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        want = model(**probe).logits
+        with _narrowed(model, heads, neurons):
+            assert out_features(ffn.ups[0]) == width - 3 and find_sites(model)[0].num_heads == heads_before - 1
+            got = model(**probe).logits
+        again = model(**probe).logits
+    assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max())
+    assert torch.equal(again, want)
+    assert all(torch.equal(v, state[k]) for k, v in model.state_dict().items())
+
+
+
+def test_replayed_attention_gives_what_running_it_gives(monkeypatch):
+    """The pass handing each block's outputs on replays its attention sites from what the moment pass saw (their
+    output projections' inputs, through the folded projection): the same units and weights as running them."""
+    from headprune.compression import blockwise
+
+    torch.manual_seed(0)
+    model, batches = build("llama"), _batches("llama")
+    calls = []
+    real = blockwise._AttentionReplay._forward
+
+    def counted(self, site):
+        forward = real(self, site)
+        return lambda *a, **k: (calls.append(site.name), forward(*a, **k))[1]
+
+    monkeypatch.setattr(blockwise._AttentionReplay, "_forward", counted)
+    got = compress(model, batches, PruneSettings(**SETTINGS, compensate="obs-seq"))
+    assert calls  # the sites were replayed, not run
+    monkeypatch.setattr(blockwise._AttentionReplay, "hooks", lambda self: [])  # nothing seen: every site runs
+    ran = compress(model, batches, PruneSettings(**SETTINGS, compensate="obs-seq"))
+    assert got.dropped_heads == ran.dropped_heads and got.dropped_neurons == ran.dropped_neurons
+    probe = inputs("llama", batch=3, seed=9, pad=False)
+    with torch.no_grad():
+        a, b = got.model(**probe).logits, ran.model(**probe).logits
+    assert float((a - b).abs().max()) <= 1e-6 * float(b.abs().max())

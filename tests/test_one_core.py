@@ -201,6 +201,31 @@ def test_a_neuron_cut_failing_half_way_restores_the_model_bit_for_bit(monkeypatc
     assert [f.width for f in hp.find_ffns(model)] == [w - 2 for w in widths]
 
 
+def test_a_restored_cut_keeps_hooks_registered_before_it_removable(monkeypatch):
+    """The snapshot refills a module's hook dictionaries rather than replacing them: a handle taken before the
+    failed cut still removes its hook afterwards (a replaced dictionary would keep the hook running forever)."""
+    model, x = build("llama"), inputs("llama")
+    ffn = hp.find_ffns(model)[1]
+    calls: list[int] = []
+    handle = ffn.down.register_forward_pre_hook(lambda _m, _a: calls.append(1))
+    real = neurons._cut_ffn
+
+    def failing(f, drop):
+        real(f, drop)
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(neurons, "_cut_ffn", failing)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        hp.prune_neurons(model, {ffn.name: [0, 1]}, verify=False)
+    with torch.no_grad():
+        model(**x)
+    assert calls == [1]  # the hook runs on the restored module
+    handle.remove()
+    with torch.no_grad():
+        model(**x)
+    assert calls == [1]  # and its handle removed it
+
+
 @pytest.mark.parametrize("variant", ["norm", "l2"])
 def test_an_ffn_that_mixes_its_intermediate_features_is_refused_before_any_change(variant):
     model = _toy(variant)

@@ -135,6 +135,18 @@ def test_step_standin_rounds_choose_then_one_fold_on_the_model_passed():
     assert float((c - b).abs().max()) > 1e-3 * scale  # folded round by round, the model differs: the check can fail
 
 
+def test_step_standin_three_rounds_choose_what_plain_rounds_choose():
+    """Three rounds: the last one only chooses (no fold, no cut); its choice, given as indices of the model the
+    second round left, is mapped back to the model passed through both earlier cuts."""
+    torch.manual_seed(1)
+    model, batches = build("llama"), _batches(4)
+    rounds = compress(model, batches, PruneSettings(**BASE, share=0.4, compensate="linear", damping=0.3, steps=3))
+    got = compress(model, batches, PruneSettings(**BASE, share=0.4, compensate="linear", steps=3,
+                                                 step_standin="linear", step_damping=0.3))
+    assert got.dropped_heads == rounds.dropped_heads and got.dropped_neurons == rounds.dropped_neurons
+    assert len(got.selection["steps"]) == 3 and any(got.dropped_neurons.values())
+
+
 def test_obs_seq_once_after_linear_rounds():
     """``obs-seq`` run once after the rounds re-chooses units among all of the model passed, as many per FFN and
     key/value group as the rounds dropped; the indices are of the model passed and match its weights."""

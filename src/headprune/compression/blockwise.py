@@ -21,6 +21,7 @@ done by then. Exact too, at about ``n_projections / 2`` forwards.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -30,7 +31,10 @@ from tqdm.auto import tqdm
 from ..core.devices import input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.inputs import model_inputs
+from ..core.neurons import cut_neurons
 from ..core.sites import find_sites, is_conv1d, structure_fixed
+from ..core.snapshot import Snapshot
+from ..core.surgery import cut_heads, site_roots
 from ..errors import ConfigError
 from ..scoring.fluctuation import StatsCollector
 from ..scoring.gradients import scoring_mode
@@ -68,8 +72,10 @@ def blockwise_standins(model: nn.Module, batches: Sequence[Mapping[str, torch.Te
         done = _Folded()
         chosen: tuple[dict, dict] = ({k: list(v) for k, v in drop_heads.items()},
                                      {k: list(v) for k, v in drop_neurons.items()})
-        for names in tqdm(groups, desc="stand-ins", unit="block", disable=not progress):
-            stats = _moments(model, batches, stack, targets, names, advance=not sequential)
+        sites = {site.name: site for site in find_sites(model)}
+        for at, names in enumerate(tqdm(groups, desc="stand-ins", unit="block", disable=not progress)):
+            replay = _AttentionReplay([sites[n] for n in names if n in sites] if sequential else [])
+            stats = _moments(model, batches, stack, targets, names, advance=not sequential, seen=replay.hooks())
             heads = {k: list(v) for k, v in drop_heads.items() if k in names}
             neurons = {k: list(v) for k, v in drop_neurons.items() if k in names}
             if sequential and getattr(standin, "reselect", False):  # which units go, on the pruned model's inputs
@@ -78,17 +84,20 @@ def blockwise_standins(model: nn.Module, batches: Sequence[Mapping[str, torch.Te
                 chosen[1].update(neurons)
             done.add(standin.apply(model, model, stats, heads, neurons, settings))
             del stats
-            if sequential and stack is not None:  # the block as the cut leaves it gives the next block its inputs
-                _zero_removed(model, heads, neurons)
-                stack.advance()
+            if sequential and stack is not None and at + 1 < len(groups):  # the block as the cut leaves it gives
+                _zero_removed(model, heads, neurons)                         # the next block its inputs
+                with replay.replaying(len(batches)) as replayed, \
+                        _narrowed(model, {k: v for k, v in heads.items() if k not in replayed}, neurons):
+                    stack.advance(replay.at)
     return done.note, done.shifts, chosen
 
 
 def _moments(model: nn.Module, batches: list, stack, targets: Mapping[str, nn.Module], names: list[str],
-             advance: bool = True):
+             advance: bool = True, seen: Sequence = ()):
     """The :class:`~headprune.scoring.fluctuation.ChannelStats` (second moments included) of the projections
     ``names``: from their layer of ``stack``, which then moves past it (its outputs, before any fold, go on), or
-    from whole-model forwards cut short after the first of them (``stack`` None)."""
+    from whole-model forwards cut short after the first of them (``stack`` None). ``seen``: hooks ((module, "pre" |
+    "post", fn)) on the layer's run when the stack stays (``advance`` False)."""
     collector = StatsCollector(model, gram=True, names=set(names))
     with collector:
         if stack is not None:
@@ -98,7 +107,7 @@ def _moments(model: nn.Module, batches: list, stack, targets: Mapping[str, nn.Mo
                 stack.advance(lambda b: collector.batch(batches[b]))
             else:  # the layer runs on its inputs for the moments, up to the last projection read; the stack stays
                 left: set[str] = set()
-                hooks = [(targets[n], "pre", _stop_when_read(left, n)) for n in names]  # after the collector's
+                hooks = [*seen, *((targets[n], "pre", _stop_when_read(left, n)) for n in names)]  # after the collector's
                 for b in range(len(batches)):
                     collector.batch(batches[b])
                     left.update(names)
@@ -129,6 +138,114 @@ def _zero_removed(model: nn.Module, drop_heads: Mapping, drop_neurons: Mapping) 
             for ffn in find_ffns(model, skip_moe=True):
                 if list(drop_neurons.get(ffn.name, ())):
                     _zero_columns(ffn.down, [int(i) for i in drop_neurons[ffn.name]])
+
+
+class _AttentionReplay:
+    """What the moment pass saw of one block's attention sites, so that the pass handing the block's outputs on need
+    not run them again: per batch, each site's output-projection input (the fold changes the output projection
+    only: queries, keys and values, and so that input, stay as they were) and the rest of what the attention module
+    returned. Kept for a site only where its module returned its output projection's very output on every batch;
+    replayed, the site returns ``o(that input)`` through the folded, zeroed output projection: what running it
+    again computes, to the bit."""
+
+    def __init__(self, sites: list):
+        self.sites = sites
+        self.inputs: dict[str, list] = {s.name: [] for s in sites}
+        self.rest: dict[str, list] = {s.name: [] for s in sites}
+        self.ok = {s.name: True for s in sites}
+        self.outputs: dict[str, torch.Tensor] = {}
+        self.batch = 0
+
+    def hooks(self) -> list:
+        out: list = []
+        for s in self.sites:
+            out.append((s.o, "pre", lambda _m, a, n=s.name: self.inputs[n].append(a[0])))
+            out.append((s.o, "post", lambda _m, _a, y, n=s.name: self.outputs.__setitem__(n, y)))
+            out.append((s.attention, "post", lambda _m, _a, y, n=s.name: self._returned(n, y)))
+        return out
+
+    def _returned(self, name: str, y) -> None:
+        first = y[0] if isinstance(y, tuple) else y
+        if first is not self.outputs.pop(name, None):
+            self.ok[name] = False
+        self.rest[name].append(tuple(y[1:]) if isinstance(y, tuple) else None)
+
+    def at(self, b: int) -> None:
+        self.batch = b
+
+    @contextmanager
+    def replaying(self, n_batches: int):
+        """Inside, the sites seen whole on all ``n_batches`` return what they returned, through their output
+        projection as it is now; yields their names."""
+        live = [s for s in self.sites if self.ok[s.name] and len(self.inputs[s.name]) == len(self.rest[s.name])
+                == n_batches]
+        for s in live:
+            s.attention.forward = self._forward(s)
+        try:
+            yield {s.name for s in live}
+        finally:
+            for s in live:
+                del s.attention.forward
+
+    def _forward(self, site):
+        def forward(*_args, **_kwargs):
+            y = site.o(self.inputs[site.name][self.batch])
+            rest = self.rest[site.name][self.batch]
+            return y if rest is None else (y, *rest)
+        return forward
+
+
+@contextmanager
+def _narrowed(model: nn.Module, drop_heads: Mapping, drop_neurons: Mapping):
+    """The removed heads and neurons cut out of the projections that write them (queries, keys, values; the FFN's
+    up projections; the pipeline's own surgery, unverified) while the block hands its outputs on -- at 50% about
+    half of that work -- and all put back after: the pipeline cuts every block at once, later. The projections
+    that read them (output, down) keep their zeroed full width and read the kept features put back in place among
+    zeros: the same products and sums as the zeroed block, so the outputs are the same to the bit (a narrower sum
+    rounds otherwise, and the sequential choices downstream follow the rounding). A site losing all its heads stays
+    whole, zeroed (removing a site changes its call)."""
+    sites = {s.name: s for s in find_sites(model)}
+    heads = {k: list(v) for k, v in drop_heads.items() if list(v) and len(list(v)) < sites[k].num_heads}
+    neurons = {k: list(v) for k, v in drop_neurons.items() if list(v)}
+    ffns = {f.name: f for f in find_ffns(model, skip_moe=True)} if neurons else {}
+    readers = [(sites[k].o, _kept_columns(sites[k].num_heads, sites[k].head_dim, v)) for k, v in heads.items()]
+    readers += [(ffns[k].down, _kept_columns(ffns[k].width, 1, v)) for k, v in neurons.items()]
+    roots = [m for k in heads for m in site_roots(model, sites[k])]
+    roots += [m for k in neurons for m in (*ffns[k].ups, ffns[k].down)]
+    snapshot = Snapshot(model, roots)
+    full = [(m, m.weight, getattr(m, "in_features", None)) for m, _ in readers]  # zeroed, full width
+    try:
+        if heads:
+            cut_heads(model, heads)
+        if neurons:
+            cut_neurons(model, neurons)
+        for (module, weight, width), (_, columns) in zip(full, readers, strict=True):
+            module.weight = weight
+            if width is not None:
+                module.in_features = width
+            module.register_forward_pre_hook(_in_place_among_zeros(columns, _in_width(module)))
+        yield
+    finally:
+        snapshot.restore()  # the hooks go with it: the hook dictionaries are refilled as they were
+
+
+def _kept_columns(units: int, width: int, dropped: Sequence[int]) -> torch.Tensor:
+    gone = {int(u) for u in dropped}
+    return torch.tensor([u * width + j for u in range(units) if u not in gone for j in range(width)], dtype=torch.long)
+
+
+def _in_width(module: nn.Module) -> int:
+    return module.weight.shape[0] if is_conv1d(module) else module.weight.shape[1]
+
+
+def _in_place_among_zeros(columns: torch.Tensor, width: int):
+    """A pre-hook: the input's features ``[..., len(columns)]`` put at ``columns`` of ``[..., width]`` zeros."""
+    def pre(_module, args):
+        x = args[0]
+        out = x.new_zeros(*x.shape[:-1], width)
+        out[..., columns.to(x.device)] = x
+        return (out, *args[1:])
+    return pre
 
 
 def _zero_columns(module: nn.Module, columns: list[int]) -> None:

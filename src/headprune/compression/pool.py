@@ -39,7 +39,7 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -231,16 +231,24 @@ def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict |
             costs = unit_costs(current, settings.price, seq_len=settings.seq_len, tgt_len=settings.tgt_len)
         now = rounds.settings if settings.steps == 1 else replace(
             rounds.settings, share=min(1.0, total * (1 - (1 - kept_share) * i / settings.steps) / costs.total()))
+        last_choice = once and i == settings.steps  # this round only chooses: no moments, no fold, no cut
+        if last_choice:
+            now = replace(now, compensate=[])
         head_scores, neuron_scores, stats = _scores(current, scoring, now, costs, run.loss_fn, run.progress)
         run.seconds["score"] = run.seconds.get("score", 0.0) + time.perf_counter() - t
         drop_h, drop_n, selection = _select(current, now, costs, head_scores, neuron_scores)
+        records.append(selection)
+        if last_choice:
+            break
         current, added, drop_h, drop_n = _cut(rounds, current, calib, stats, drop_h, drop_n, inplace=i > 1)
         shifts = None if added is None or shifts is None else _add_shifts(shifts, added)
-        records.append(selection)
     if settings.steps == 1:
         return current, shifts, drop_h, drop_n, records[0]
-    drop_h = _dropped(heads_before, kept_heads(current))
-    drop_n = _dropped(neurons_before, kept_neurons(current)) if neurons_before else {}
+    after_h, after_n = kept_heads(current), kept_neurons(current) if neurons_before else {}
+    if once:  # the last round's choice, as indices of ``current``, taken out of what it keeps
+        after_h, after_n = _without(after_h, drop_h), _without(after_n, drop_n)
+    drop_h = _dropped(heads_before, after_h)
+    drop_n = _dropped(neurons_before, after_n) if neurons_before else {}
     if not once:
         return current, shifts, drop_h, drop_n, {"steps": records}
     del current  # the rounds chose the units; the stand-in now runs once on the model passed (its indices)
@@ -266,6 +274,15 @@ def _scoring_batches(calib: list, k: int) -> list:
 def _add_shifts(total: dict, added: dict) -> dict:
     """{name: bias shift} summed over rounds (a projection's output width does not change)."""
     return {**total, **{k: total[k] + v if k in total else v for k, v in added.items()}}
+
+
+def _without(kept: Mapping[str, list[int]], drop: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
+    """{name: the units of ``kept`` left once the positions ``drop[name]`` go}."""
+    out = {}
+    for name, units in kept.items():
+        gone = {int(j) for j in drop.get(name, ())}
+        out[name] = [u for j, u in enumerate(units) if j not in gone]
+    return out
 
 
 def _dropped(before: Mapping[str, list[int]], after: Mapping[str, list[int]]) -> dict[str, list[int]]:

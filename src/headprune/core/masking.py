@@ -213,6 +213,22 @@ def _masked(model: nn.Module, kind: UnitKind, mask: Mapping[str, object]) -> Ite
         _install(model, [entry for entry in _stack(model) if entry[0] is not token])
 
 
+@contextmanager
+def row_of_masks(model: nn.Module, row: int) -> Iterator[nn.Module]:
+    """Inside, every batched mask applied to ``model`` (``[B, n]``) scales by its row ``row`` only (``[1, n]``):
+    ``model`` then runs example ``row`` of the batch alone, masked as it is in the batch. Restored on exit."""
+    stack = _stack(model)
+    if not any(t.dim() == 2 for _, _, m in stack for t in m.values()):
+        yield model
+        return
+    _install(model, [(token, name, {k: t[row:row + 1] if t.dim() == 2 else t for k, t in m.items()})
+                     for token, name, m in stack])
+    try:
+        yield model
+    finally:
+        _install(model, stack)
+
+
 def _stack(model: nn.Module) -> list:
     return list(getattr(model, _STACK, []))
 

@@ -16,7 +16,9 @@ from .records import RECORD_KEYS
 
 class Snapshot:
     """Every module under ``roots`` (its parameters, children, attributes and class) and ``model.config``'s
-    records, as they are now; :meth:`restore` puts them all back."""
+    records, as they are now; :meth:`restore` puts them all back. A module's dictionaries (``_parameters``,
+    ``_modules``, its hooks) come back as the very objects they were, refilled: a hook's handle removes it
+    from the dictionary it was registered in."""
 
     def __init__(self, model: nn.Module, roots: list[nn.Module]):
         modules: dict[int, nn.Module] = {}
@@ -29,7 +31,7 @@ class Snapshot:
     def restore(self) -> None:
         for module, cls, state in self.modules:
             module.__dict__.clear()
-            module.__dict__.update(_copy_state(state))
+            module.__dict__.update(_refilled(state))
             module.__class__ = cls
         for key in RECORD_KEYS:
             if key in self.records:
@@ -38,5 +40,21 @@ class Snapshot:
                 delattr(self.config, key)
 
 
+class _Saved:
+    """A module's dictionary as it was: the object, and a shallow copy of its items."""
+
+    def __init__(self, d: dict):
+        self.d, self.items = d, dict(d)
+
+    def refilled(self) -> dict:
+        self.d.clear()
+        self.d.update(self.items)
+        return self.d
+
+
 def _copy_state(state: dict) -> dict:
-    return {k: (dict(v) if isinstance(v, dict) else v) for k, v in state.items()}
+    return {k: (_Saved(v) if isinstance(v, dict) else v) for k, v in state.items()}
+
+
+def _refilled(saved: dict) -> dict:
+    return {k: (v.refilled() if isinstance(v, _Saved) else v) for k, v in saved.items()}

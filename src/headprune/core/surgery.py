@@ -97,7 +97,7 @@ def cut_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]]) -> KeptHea
     sites = {s.name: s for s in find_sites(model)}
     before = kept_heads(model)
     kept = config_record(model.config, KEPT_KEY) or {}
-    snapshot = Snapshot(model, [m for name in drops for m in _site_roots(model, sites[name])])
+    snapshot = Snapshot(model, [m for name in drops for m in site_roots(model, sites[name])])
     try:
         for name, drop in drops.items():
             site = sites[name]
@@ -120,7 +120,7 @@ def cut_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]]) -> KeptHea
     return kept_heads(model)
 
 
-def _site_roots(model: nn.Module, site: Site) -> list[nn.Module]:
+def site_roots(model: nn.Module, site: Site) -> list[nn.Module]:
     """The modules surgery of ``site`` may change (with their children)."""
     roots = [site.attention, site.o]
     if site.meta.get("bert_style"):

@@ -102,15 +102,15 @@ class StatsCollector:
             self.seen.add(name)
             z = args[0].detach()  # [B, T, C] (or [N, C])
             rows = real_rows(self.model, self.current, kind, z.shape)
-            x = z.reshape(-1, z.shape[-1])
-            x = (x if rows is None else x[rows.to(x.device)]).to(accumulator_device(x.device), torch.float64)
+            z = z.reshape(-1, z.shape[-1])
+            z = z if rows is None else z[rows.to(z.device)]
+            x = z.to(accumulator_device(z.device), torch.float64)
             s = self.sums.setdefault(name, [0, 0.0, 0.0, 0.0])
             s[0] += x.shape[0]
             s[1] = s[1] + x.sum(0)
             s[2] = s[2] + (x * x).sum(0)
             if self.gram:  # one batch's products in float32 (a few thousand terms each), summed over batches in float64
-                x32 = x.to(torch.float32)
-                product = x32.T @ x32  # [C, C]
+                product = gram_upper(z.to(x.device, torch.float32))  # [C, C], blocks below the diagonal 0
                 if isinstance(s[3], torch.Tensor):
                     s[3].add_(product)  # in place: no second [C, C] float64 copy
                 else:
@@ -129,9 +129,30 @@ class StatsCollector:
         if bad:
             raise DataError(f"activations of {bad[:3]} are NaN or inf: the model's weights or the batches' values are "
                             "not finite")
-        second = {k: s[3].div_(s[0]).cpu() for k, s in sums.items()} if self.gram else None  # in place: no copy
+        second = {k: mirror_upper(s[3]).div_(s[0]).cpu() for k, s in sums.items()} if self.gram else None  # in place
         self.sums = {}  # the moments own the sums now: finish() once
         return ChannelStats(mean=mean, var=var, tokens={k: int(s[0]) for k, s in sums.items()}, second=second)
+
+
+GRAM_BLOCK = 256  # rows of x^T x per product: about 0.6 of the full product's time from 576 columns up
+
+
+def gram_upper(x: torch.Tensor) -> torch.Tensor:
+    """``x^T x`` ``[C, C]`` of ``x`` ``[N, C]`` on and above the diagonal blocks of :data:`GRAM_BLOCK` rows (the
+    blocks below it 0; :func:`mirror_upper` fills them): the product is symmetric, so half of it is not computed."""
+    c = x.shape[1]
+    out = torch.zeros(c, c, dtype=x.dtype, device=x.device)
+    for i in range(0, c, GRAM_BLOCK):
+        out[i:i + GRAM_BLOCK, i:] = x[:, i:i + GRAM_BLOCK].T @ x[:, i:]
+    return out
+
+
+def mirror_upper(m: torch.Tensor) -> torch.Tensor:
+    """``m`` ``[C, C]`` with its blocks below the diagonal (of :data:`GRAM_BLOCK` rows) set to the transpose of
+    those above, in place: the full symmetric matrix of a sum of :func:`gram_upper` products."""
+    for i in range(GRAM_BLOCK, m.shape[0], GRAM_BLOCK):
+        m[i:i + GRAM_BLOCK, :i] = m[:i, i:i + GRAM_BLOCK].T
+    return m
 
 
 def channel_stats(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *, heads: bool = True,

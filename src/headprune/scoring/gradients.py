@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.inputs import batch_size, model_inputs, rows_with_tokens, token_cross_entropy, unwrap
-from ..core.masking import HeadMask, masked, ones_mask
+from ..core.masking import HeadMask, masked, ones_mask, row_of_masks
 from ..distributed import rank_world, reduce_sums, shard
 from ..errors import ConfigError, DataError, UnsupportedModelError
 
@@ -147,9 +147,10 @@ def own_loss_check(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs)
     reduce it) must equal the model's own ``.loss`` for the same batch and labels, within what float
     rounding explains (:func:`loss_tolerance`); NaN or inf outputs are a :class:`DataError`; else
     :class:`UnsupportedModelError` (pass ``loss_fn=``). Token outputs of a model that is not an
-    encoder-decoder are run once more with labels built to tell the two apart (each position's target is
-    the token the position before predicts best: shifted and unshifted cross-entropy then differ even on a
-    random model). Run on a model's first batch only: the answer is kept on the model (a copy keeps it too).
+    encoder-decoder: the batch's row with the most targets is run once more with labels built to tell the two
+    apart (each position's target is the token the position before predicts best: shifted and unshifted
+    cross-entropy then differ even on a random model). Run on a model's first batch only: the answer is kept
+    on the model (a copy keeps it too).
     """
     model = unwrap(model)
     known = model.__dict__.get(_CHECKED)
@@ -208,6 +209,12 @@ def _shift_probe(model: nn.Module, batch: Mapping[str, torch.Tensor], logits: to
     (a model predicting one token everywhere), random labels on the same targets."""
     scored = _labels(batch, True)
     _check_label_shape(model, logits, scored)
+    with _fullest_row(model, batch, logits, scored) as (batch, logits, scored):
+        return _probe_shifts(model, batch, logits, scored)
+
+
+def _probe_shifts(model: nn.Module, batch: Mapping[str, torch.Tensor], logits: torch.Tensor, scored: torch.Tensor):
+    """:func:`_shift_probe` on ``batch`` as given."""
     labels = _telling_labels(logits, scored, batch.get("attention_mask"))
     if not bool((labels != -100).any()):  # one token a row: nothing a causal LM could be scored on
         labels = _labels(batch, False)
@@ -222,6 +229,21 @@ def _shift_probe(model: nn.Module, batch: Mapping[str, torch.Tensor], logits: to
         random = torch.randint(0, logits.shape[-1], labels.shape, generator=g).to(labels.device)
         labels = random.masked_fill(labels == -100, -100)
     return own, candidates
+
+
+@contextmanager
+def _fullest_row(model: nn.Module, batch: Mapping[str, torch.Tensor], logits: torch.Tensor, labels: torch.Tensor):
+    """(``batch``, ``logits`` [B, T, V], ``labels`` [B, T]) cut to the row with the most targets, with any batched
+    mask applied to ``model`` cut to that row too: a shift shows on one row as on all, and the model's own loss is
+    then one row's forward, not the batch's. Uncut where an input is not one row per example (images, say: which
+    belong to which row is the model's business)."""
+    n = logits.shape[0]
+    if n == 1 or any(not isinstance(v, torch.Tensor) or not v.dim() or v.shape[0] != n for v in batch.values()):
+        yield batch, logits, labels
+        return
+    r = int((labels != -100).sum(-1).argmax())
+    with row_of_masks(model, r):
+        yield {k: v[r:r + 1] for k, v in batch.items()}, logits[r:r + 1], labels[r:r + 1]
 
 
 def _logits(model: nn.Module, outputs) -> torch.Tensor:
