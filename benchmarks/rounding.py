@@ -1,0 +1,153 @@
+"""Is the 50% configuration's pruned model a function of its arithmetic's rounding? (issue #34, item 5)
+
+    python benchmarks/rounding.py            # SmolLM2-135M, 50% of non-embedding params (~6 min)
+    python benchmarks/rounding.py --quick    # a tiny random GQA Llama (seconds)
+
+``headprune-fisher+linear-2steps+obs-seq`` as shipped, and two faster ways to compute the same quantities that
+were tried for its pruning time and not taken:
+
+- ``narrower sums``: the pass handing each block's outputs to the next one runs the block as the cut leaves it,
+  its output and down projections summing over the kept features only (the shipped pass puts the kept features
+  back among zeros, so those sums are the zeroed block's, and replays attention sites from the moment pass);
+- ``float32 greedy``: the OBS greedy's weights and inverse-covariance downdates in float32 (the shipped greedy
+  works in float64; the inverse is computed in float64 in both).
+
+Per variant: the perplexity on the held-out calibration blocks (the same model, batches and blocks as
+``benchmarks/llm_peers.py``; the evaluation texts are not read), whether its dropped units and every weight equal
+the shipped pass's to the bit, and the pruning seconds (load recorded; the speed protocol is
+``benchmarks/prune_time.py``'s). Resumes: variants already in the output are kept. Writes
+``benchmarks/results/rounding.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import llm_peers  # noqa: E402
+from peers import protocol, results_io  # noqa: E402
+from peers.headprune_rows import settings_for  # noqa: E402
+
+from headprune import compress  # noqa: E402
+from headprune.bench.machine import loadavg, machine_info  # noqa: E402
+from headprune.compression import blockwise  # noqa: E402
+from headprune.core import obs  # noqa: E402
+from headprune.core.ffn import find_ffns  # noqa: E402
+from headprune.core.neurons import cut_neurons  # noqa: E402
+from headprune.core.sites import find_sites  # noqa: E402
+from headprune.core.snapshot import Snapshot  # noqa: E402
+from headprune.core.surgery import cut_heads, site_roots  # noqa: E402
+from headprune.provenance import versions  # noqa: E402
+
+OUTPUT = Path(__file__).resolve().parent / "results" / "rounding.json"
+SELECTED = "headprune-fisher+linear-2steps+obs-seq"
+
+
+@contextmanager
+def _narrower_sums():
+    """The hand-on pass with the removed units cut out of every projection, readers included; no replay."""
+    def narrowed(model, drop_heads, drop_neurons):
+        sites = {s.name: s for s in find_sites(model)}
+        heads = {k: list(v) for k, v in drop_heads.items() if list(v) and len(list(v)) < sites[k].num_heads}
+        neurons = {k: list(v) for k, v in drop_neurons.items() if list(v)}
+        ffns = {f.name: f for f in find_ffns(model, skip_moe=True)}
+        roots = [m for k in heads for m in site_roots(model, sites[k])]
+        roots += [m for k in neurons for m in (*ffns[k].ups, ffns[k].down)]
+        snapshot = Snapshot(model, roots)
+        try:
+            if heads:
+                cut_heads(model, heads)
+            if neurons:
+                cut_neurons(model, neurons)
+            yield
+        finally:
+            snapshot.restore()
+
+    with _patched(blockwise, "_narrowed", contextmanager(narrowed)), \
+            _patched(blockwise._AttentionReplay, "hooks", lambda self: []):
+        yield
+
+
+@contextmanager
+def _float32_greedy():
+    real = obs._State.__init__
+
+    def init(self, w, hinv):
+        real(self, w.to(torch.float32), hinv.to(torch.float32))
+
+    with _patched(obs._State, "__init__", init):
+        yield
+
+
+@contextmanager
+def _patched(owner, name: str, value):
+    old = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, old)
+
+
+VARIANTS = {"shipped": nullcontext, "narrower sums": _narrower_sums, "float32 greedy": _float32_greedy}
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--budget", type=float, default=0.5, help="Share of non-embedding parameters removed.")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--output", type=Path, default=None)
+    args = p.parse_args(argv)
+    if not 0 < args.budget < 1:
+        raise SystemExit(f"--budget {args.budget}; allowed: a number in (0, 1)")
+    torch.set_num_threads(args.threads)
+    model, batches, held, described = llm_peers.held_out_data(args.quick)
+    output = args.output or (OUTPUT.with_name("rounding_quick.json") if args.quick else OUTPUT)
+    settings = {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
+                "config": SELECTED, "threads": args.threads, "quick": args.quick}
+    out = results_io.resume(output, settings, lambda name: {"variant": name})
+    out.update({"name": "rounding", "command": shlex.join([sys.executable, "benchmarks/rounding.py",
+                                                             *(sys.argv[1:] if argv is None else argv)]),
+                "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions()})
+    shipped = None
+    for name, patch in VARIANTS.items():
+        done = any(r["method"] == name for r in out["rows"])
+        if done and name != "shipped":
+            continue
+        start, load = time.perf_counter(), loadavg()
+        with patch():
+            result = compress(model, batches, settings_for(SELECTED, model, args.budget))
+        seconds = time.perf_counter() - start
+        if name == "shipped":
+            shipped = result
+            if done:
+                continue
+        ppl = protocol.perplexity(protocol.window_nll(result.model, held))
+        out["rows"].append({"method": name, "config": {"variant": name}, "held_out_perplexity": ppl,
+                            **_same(result, shipped),
+                            "prune_seconds": seconds, "loadavg_before": load, "loadavg_after": loadavg()})
+        print(f"{name}: held-out perplexity {ppl:.3f}, {seconds:.0f} s", flush=True)
+        results_io.save(output, out)
+    return out
+
+
+def _same(result, shipped) -> dict:
+    """Whether ``result`` dropped the units ``shipped`` dropped, and how many of its weights differ at all."""
+    a, b = result.model.state_dict(), shipped.model.state_dict()
+    differ = [k for k in b if k not in a or a[k].shape != b[k].shape or not torch.equal(a[k], b[k])]
+    return {"same_units": result.dropped_heads == shipped.dropped_heads
+            and result.dropped_neurons == shipped.dropped_neurons,
+            "tensors": len(b), "tensors_not_bit_equal": len(differ)}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""``benchmarks/rounding.py``: the 50% configuration as shipped and two variants that compute the same quantities
+with other rounding; each row says whether its units and weights equal the shipped pass's to the bit."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+
+from scripts import benchmark_script
+
+
+def test_quick_rows_and_the_patches_are_undone(tmp_path):
+    bench = benchmark_script("rounding")
+    from headprune.compression import blockwise
+    from headprune.core import obs
+
+    before = (blockwise._narrowed, blockwise._AttentionReplay.hooks, obs._State.__init__)
+    out = bench.main(["--quick", "--output", str(tmp_path / "r.json")])
+    assert (blockwise._narrowed, blockwise._AttentionReplay.hooks, obs._State.__init__) == before
+    rows = {r["method"]: r for r in out["rows"]}
+    assert list(rows) == ["shipped", "narrower sums", "float32 greedy"]
+    assert rows["shipped"]["tensors_not_bit_equal"] == 0 and rows["shipped"]["same_units"]
+    assert all(math.isfinite(r["held_out_perplexity"]) and r["tensors"] > 0 for r in rows.values())
+    assert json.loads((tmp_path / "r.json").read_text())["rows"] == json.loads(json.dumps(out["rows"]))
+    again = bench.main(["--quick", "--output", str(tmp_path / "r.json")])  # resumes: no row run twice
+    assert [r["method"] for r in again["rows"]] == list(rows)
+
+
+def test_the_float32_greedy_patch_really_runs_the_greedy_in_float32():
+    """A reference outside the benchmark's comparison: the patched greedy's state dtype, read from inside."""
+    bench = benchmark_script("rounding")
+    from headprune.core import obs
+
+    seen = []
+    real = obs._State.remove
+
+    def remove(self, original):
+        seen.append(self.hinv.dtype)
+        return real(self, original)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 6, generator=g, dtype=torch.float64)
+    w = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    obs._State.remove = remove
+    try:
+        obs.greedy_removal(w, x.mean(0), x.T @ x / 50, [(range(6), 2)], 1, 0.01)
+        with bench._float32_greedy():
+            obs.greedy_removal(w, x.mean(0), x.T @ x / 50, [(range(6), 2)], 1, 0.01)
+    finally:
+        obs._State.remove = real
+    assert torch.float64 in seen and torch.float32 in seen and seen[0] == torch.float64 and seen[-1] == torch.float32
