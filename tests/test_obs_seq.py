@@ -137,13 +137,14 @@ def test_the_narrowed_block_hands_on_what_the_zeroed_block_hands_on(family):
 
 
 
-def test_replayed_attention_gives_what_running_it_gives(monkeypatch):
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "gpt2"])
+def test_replayed_attention_gives_what_running_it_gives(monkeypatch, family):
     """The pass handing each block's outputs on replays its attention sites from what the moment pass saw (their
     output projections' inputs, through the folded projection): the same units and weights as running them."""
     from headprune.compression import blockwise
 
     torch.manual_seed(0)
-    model, batches = build("llama"), _batches("llama")
+    model, batches = build(family), _batches(family)
     calls = []
     real = blockwise._AttentionReplay._forward
 
@@ -157,7 +158,7 @@ def test_replayed_attention_gives_what_running_it_gives(monkeypatch):
     monkeypatch.setattr(blockwise._AttentionReplay, "hooks", lambda self: [])  # nothing seen: every site runs
     ran = compress(model, batches, PruneSettings(**SETTINGS, compensate="obs-seq"))
     assert got.dropped_heads == ran.dropped_heads and got.dropped_neurons == ran.dropped_neurons
-    probe = inputs("llama", batch=3, seed=9, pad=False)
+    probe = inputs(family, batch=3, seed=9, pad=False)
     with torch.no_grad():
         a, b = got.model(**probe).logits, ran.model(**probe).logits
     assert float((a - b).abs().max()) <= 1e-6 * float(b.abs().max())
