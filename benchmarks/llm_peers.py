@@ -176,6 +176,21 @@ def quick_model():
     return LlamaForCausalLM(config).eval(), tok
 
 
+def held_out_args(description: str, argv=None) -> argparse.Namespace:
+    """The flags of a study of one configuration on the held-out calibration blocks (``--budget``, ``--threads``,
+    ``--quick``, ``--output``), checked; the torch threads set."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--budget", type=float, default=0.5, help="Share of non-embedding parameters removed.")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--output", type=Path, default=None)
+    args = p.parse_args(argv)
+    if not 0 < args.budget < 1:
+        raise SystemExit(f"--budget {args.budget}; allowed: a number in (0, 1)")
+    torch.set_num_threads(args.threads)
+    return args
+
+
 def held_out_data(quick: bool, quick_held: int = 8):
     """(model, calibration batches, held-out blocks [n, T], description with the block counts): the harness's model
     and calibration batches, and the calibration blocks after them that no method reads (settings are chosen on

@@ -21,7 +21,6 @@ the shipped pass's to the bit, and the pruning seconds (load recorded; the speed
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import time
@@ -40,11 +39,6 @@ from headprune import compress  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.compression import blockwise  # noqa: E402
 from headprune.core import obs  # noqa: E402
-from headprune.core.ffn import find_ffns  # noqa: E402
-from headprune.core.neurons import cut_neurons  # noqa: E402
-from headprune.core.sites import find_sites  # noqa: E402
-from headprune.core.snapshot import Snapshot  # noqa: E402
-from headprune.core.surgery import cut_heads, site_roots  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "rounding.json"
@@ -53,25 +47,8 @@ SELECTED = "headprune-fisher+linear-2steps+obs-seq"
 
 @contextmanager
 def _narrower_sums():
-    """The hand-on pass with the removed units cut out of every projection, readers included; no replay."""
-    def narrowed(model, drop_heads, drop_neurons):
-        sites = {s.name: s for s in find_sites(model)}
-        heads = {k: list(v) for k, v in drop_heads.items() if list(v) and len(list(v)) < sites[k].num_heads}
-        neurons = {k: list(v) for k, v in drop_neurons.items() if list(v)}
-        ffns = {f.name: f for f in find_ffns(model, skip_moe=True)}
-        roots = [m for k in heads for m in site_roots(model, sites[k])]
-        roots += [m for k in neurons for m in (*ffns[k].ups, ffns[k].down)]
-        snapshot = Snapshot(model, roots)
-        try:
-            if heads:
-                cut_heads(model, heads)
-            if neurons:
-                cut_neurons(model, neurons)
-            yield
-        finally:
-            snapshot.restore()
-
-    with _patched(blockwise, "_narrowed", contextmanager(narrowed)), \
+    """The hand-on pass with the readers left cut too (no widening back among zeros) and no attention replay."""
+    with _patched(blockwise, "_widened", lambda readers: None), \
             _patched(blockwise._AttentionReplay, "hooks", lambda self: []):
         yield
 
@@ -101,15 +78,7 @@ VARIANTS = {"shipped": nullcontext, "narrower sums": _narrower_sums, "float32 gr
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget", type=float, default=0.5, help="Share of non-embedding parameters removed.")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--output", type=Path, default=None)
-    args = p.parse_args(argv)
-    if not 0 < args.budget < 1:
-        raise SystemExit(f"--budget {args.budget}; allowed: a number in (0, 1)")
-    torch.set_num_threads(args.threads)
+    args = llm_peers.held_out_args(__doc__.splitlines()[0], argv)
     model, batches, held, described = llm_peers.held_out_data(args.quick)
     output = args.output or (OUTPUT.with_name("rounding_quick.json") if args.quick else OUTPUT)
     settings = {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
@@ -118,10 +87,12 @@ def main(argv=None) -> dict:
     out.update({"name": "rounding", "command": shlex.join([sys.executable, "benchmarks/rounding.py",
                                                              *(sys.argv[1:] if argv is None else argv)]),
                 "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions()})
-    shipped = None
+    done = {r["method"] for r in out["rows"]}
+    if done >= set(VARIANTS):
+        return out
+    shipped = None  # run first: every variant is compared with it, also when its row is kept
     for name, patch in VARIANTS.items():
-        done = any(r["method"] == name for r in out["rows"])
-        if done and name != "shipped":
+        if name in done and name != "shipped":
             continue
         start, load = time.perf_counter(), loadavg()
         with patch():
@@ -129,7 +100,7 @@ def main(argv=None) -> dict:
         seconds = time.perf_counter() - start
         if name == "shipped":
             shipped = result
-            if done:
+            if name in done:
                 continue
         ppl = protocol.perplexity(protocol.window_nll(result.model, held))
         out["rows"].append({"method": name, "config": {"variant": name}, "held_out_perplexity": ppl,

@@ -14,13 +14,10 @@ output are kept. Writes ``benchmarks/results/step_standin.json``.
 
 from __future__ import annotations
 
-import argparse
 import shlex
 import sys
 import time
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -44,15 +41,7 @@ VARIANTS = {  # name -> the settings changed from SELECTED's
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--budget", type=float, default=0.5, help="Share of non-embedding parameters removed.")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--output", type=Path, default=None)
-    args = p.parse_args(argv)
-    if not 0 < args.budget < 1:
-        raise SystemExit(f"--budget {args.budget}; allowed: a number in (0, 1)")
-    torch.set_num_threads(args.threads)
+    args = llm_peers.held_out_args(__doc__.splitlines()[0], argv)
     model, batches, held, described = llm_peers.held_out_data(args.quick)
     output = args.output or (OUTPUT.with_name("step_standin_quick.json") if args.quick else OUTPUT)
     settings = {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,

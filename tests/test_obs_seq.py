@@ -162,3 +162,23 @@ def test_replayed_attention_gives_what_running_it_gives(monkeypatch, family):
     with torch.no_grad():
         a, b = got.model(**probe).logits, ran.model(**probe).logits
     assert float((a - b).abs().max()) <= 1e-6 * float(b.abs().max())
+
+
+def test_replay_gives_back_a_forward_set_on_the_attention_instance():
+    """A forward set on the module instance (as a dispatch hook's wrapper is) is the one there after the replay."""
+    from headprune.compression.blockwise import _AttentionReplay
+
+    model = build("llama")
+    site = hp.find_sites(model)[0]
+    wrapper = site.attention.forward  # a bound method, set on the instance
+    site.attention.forward = wrapper
+    replay = _AttentionReplay([site])
+    replay.inputs[site.name].append(torch.zeros(1, 2, site.num_heads * site.head_dim))
+    replay.rest[site.name].append((None,))
+    with replay.replaying(1) as live:
+        assert live == {site.name} and site.attention.forward is not wrapper
+    assert site.attention.__dict__["forward"] is wrapper
+    plain = hp.find_sites(model)[1]
+    with _AttentionReplay([plain]).replaying(0):
+        pass
+    assert "forward" not in plain.attention.__dict__

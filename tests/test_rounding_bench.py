@@ -16,9 +16,9 @@ def test_quick_rows_and_the_patches_are_undone(tmp_path):
     from headprune.compression import blockwise
     from headprune.core import obs
 
-    before = (blockwise._narrowed, blockwise._AttentionReplay.hooks, obs._State.__init__)
+    before = (blockwise._widened, blockwise._AttentionReplay.hooks, obs._State.__init__)
     out = bench.main(["--quick", "--output", str(tmp_path / "r.json")])
-    assert (blockwise._narrowed, blockwise._AttentionReplay.hooks, obs._State.__init__) == before
+    assert (blockwise._widened, blockwise._AttentionReplay.hooks, obs._State.__init__) == before
     rows = {r["method"]: r for r in out["rows"]}
     assert list(rows) == ["shipped", "narrower sums", "float32 greedy"]
     assert rows["shipped"]["tensors_not_bit_equal"] == 0 and rows["shipped"]["same_units"]

@@ -10,7 +10,8 @@ hooks summing its projections' input means and second moments (:class:`~headprun
 the sums of the one-pass statistics), folds the block's stand-ins into it, drops its moments, and hands the
 outputs the block gave *before* the fold -- the unpruned model's -- to the next block. Every block sees the
 inputs it sees in the one pass, so the moments and the stand-ins are those of the normal path. Memory: one
-block's moments and one block's hidden states over the calibration batches; time: about one forward.
+block's moments and one block's hidden states over the calibration batches (sequential: also its attention sites'
+output-projection inputs, which the pass handing the block on replays); time: about one forward.
 
 Where the blocks cannot be run one at a time (an encoder-decoder; layers that are not one stack run in order),
 the moments are gathered one projection at a time by whole-model forwards cut short after it, the projections
@@ -179,13 +180,17 @@ class _AttentionReplay:
         projection as it is now; yields their names."""
         live = [s for s in self.sites if self.ok[s.name] and len(self.inputs[s.name]) == len(self.rest[s.name])
                 == n_batches]
-        for s in live:
+        own = {s.name: s.attention.__dict__.get("forward") for s in live}  # a forward set on the instance (a
+        for s in live:                                                    # dispatch hook's wrapper) comes back
             s.attention.forward = self._forward(s)
         try:
             yield {s.name for s in live}
         finally:
             for s in live:
-                del s.attention.forward
+                if own[s.name] is None:
+                    del s.attention.forward
+                else:
+                    s.attention.forward = own[s.name]
 
     def _forward(self, site):
         def forward(*_args, **_kwargs):
@@ -213,20 +218,26 @@ def _narrowed(model: nn.Module, drop_heads: Mapping, drop_neurons: Mapping):
     roots = [m for k in heads for m in site_roots(model, sites[k])]
     roots += [m for k in neurons for m in (*ffns[k].ups, ffns[k].down)]
     snapshot = Snapshot(model, roots)
-    full = [(m, m.weight, getattr(m, "in_features", None)) for m, _ in readers]  # zeroed, full width
+    full = [(m, m.weight, getattr(m, "in_features", None), columns) for m, columns in readers]  # zeroed, full width
     try:
         if heads:
             cut_heads(model, heads)
         if neurons:
             cut_neurons(model, neurons)
-        for (module, weight, width), (_, columns) in zip(full, readers, strict=True):
-            module.weight = weight
-            if width is not None:
-                module.in_features = width
-            module.register_forward_pre_hook(_in_place_among_zeros(columns, _in_width(module)))
+        _widened(full)
         yield
     finally:
         snapshot.restore()  # the hooks go with it: the hook dictionaries are refilled as they were
+
+
+def _widened(readers: list) -> None:
+    """Each cut reader ((module, its zeroed full-width weight, in_features or None, kept columns)) given its full
+    weight back and a pre-hook putting its kept input features in place among zeros."""
+    for module, weight, width, columns in readers:
+        module.weight = weight
+        if width is not None:
+            module.in_features = width
+        module.register_forward_pre_hook(_in_place_among_zeros(columns.to(weight.device), _in_width(module)))
 
 
 def _kept_columns(units: int, width: int, dropped: Sequence[int]) -> torch.Tensor:
@@ -243,7 +254,7 @@ def _in_place_among_zeros(columns: torch.Tensor, width: int):
     def pre(_module, args):
         x = args[0]
         out = x.new_zeros(*x.shape[:-1], width)
-        out[..., columns.to(x.device)] = x
+        out[..., columns.to(x.device)] = x  # on the weight's device already: no copy
         return (out, *args[1:])
     return pre
 
