@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llm_peers  # noqa: E402
 from peers import protocol, results_io  # noqa: E402
-from peers.headprune_rows import settings_for  # noqa: E402
+from peers.headprune_rows import CONFIGURATIONS, settings_for  # noqa: E402
 
 from headprune import compress  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
@@ -82,7 +82,8 @@ def main(argv=None) -> dict:
     model, batches, held, described = llm_peers.held_out_data(args.quick)
     output = args.output or (OUTPUT.with_name("rounding_quick.json") if args.quick else OUTPUT)
     settings = {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
-                "config": SELECTED, "threads": args.threads, "quick": args.quick}
+                "config": SELECTED, "selected_config": CONFIGURATIONS[SELECTED], "threads": args.threads,
+                "quick": args.quick}  # the configuration's settings too: a change of them runs every row again
     out = results_io.resume(output, settings, lambda name: {"variant": name})
     out.update({"name": "rounding", "command": shlex.join([sys.executable, "benchmarks/rounding.py",
                                                              *(sys.argv[1:] if argv is None else argv)]),

@@ -5,7 +5,7 @@
 
 Two rounds of Fisher scores and linear stand-ins choose the units (``PruneSettings(step_standin="linear")``), then
 ``obs-seq`` runs once on the unpruned model; each variant changes one setting of it: how many of the 8 calibration
-batches the Fisher scores read (``score_batches``), the rounds' damping (``step_damping``), the rounds' stand-in.
+batches the Fisher scores of each round read (``score_batches``), the rounds' damping (``step_damping``), the rounds' stand-in.
 The same model, calibration batches and held-out blocks (the 8 after them) as ``benchmarks/llm_peers.py``; per
 variant the perplexity on the held-out blocks and the pruning seconds (the machine's load recorded; the speed
 protocol is ``benchmarks/prune_time.py``'s). The evaluation texts are not read. Resumes: variants already in the
@@ -32,7 +32,8 @@ from headprune.provenance import versions  # noqa: E402
 OUTPUT = Path(__file__).resolve().parent / "results" / "step_standin.json"
 SELECTED = "headprune-fisher+linear-2steps+obs-seq"
 VARIANTS = {  # name -> the settings changed from SELECTED's
-    "selected (Fisher on 2 of 8 batches)": {},
+    "selected (Fisher on 2 of 8 batches, then 1)": {},
+    "Fisher on 2 of 8 batches in both rounds": {"score_batches": 2},
     "Fisher on all 8 batches": {"score_batches": 0},
     "Fisher on 1 of 8 batches": {"score_batches": 1},
     "rounds at obs-seq's damping 0.01": {"step_damping": 0.01},

@@ -93,6 +93,18 @@ def test_quick_rows_scored_on_the_texts_from_kept_and_re_pruned_models_agree(tmp
             assert r["ratio"][p] == pytest.approx(ppl / first["unpruned"][r["text"]]["perplexity"][p], rel=1e-9)
     assert set(first["verdicts"]) == {"wiki", "captions"}
     assert first["verdicts"]["wiki"]["0.3"]["window128"]["best_peer"] == "shortgpt"
+    stale = json.loads(bench.texts_file(output).read_text())  # a text row of an earlier model of its row
+    for r in stale["rows"]:
+        if (r["method"], r["text"]) == ("headprune-fisher", "wiki"):
+            r["selection_perplexity"] += 1.0
+            r["perplexity"] = {p: -1.0 for p in r["perplexity"]}
+    bench.texts_file(output).write_text(json.dumps(stale))
+    rescored = bench.main([*common, "--keep-models", str(kept), "--texts", "wiki"])
+    assert sorted((r["method"], r["text"]) for r in rescored["rows"]) == sorted((r["method"], r["text"])
+                                                                               for r in first["rows"])
+    for r in rescored["rows"]:
+        old = next(x for x in first["rows"] if (x["method"], x["text"]) == (r["method"], r["text"]))
+        assert r["perplexity"] == old["perplexity"] and r["selection_perplexity"] == old["selection_perplexity"]
     bench.texts_file(output).unlink()
     again = bench.main([*common, "--texts", "wiki"])  # no kept models: each method pruned again
     assert all(r["model_from"].startswith("pruned again") for r in again["rows"])

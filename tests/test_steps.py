@@ -5,6 +5,8 @@ the down projection is the unpruned one's."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -178,6 +180,35 @@ def test_score_batches_scores_on_batches_spread_over_the_order():
     assert (every.dropped_neurons, every.dropped_heads) != (ref.dropped_neurons, ref.dropped_heads)
 
 
+def test_score_batches_per_round_equal_two_calls_on_their_batches():
+    """``score_batches=[2, 1]`` in two rounds (no compensation): the first round scores on the 1st and 3rd of 4
+    batches, the second on the 1st: two public calls given those batches, the second on the first's model with its
+    share computed here from parameter counts, leave the same model."""
+    torch.manual_seed(0)
+    model, batches = build("llama"), _batches(4)
+    share = 0.5
+    got = compress(model, batches, PruneSettings(**BASE, share=share, compensate="none", steps=2, score_batches=[2, 1]))
+    p0 = _pool_params(model)
+    first = compress(model, [batches[0], batches[2]], PruneSettings(**BASE, share=1 - (1 - share) / 2,
+                                                                     compensate="none"))
+    second = compress(first.model, [batches[0]], PruneSettings(**BASE, share=p0 * share / _pool_params(first.model),
+                                                               compensate="none"))
+    probe = inputs("llama", batch=3, seed=9, pad=False)
+    with torch.no_grad():
+        a, b = got.model(**probe).logits, second.model(**probe).logits
+    assert a.shape == b.shape and float((a - b).abs().max()) <= 1e-5 * float(b.abs().max())
+    same = compress(model, batches, PruneSettings(**BASE, share=share, compensate="none", steps=2, score_batches=2))
+    assert (same.dropped_heads, same.dropped_neurons) != (got.dropped_heads, got.dropped_neurons)
+
+
+def test_score_batches_per_round_round_trip_through_toml(tmp_path):
+    settings = PruneSettings(**BASE, share=0.5, compensate="linear", steps=3, score_batches=(2, 1, 0))
+    assert settings.score_batches == [2, 1, 0] and settings.to_dict()["score_batches"] == [2, 1, 0]
+    path = tmp_path / "s.toml"
+    path.write_text(settings.to_toml())
+    assert PruneSettings.from_toml(path).to_dict() == settings.to_dict()
+
+
 @pytest.mark.parametrize(("given", "message"), [
     (dict(step_standin="linear"), "step_standin='linear' with steps=1"),
     (dict(steps=2, step_standin="linear", low_memory=True), "step_standin='linear' with low_memory=True"),
@@ -185,15 +216,20 @@ def test_score_batches_scores_on_batches_spread_over_the_order():
     (dict(steps=2, step_damping=0.3), "step_damping=0.3 without step_standin"),
     (dict(steps=2, step_standin="linear", step_damping=-1.0), "step_damping=-1.0"),
     (dict(score_batches=-1), "score_batches=-1"),
+    (dict(steps=2, score_batches=[2]), "score_batches=[2]; allowed: an integer >= 0, or a list of 2 of them"),
+    (dict(steps=2, score_batches=[2, -1]), "score_batches=[2, -1]; allowed"),
+    (dict(steps=2, score_batches=[2, 1.5]), "score_batches=[2, 1.5]; allowed"),
 ])
 def test_step_settings_refused_with_one_line(given, message):
-    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         PruneSettings(**BASE, share=0.5, compensate=given.pop("compensate", "obs-seq"), **given)
 
 
 def test_score_batches_refused_with_the_head_plan():
     with pytest.raises(ConfigError, match="score_batches=2 with the head plan"):
         PruneSettings(units="heads", share=0.5, score_batches=2)
+    with pytest.raises(ConfigError, match=r"score_batches=\[1\] with the head plan"):
+        PruneSettings(units="heads", share=0.5, score_batches=[1])
 
 
 def test_cli_step_flags_reach_the_settings_and_are_refused_by_flag_name(tmp_path):
@@ -216,3 +252,14 @@ def test_cli_step_flags_reach_the_settings_and_are_refused_by_flag_name(tmp_path
     refused = runner.invoke(app, [*base, "--compensate", "linear", "--step-standin", "bias", "-o", str(tmp_path / "x")])
     assert refused.exit_code != 0 and "--step-standin 'bias' with --steps 1" in refused.output
     assert not (tmp_path / "x").exists()
+    per_round = tmp_path / "rounds"
+    result = runner.invoke(app, [*base, "--compensate", "linear", "--steps", "2", "--score-batches", "1,0",
+                                 "-o", str(per_round)])
+    assert result.exit_code == 0, result.output
+    assert __import__("json").loads((per_round / "compress.json").read_text())["settings"]["score_batches"] == [1, 0]
+    for words, message in (("1,x", "--score-batches '1,x'; allowed: an integer >= 0"),
+                           ("1,0,2", "--score-batches [1, 0, 2]; allowed: an integer >= 0, or a list of 2")):
+        refused = runner.invoke(app, [*base, "--compensate", "linear", "--steps", "2", "--score-batches", words,
+                                      "-o", str(tmp_path / "y")])
+        assert refused.exit_code != 0 and message in refused.output, refused.output
+        assert not (tmp_path / "y").exists()

@@ -57,14 +57,14 @@ CONFIGURATIONS: dict[str, dict] = {
     # committed row 117.1, behind two rounds' 116.0)
     "headprune-fisher+obs-seq-3steps": {"units": "both", "price": "params", "scores": "fisher",
                                         "compensate": "obs-seq", "damping": 0.01, "steps": 3},
-    # two rounds of headprune-fisher+linear (Fisher on 2 of the 8 calibration batches, damping 0.3) only choose the
-    # units; obs-seq then runs once on the unpruned model, re-choosing within each site / FFN on the pruned model's
-    # inputs: one sequential pass instead of one per round. Held-out at 50% (benchmarks/results/step_standin.json):
-    # Fisher on 2 batches 112.9, on all 8 112.9, on 1 121.4; the rounds at obs-seq's damping 0.01 instead of 0.3:
-    # 121.3; the rounds folding the mean: 115.8
+    # two rounds of headprune-fisher+linear (Fisher on 2 of the 8 calibration batches in the first round, on 1 in
+    # the second; damping 0.3) only choose the units; obs-seq then runs once on the unpruned model, re-choosing within
+    # each site / FFN on the pruned model's inputs: one sequential pass instead of one per round. Held-out at 50%:
+    # benchmarks/results/step_standin.json (the second round's 1 batch set there after the pruning time was seen)
     "headprune-fisher+linear-2steps+obs-seq": {"units": "both", "price": "params", "scores": "fisher",
                                                "compensate": "obs-seq", "damping": 0.01, "steps": 2,
-                                               "step_standin": "linear", "step_damping": 0.3, "score_batches": 2},
+                                               "step_standin": "linear", "step_damping": 0.3,
+                                               "score_batches": [2, 1]},
     # the same metric unstandardised: each unit's expected squared output change, traded by its price
     "headprune-fluctuation-raw+bias": {"units": "both", "price": "params", "scores": "fluctuation-raw",
                                        "compensate": "bias"},

@@ -120,9 +120,9 @@ class PruneFlags(Flags):
                                 "them on the loaded model (obs-seq: re-choosing which units of each site and FFN go; "
                                 "default: none, every round folds --compensate's).")
     step_damping: float = _option(None, "--step-damping", "--step-standin's damping (default: --damping).")
-    score_batches: int = _option(0, "--score-batches", "Score on N of the calibration batches, spread over them "
-                                 "(the budget over heads and neurons; block-by-block stand-ins and refits read all; "
-                                 "default 0: all).")
+    score_batches: str = _option("0", "--score-batches", "Score on N of the calibration batches, spread over them, "
+                                 "or on N1,N2,... in the rounds of --steps, one number each (the budget over heads "
+                                 "and neurons; block-by-block stand-ins and refits read all; default 0: all).")
     config: Path = _option(None, "--config", "The settings from a TOML file instead of these flags: a [settings] "
                            "table of PruneSettings fields, as every compress run writes to compress.toml (rerun a "
                            "run with --config RUN/compress.toml; default: none, the flags).")
@@ -144,9 +144,20 @@ class PruneFlags(Flags):
         if compensate is not None and "," in compensate:  # several, run in order
             compensate = [c.strip() for c in compensate.split(",") if c.strip()]
         fields.update(price=self.price or "flops", scores=self.scores or "fisher", compensate=compensate,
+                      score_batches=_counts("--score-batches", self.score_batches),
                       seq_len=DEFAULT_SEQ_LEN if self.seq_len is None else self.seq_len, guard=not self.no_guard)
         with in_setting_terms():
             return PruneSettings(**fields)
+
+
+def _counts(flag: str, text: str) -> int | list[int]:
+    """``N`` as an int, ``N1,N2,...`` as a list of ints (a word that is no integer refused, naming ``flag``)."""
+    words = [w.strip() for w in str(text).split(",")]
+    try:
+        counts = [int(w) for w in words]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r}; allowed: an integer >= 0, or integers >= 0 separated by commas") from None
+    return counts[0] if len(counts) == 1 else counts
 
 
 @dataclasses.dataclass

@@ -214,7 +214,7 @@ def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict |
     indices of the model passed. With ``step_standin`` the rounds fold that stand-in and only choose the units: the
     settings' own stand-in then runs once, on the model passed (``obs-seq`` re-choosing which units of each site and
     FFN go, on the pruned model's inputs), so one sequential pass serves all the rounds. Every round scores on
-    ``score_batches`` of the calibration batches."""
+    ``score_batches`` of the calibration batches (one number, or one per round)."""
     settings, model = run.settings, run.model
     current, records = model, []
     # read before any cut: with low_memory the first round cuts ``model`` itself
@@ -224,7 +224,6 @@ def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict |
     total, kept_share = costs.total(), 1.0 if settings.share is None else settings.share  # None: refused by _select
     once = settings.step_standin is not None  # the rounds fold step_standin; settings' own stand-in runs once, after
     rounds = replace(run, settings=_step_settings(settings), unreplayable=[]) if once else run
-    scoring = _scoring_batches(calib, settings.score_batches)
     for i in range(1, settings.steps + 1):
         t = time.perf_counter()
         if i > 1:
@@ -234,6 +233,7 @@ def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict |
         last_choice = once and i == settings.steps  # this round only chooses: no moments, no fold, no cut
         if last_choice:
             now = replace(now, compensate=[])
+        scoring = _scoring_batches(calib, settings.round_score_batches(i))
         head_scores, neuron_scores, stats = _scores(current, scoring, now, costs, run.loss_fn, run.progress)
         run.seconds["score"] = run.seconds.get("score", 0.0) + time.perf_counter() - t
         drop_h, drop_n, selection = _select(current, now, costs, head_scores, neuron_scores)

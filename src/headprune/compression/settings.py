@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 
-from ..checks import check_choice, check_int, check_number, check_share
+from ..checks import check_choice, check_int, check_number, check_share, is_int
 from ..errors import ConfigError
 from ..scoring.registry import get_scorer, scorer_names
 from ..scoring.scorer import Scorer
@@ -88,9 +88,9 @@ class PruneSettings:
     # choose the units, and compensate's stand-in runs once, after them, on the model passed (an obs-seq one re-choosing
     # which units of each site / FFN go among all of them, on the pruned model's inputs)
     step_damping: float | None = None  # step_standin's damping (None: damping)
-    score_batches: int = 0  # the budget over heads and neurons: the scoring pass (the scores, and the stand-in moments
-    # it gathers) reads this many calibration batches, spread over their order from the first (0: all of them);
-    # block-by-block stand-ins, refits and the guard read all
+    score_batches: int | list[int] = 0  # the budget over heads and neurons: the scoring pass (the scores, and the
+    # stand-in moments it gathers) reads this many calibration batches, spread over their order from the first (0: all
+    # of them); a list: one number per round of ``steps``; block-by-block stand-ins, refits and the guard read all
 
     def __post_init__(self):
         check_choice("units", self.units, UNITS)
@@ -103,9 +103,9 @@ class PruneSettings:
         self._compensations = get_compensations(self.compensate)
         check_choice("gqa", self.gqa, GQA_MODES)
         self._check_budget()
-        for name in ("min_per_site", "seq_len", "distill_epochs", "seed", "multiple_of", "steps", "score_batches"):
-            check_int(name, getattr(self, name), 0 if name in ("min_per_site", "distill_epochs", "seed",
-                                                               "score_batches") else 1)
+        for name in ("min_per_site", "seq_len", "distill_epochs", "seed", "multiple_of", "steps"):
+            check_int(name, getattr(self, name), 0 if name in ("min_per_site", "distill_epochs", "seed") else 1)
+        self._check_score_batches()
         check_number("step_damping", self.step_damping, low=0, optional=True)
         check_int("tgt_len", self.tgt_len, 1, optional=True)
         check_number("damping", self.damping, low=0)
@@ -168,9 +168,25 @@ class PruneSettings:
                               f"{' | '.join(POOL_PRICES)}, scores {' | '.join(self._pool_scores())}, compensate "
                               f"{' | '.join(self._pool_names())}")
 
+    def _check_score_batches(self) -> None:
+        """``score_batches``: one count >= 0, or one per round (a list of ``steps`` of them, kept as a list)."""
+        value = self.score_batches
+        if isinstance(value, list | tuple):
+            if len(value) != self.steps or not all(is_int(v) and v >= 0 for v in value):
+                raise ConfigError(f"score_batches={value!r}; allowed: an integer >= 0, or a list of {self.steps} of "
+                                  f"them (one per round of steps={self.steps})")
+            self.score_batches = [int(v) for v in value]
+        else:
+            check_int("score_batches", value, 0)
+
+    def round_score_batches(self, i: int) -> int:
+        """How many calibration batches round ``i`` (1 .. ``steps``) scores on (0: all of them)."""
+        value = self.score_batches
+        return value[i - 1] if isinstance(value, list) else value
+
     def _check_steps(self) -> None:
         """``step_standin`` / ``step_damping`` / ``score_batches`` against the rounds and the pipeline that runs them."""
-        if self.head_plan and self.score_batches:
+        if self.head_plan and any(self.round_score_batches(i) for i in range(1, self.steps + 1)):
             raise ConfigError(f"score_batches={self.score_batches} with the head plan; allowed: 0, or the budget over "
                               "heads and neurons (units neurons | both, or price params)")
         if self.step_standin is None:
