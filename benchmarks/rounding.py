@@ -3,14 +3,14 @@
     python benchmarks/rounding.py            # SmolLM2-135M, 50% of non-embedding params (~6 min)
     python benchmarks/rounding.py --quick    # a tiny random GQA Llama (seconds)
 
-``headprune-fisher+linear-2steps+obs-seq`` as shipped, and two faster ways to compute the same quantities that
-were tried for its pruning time and not taken:
+``headprune-fisher+linear-2steps+obs-seq`` as shipped, and three other ways to compute the same quantities:
 
-- ``narrower sums``: the pass handing each block's outputs to the next one runs the block as the cut leaves it,
-  its output and down projections summing over the kept features only (the shipped pass puts the kept features
-  back among zeros, so those sums are the zeroed block's, and replays attention sites from the moment pass);
+- ``sites run, not replayed``: the pass handing each block's outputs to the next one runs the attention sites (with
+  the removed heads cut out) instead of replaying their output projections on what the moment pass saw;
 - ``float32 greedy``: the OBS greedy's weights and inverse-covariance downdates in float32 (the shipped greedy
-  works in float64; the inverse is computed in float64 in both).
+  works in float64; the inverse is computed in float64 in both);
+- ``float32 inverse``: the inverse covariance the greedy starts from, its Cholesky factor and inverse computed in
+  float32 (then taken on in float64).
 
 Per variant: the perplexity on the held-out calibration blocks (the same model, batches and blocks as
 ``benchmarks/llm_peers.py``; the evaluation texts are not read), whether its dropped units and every weight equal
@@ -46,10 +46,9 @@ SELECTED = "headprune-fisher+linear-2steps+obs-seq"
 
 
 @contextmanager
-def _narrower_sums():
-    """The hand-on pass with the readers left cut too (no widening back among zeros) and no attention replay."""
-    with _patched(blockwise, "_widened", lambda readers: None), \
-            _patched(blockwise._AttentionReplay, "hooks", lambda self: []):
+def _sites_run():
+    """The hand-on pass running every attention site (nothing seen by the moment pass is replayed)."""
+    with _patched(blockwise._AttentionReplay, "hooks", lambda self: []):
         yield
 
 
@@ -65,6 +64,16 @@ def _float32_greedy():
 
 
 @contextmanager
+def _float32_inverse():
+    def inverse(mean, second, damping):
+        h = obs.ridged_covariance(mean, second, damping).to(torch.float32)
+        return torch.cholesky_inverse(torch.linalg.cholesky(h)).to(torch.float64)
+
+    with _patched(obs, "_inverse_covariance", inverse):
+        yield
+
+
+@contextmanager
 def _patched(owner, name: str, value):
     old = getattr(owner, name)
     setattr(owner, name, value)
@@ -74,7 +83,8 @@ def _patched(owner, name: str, value):
         setattr(owner, name, old)
 
 
-VARIANTS = {"shipped": nullcontext, "narrower sums": _narrower_sums, "float32 greedy": _float32_greedy}
+VARIANTS = {"shipped": nullcontext, "sites run, not replayed": _sites_run, "float32 greedy": _float32_greedy,
+            "float32 inverse": _float32_inverse}
 
 
 def main(argv=None) -> dict:

@@ -146,3 +146,25 @@ def test_layers_given_their_own_arguments_are_recorded_whole_on_every_batch():
     for b, batch in enumerate(batches):
         with torch.no_grad():
             assert torch.allclose(stack.hidden[b], model(**batch), rtol=1e-6, atol=0)
+
+
+def test_recording_stops_before_the_output_head_and_refuses_a_head_run_inside_the_stack():
+    """The recording forward of batch 0 ends where the output head would start (the logits are not needed); a model
+    that ran its head after its first layer (a logit lens) would be recorded with its later layers missing, so
+    the replay is refused instead."""
+    model = build("llama")
+    batches = [inputs("llama", batch=3, seed=s) for s in range(2)]
+    units = [(f.down, None) for f in hp.find_ffns(model)]
+    calls = []
+    counted = model.lm_head.register_forward_hook(lambda m, a, out: calls.append(1))  # after it ran
+    try:
+        stack = layer_stack(model, batches, units)
+    finally:
+        counted.remove()
+    assert stack is not None and calls == []
+    lens = model.model.layers[0].register_forward_hook(lambda m, a, out: model.lm_head(out[0] if isinstance(out, tuple)
+                                                                                       else out) and None)
+    try:
+        assert layer_stack(model, batches, units) is None
+    finally:
+        lens.remove()

@@ -110,11 +110,11 @@ def test_obs_seq_is_refused_where_blocks_cannot_be_replayed():
 
 @pytest.mark.parametrize("family", ["llama", "gpt2"])
 def test_the_narrowed_block_hands_on_what_the_zeroed_block_hands_on(family):
-    """The block-by-block pass runs each folded block with its removed queries, keys, values and up projections
-    cut out and the kept features put back among zeros before the output / down projection: its outputs equal
-    the zeroed block's (a hand-zeroed copy of the weights, run whole), and the model is left as it was."""
+    """The block-by-block pass runs each folded block with its removed units cut out of the projections writing and
+    reading them: its outputs equal the zeroed block's (a hand-zeroed copy of the weights, run whole) up to the
+    rounding of shorter sums, and the model is left as it was."""
     from headprune.compression.blockwise import _narrowed, _zero_removed
-    from headprune.core.ffn import out_features
+    from headprune.core.ffn import in_features, out_features
     from headprune.core.sites import find_sites
 
     torch.manual_seed(3)
@@ -129,6 +129,7 @@ def test_the_narrowed_block_hands_on_what_the_zeroed_block_hands_on(family):
         want = model(**probe).logits
         with _narrowed(model, heads, neurons):
             assert out_features(ffn.ups[0]) == width - 3 and find_sites(model)[0].num_heads == heads_before - 1
+            assert in_features(ffn.down) == width - 3
             got = model(**probe).logits
         again = model(**probe).logits
     assert float((got - want).abs().max()) <= 1e-6 * float(want.abs().max())

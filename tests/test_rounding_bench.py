@@ -1,4 +1,4 @@
-"""``benchmarks/rounding.py``: the 50% configuration as shipped and two variants that compute the same quantities
+"""``benchmarks/rounding.py``: the 50% configuration as shipped and three variants that compute the same quantities
 with other rounding; each row says whether its units and weights equal the shipped pass's to the bit."""
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ def test_quick_rows_and_the_patches_are_undone(tmp_path):
     from headprune.compression import blockwise
     from headprune.core import obs
 
-    before = (blockwise._widened, blockwise._AttentionReplay.hooks, obs._State.__init__)
+    before = (blockwise._AttentionReplay.hooks, obs._State.__init__, obs._inverse_covariance)
     out = bench.main(["--quick", "--output", str(tmp_path / "r.json")])
-    assert (blockwise._widened, blockwise._AttentionReplay.hooks, obs._State.__init__) == before
+    assert (blockwise._AttentionReplay.hooks, obs._State.__init__, obs._inverse_covariance) == before
     rows = {r["method"]: r for r in out["rows"]}
-    assert list(rows) == ["shipped", "narrower sums", "float32 greedy"]
+    assert list(rows) == ["shipped", "sites run, not replayed", "float32 greedy", "float32 inverse"]
     assert rows["shipped"]["tensors_not_bit_equal"] == 0 and rows["shipped"]["same_units"]
     assert all(math.isfinite(r["held_out_perplexity"]) and r["tensors"] > 0 for r in rows.values())
     assert json.loads((tmp_path / "r.json").read_text())["rows"] == json.loads(json.dumps(out["rows"]))
@@ -51,3 +51,24 @@ def test_the_float32_greedy_patch_really_runs_the_greedy_in_float32():
     finally:
         obs._State.remove = real
     assert torch.float64 in seen and torch.float32 in seen and seen[0] == torch.float64 and seen[-1] == torch.float32
+
+
+def test_the_float32_inverse_patch_inverts_in_float32():
+    """Against numpy's float64 inverse of the same ridged covariance: the patched inverse is float64 in dtype but off
+    by float32 rounding, the shipped one by float64 rounding."""
+    import numpy as np
+
+    bench = benchmark_script("rounding")
+    from headprune.core import obs
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(200, 40, generator=g, dtype=torch.float64)
+    mean, second = x.mean(0), x.T @ x / 200
+    want = np.linalg.inv(obs.ridged_covariance(mean, second, 0.01).numpy())
+    shipped = obs._inverse_covariance(mean, second, 0.01).numpy()
+    with bench._float32_inverse():
+        patched = obs._inverse_covariance(mean, second, 0.01)
+    assert patched.dtype == torch.float64
+    scale = np.abs(want).max()
+    assert np.abs(shipped - want).max() <= 1e-12 * scale
+    assert 1e-9 * scale < np.abs(patched.numpy() - want).max() <= 1e-4 * scale

@@ -202,61 +202,27 @@ class _AttentionReplay:
 
 @contextmanager
 def _narrowed(model: nn.Module, drop_heads: Mapping, drop_neurons: Mapping):
-    """The removed heads and neurons cut out of the projections that write them (queries, keys, values; the FFN's
-    up projections; the pipeline's own surgery, unverified) while the block hands its outputs on -- at 50% about
-    half of that work -- and all put back after: the pipeline cuts every block at once, later. The projections
-    that read them (output, down) keep their zeroed full width and read the kept features put back in place among
-    zeros: the same products and sums as the zeroed block, so the outputs are the same to the bit (a narrower sum
-    rounds otherwise, and the sequential choices downstream follow the rounding). A site losing all its heads stays
-    whole, zeroed (removing a site changes its call)."""
+    """The removed heads and neurons cut out of the projections that write and read them (queries, keys, values,
+    output; the FFN's up and down projections; the pipeline's own surgery, unverified) while the block hands its
+    outputs on -- at 50% about half of that work -- and all put back after: the pipeline cuts every block at once,
+    later. The block then computes what the pruned model computes, its output and down projections summing over the
+    kept features only (the zeroed block's sums, over every feature, round otherwise). A site losing all its heads
+    stays whole, zeroed (removing a site changes its call)."""
     sites = {s.name: s for s in find_sites(model)}
     heads = {k: list(v) for k, v in drop_heads.items() if list(v) and len(list(v)) < sites[k].num_heads}
     neurons = {k: list(v) for k, v in drop_neurons.items() if list(v)}
     ffns = {f.name: f for f in find_ffns(model, skip_moe=True)} if neurons else {}
-    readers = [(sites[k].o, _kept_columns(sites[k].num_heads, sites[k].head_dim, v)) for k, v in heads.items()]
-    readers += [(ffns[k].down, _kept_columns(ffns[k].width, 1, v)) for k, v in neurons.items()]
     roots = [m for k in heads for m in site_roots(model, sites[k])]
     roots += [m for k in neurons for m in (*ffns[k].ups, ffns[k].down)]
     snapshot = Snapshot(model, roots)
-    full = [(m, m.weight, getattr(m, "in_features", None), columns) for m, columns in readers]  # zeroed, full width
     try:
         if heads:
             cut_heads(model, heads)
         if neurons:
             cut_neurons(model, neurons)
-        _widened(full)
         yield
     finally:
         snapshot.restore()  # the hooks go with it: the hook dictionaries are refilled as they were
-
-
-def _widened(readers: list) -> None:
-    """Each cut reader ((module, its zeroed full-width weight, in_features or None, kept columns)) given its full
-    weight back and a pre-hook putting its kept input features in place among zeros."""
-    for module, weight, width, columns in readers:
-        module.weight = weight
-        if width is not None:
-            module.in_features = width
-        module.register_forward_pre_hook(_in_place_among_zeros(columns.to(weight.device), _in_width(module)))
-
-
-def _kept_columns(units: int, width: int, dropped: Sequence[int]) -> torch.Tensor:
-    gone = {int(u) for u in dropped}
-    return torch.tensor([u * width + j for u in range(units) if u not in gone for j in range(width)], dtype=torch.long)
-
-
-def _in_width(module: nn.Module) -> int:
-    return module.weight.shape[0] if is_conv1d(module) else module.weight.shape[1]
-
-
-def _in_place_among_zeros(columns: torch.Tensor, width: int):
-    """A pre-hook: the input's features ``[..., len(columns)]`` put at ``columns`` of ``[..., width]`` zeros."""
-    def pre(_module, args):
-        x = args[0]
-        out = x.new_zeros(*x.shape[:-1], width)
-        out[..., columns.to(x.device)] = x  # on the weight's device already: no copy
-        return (out, *args[1:])
-    return pre
 
 
 def _zero_columns(module: nn.Module, columns: list[int]) -> None:

@@ -139,14 +139,22 @@ def _record_calls(model, batch, layers: nn.ModuleList, outside: Mapping[nn.Modul
     def read(module, args):
         norm_inputs.setdefault(id(module), args[0])
 
+    def stop(_module, _args):
+        raise Stop
+
     handles = []
     for i, layer in enumerate(layers):
         handles.append(layer.register_forward_pre_hook(lambda m, a, k, i=i: before(i, a, k), with_kwargs=True))
         handles.append(layer.register_forward_hook(lambda m, a, o, i=i: after(i, o)))
     handles += [n.register_forward_pre_hook(read) for n in outside]
+    head = _output_head(model, layers)
+    if head is not None:  # everything checked below has run by then; the logits are not needed
+        handles.append(head.register_forward_pre_hook(stop))
     try:
         with torch.no_grad():
             model(**model_inputs(model, batch, cache=False))
+    except Stop:
+        pass
     finally:
         for h in handles:
             h.remove()
@@ -157,6 +165,18 @@ def _record_calls(model, batch, layers: nn.ModuleList, outside: Mapping[nn.Modul
     if any(id(n) not in norm_inputs or not torch.equal(norm_inputs[id(n)], outputs[i]) for n, i in outside.items()):
         return None
     return calls, inputs[0]
+
+
+def _output_head(model: nn.Module, layers: nn.ModuleList) -> nn.Module | None:
+    """The model's output head (``get_output_embeddings()``: the logits' projection, run once the stack and the final
+    norm have), or None where there is none or it is also the input embedding or inside the stack. A model that ran
+    it before its last layer would show an incomplete layer order: refused, not replayed."""
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    inputs = getattr(model, "get_input_embeddings", None)
+    if not isinstance(head, nn.Module) or (callable(inputs) and inputs() is head):
+        return None
+    return None if any(m is head for m in layers.modules()) else head
 
 
 def _record_first(model, batch, layers: nn.ModuleList):

@@ -82,12 +82,17 @@ class _State:
 
 def _inverse_covariance(mean: torch.Tensor, second: torch.Tensor, damping: float) -> torch.Tensor:
     """``(S + lam I)^-1`` [C, C] float64 of the centred second moment ``S``."""
+    return torch.cholesky_inverse(torch.linalg.cholesky(ridged_covariance(mean, second, damping)))
+
+
+def ridged_covariance(mean: torch.Tensor, second: torch.Tensor, damping: float) -> torch.Tensor:
+    """``S + lam I`` [C, C] float64: the centred second moment ``S`` ridged by ``lam = damping x mean diag S``."""
     mean = mean.to(torch.float64)
     h = second.to(torch.float64) - torch.outer(mean, mean)
     power = float(h.diagonal().clamp_min(0).mean())
     lam = damping * power if power > 0 else damping
     h.diagonal().add_(lam if lam > 0 else 1e-12)
-    return torch.cholesky_inverse(torch.linalg.cholesky(h))
+    return h
 
 
 def _errors(state: _State, units: list[int], width: int) -> torch.Tensor:
