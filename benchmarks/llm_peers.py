@@ -44,6 +44,7 @@ import shlex
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -196,6 +197,22 @@ def held_out_args(description: str, argv=None) -> argparse.Namespace:
         raise SystemExit(f"--budget {args.budget}; allowed: a number in (0, 1)")
     torch.set_num_threads(args.threads)
     return args
+
+
+def held_out_study(name: str, args: argparse.Namespace, argv, described: dict, default: Path, chosen: dict,
+                   config_of: Callable[[str], dict]) -> tuple[Path, dict]:
+    """(where it writes, the results resumed) of study ``name`` (``benchmarks/<name>.py``) on the held-out
+    calibration blocks: its settings are ``described`` (:func:`held_out_data`'s) without the evaluation text,
+    ``args``' budget, ``chosen`` (the configuration studied) and its threads; rows whose ``config_of`` is unchanged
+    are kept."""
+    output = args.output or (default.with_name(f"{name}_quick.json") if args.quick else default)
+    settings = {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
+                **chosen, "threads": args.threads, "quick": args.quick}
+    out = results_io.resume(output, settings, config_of)
+    out.update({"name": name, "settings": settings, "command": shlex.join([sys.executable, f"benchmarks/{name}.py",
+                                                       *(sys.argv[1:] if argv is None else argv)]),
+                "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions()})
+    return output, out
 
 
 def held_out_data(quick: bool, quick_held: int = 8):

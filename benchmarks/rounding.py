@@ -21,7 +21,6 @@ the shipped pass's to the bit, and the pruning seconds (load recorded; the speed
 
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -36,10 +35,9 @@ from peers import protocol, results_io  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, settings_for  # noqa: E402
 
 from headprune import compress  # noqa: E402
-from headprune.bench.machine import loadavg, machine_info  # noqa: E402
+from headprune.bench.machine import loadavg  # noqa: E402
 from headprune.compression import blockwise  # noqa: E402
 from headprune.core import obs  # noqa: E402
-from headprune.provenance import versions  # noqa: E402
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "rounding.json"
 SELECTED = "headprune-fisher+linear-2steps+obs-seq"
@@ -90,14 +88,10 @@ VARIANTS = {"shipped": nullcontext, "sites run, not replayed": _sites_run, "floa
 def main(argv=None) -> dict:
     args = llm_peers.held_out_args(__doc__.splitlines()[0], argv)
     model, batches, held, described = llm_peers.held_out_data(args.quick)
-    output = args.output or (OUTPUT.with_name("rounding_quick.json") if args.quick else OUTPUT)
-    settings = {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
-                "config": SELECTED, "selected_config": CONFIGURATIONS[SELECTED], "threads": args.threads,
-                "quick": args.quick}  # the configuration's settings too: a change of them runs every row again
-    out = results_io.resume(output, settings, lambda name: {"variant": name})
-    out.update({"name": "rounding", "command": shlex.join([sys.executable, "benchmarks/rounding.py",
-                                                             *(sys.argv[1:] if argv is None else argv)]),
-                "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions()})
+    # the configuration's settings too: a change of them runs every row again
+    output, out = llm_peers.held_out_study("rounding", args, argv, described, OUTPUT,
+                                           {"config": SELECTED, "selected_config": CONFIGURATIONS[SELECTED]},
+                                           lambda name: {"variant": name})
     done = {r["method"] for r in out["rows"]}
     if done >= set(VARIANTS):
         return out

@@ -14,7 +14,6 @@ output are kept. Writes ``benchmarks/results/step_standin.json``.
 
 from __future__ import annotations
 
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -26,8 +25,7 @@ from peers import protocol, results_io  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, settings_for  # noqa: E402
 
 from headprune import compress  # noqa: E402
-from headprune.bench.machine import loadavg, machine_info  # noqa: E402
-from headprune.provenance import versions  # noqa: E402
+from headprune.bench.machine import loadavg  # noqa: E402
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "step_standin.json"
 SELECTED = "headprune-fisher+linear-2steps+obs-seq"
@@ -44,14 +42,9 @@ VARIANTS = {  # name -> the settings changed from SELECTED's
 def main(argv=None) -> dict:
     args = llm_peers.held_out_args(__doc__.splitlines()[0], argv)
     model, batches, held, described = llm_peers.held_out_data(args.quick)
-    output = args.output or (OUTPUT.with_name("step_standin_quick.json") if args.quick else OUTPUT)
-    settings = {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
-                "selected": SELECTED, "selected_config": CONFIGURATIONS[SELECTED], "threads": args.threads,
-                "quick": args.quick}
-    out = results_io.resume(output, settings, lambda name: _config(VARIANTS.get(name, {"missing": True})))
-    out.update({"name": "step_standin", "command": shlex.join([sys.executable, "benchmarks/step_standin.py",
-                                                                 *(sys.argv[1:] if argv is None else argv)]),
-                "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions()})
+    output, out = llm_peers.held_out_study("step_standin", args, argv, described, OUTPUT,
+                                           {"selected": SELECTED, "selected_config": CONFIGURATIONS[SELECTED]},
+                                           lambda name: _config(VARIANTS.get(name, {"missing": True})))
     if "unpruned_held_out_perplexity" not in out:
         out["unpruned_held_out_perplexity"] = protocol.perplexity(protocol.window_nll(model, held))
     done = {r["method"] for r in out["rows"]}
