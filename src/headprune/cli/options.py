@@ -107,6 +107,10 @@ class TaskFlags(Flags):
     label_map: str = dataclasses.field(default=LABEL_MAP)
     device: str = dataclasses.field(default=DEVICE)
     dtype: str = dataclasses.field(default=DTYPE)
+    prefix_token: bool = dataclasses.field(default=typer.Option(
+        True, "--prefix-token/--no-prefix-token", help="LM: start every block with the model's prefix token (its BOS, "
+        "else EOS), as the model is used and as lm-evaluation-harness measures it; --no-prefix-token cuts plain "
+        "text blocks. Recorded in the run's signature."))
 
     def columns(self) -> dict:
         """The column flags as library arguments: digits are a position (a headerless file), else a name."""
@@ -254,4 +258,4 @@ class TaskSetup:
             return build_task(self.task, self.tokenizer, self.model.config, data=data, data2=data2,
                               columns=f.columns(), limit=f.limit if limit is None else limit,
                               batch_size=f.batch_size, metric=f.metric, beams=f.beams, split=split,
-                              label_map=self.label_map, **options)
+                              label_map=self.label_map, prefix=f.prefix_token, **options)

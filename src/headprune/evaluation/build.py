@@ -23,11 +23,15 @@ COLUMNS = ("text_column", "text_pair_column", "label_column", "source_column", "
 def build_task(task: str, tokenizer, config, *, data: str, data2: Path | None = None, columns: dict | None = None,
                limit: int | None = None, batch_size: int | None = None, metric: str | None = None,
                max_length: int | None = None, beams: int = 1, max_new_tokens: int | None = None,
-               block_size: int = 128, split: str | None = None, label_map: dict | None = None):
+               block_size: int = 128, split: str | None = None, label_map: dict | None = None,
+               prefix: bool = True):
     """The evaluator of ``task`` on ``data`` (all checks raise HeadpruneError; flags that do not apply
     to the task are refused by name). ``split``: one split of a datasets directory; ``label_map``
-    ``{label: id}`` (classification): the data's labels as the model's ids."""
+    ``{label: id}`` (classification): the data's labels as the model's ids; ``prefix`` (lm): every block
+    starts with the model's prefix token (BOS, else EOS), as lm-evaluation-harness measures it."""
     check_task(task)
+    if task != "lm" and prefix is not True:
+        raise ConfigError(f"prefix={prefix!r} (--no-prefix-token) applies to --task lm only, not --task {task}")
     counts = dict(limit=limit, batch_size=batch_size, max_length=max_length, beams=beams,
                   max_new_tokens=max_new_tokens, block_size=block_size)
     columns = {k: (columns or {}).get(k) for k in COLUMNS}
@@ -51,7 +55,7 @@ def build_task(task: str, tokenizer, config, *, data: str, data2: Path | None = 
     _check_counts(config, task, **counts)
     texts = python_docs_text() if data == PYDOC else load_text(data)
     return LanguageModelling(tokenizer, texts, block_size=block_size, batch_size=_given(batch_size, 8),
-                             max_blocks=limit)
+                             max_blocks=limit, prefix=prefix)
 
 
 def _given(value, default):
