@@ -339,11 +339,11 @@ def speed_phase(args, out: dict) -> None:
         raise SystemExit("--phase speed needs llama-cpp-python: pip install 'headprune[llamacpp]'")
     if not out["entries"]:
         raise SystemExit(f"{args.out}: no files phase results; run the files phase first")
-    import llama_cpp
+    from headprune.export.llamacpp import llama_cpp_version
 
     speed = dict(out.get("speed", {}))  # --fresh-speed measures the groups named again, keeps the others
     out["speed_settings"] = {"prompt": args.prompt, "generate": args.generate,
-                             "llama_cpp": llama_cpp.__version__, "kv_cache": "float16 (llama.cpp's default)",
+                             "llama_cpp": llama_cpp_version(), "kv_cache": "float16 (llama.cpp's default)",
                              "machine": machine()}
     for threads in args.speed_threads:
         for kind in args.speed_types:
@@ -649,9 +649,9 @@ def main(argv=None) -> dict:
         out["summary"] = summarise(out)
         out["files_phase_seconds"] = out.get("files_phase_seconds", 0) + time.perf_counter() - start
         if has_llama():
-            import llama_cpp
+            from headprune.export.llamacpp import llama_cpp_version
 
-            out["llama_cpp"] = llama_cpp.__version__
+            out["llama_cpp"] = llama_cpp_version()
         out["machine"] = machine()
         save(args, out)
     else:

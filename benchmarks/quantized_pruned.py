@@ -301,9 +301,9 @@ def write_doc(out: dict) -> None:
 
 
 def _llama_version() -> str:
-    import llama_cpp
+    from headprune.export.llamacpp import llama_cpp_version
 
-    return llama_cpp.__version__
+    return llama_cpp_version()
 
 
 def table(out: dict) -> str:

@@ -4,6 +4,7 @@ skip without the gguf package or with a tokenizer the exporter cannot write."""
 from __future__ import annotations
 
 import importlib.util
+import signal
 
 import pytest
 
@@ -50,3 +51,20 @@ def test_gguf_step_is_skipped_with_one_line_without_the_package_or_a_writable_to
     assert "not installed" in out["skipped"] and not (tmp_path / "b").exists()
     lines = [line for line in capsys.readouterr().out.splitlines() if "skipped" in line]
     assert len(lines) == 2
+
+
+def test_gguf_step_keeps_the_files_when_llama_cpp_dies(tmp_path, monkeypatch, capsys):
+    from headprune.export import llamacpp
+    from native_children import die_by
+
+    def crashing(*args, **kwargs):  # what a llama-cpp-python built for another CPU does in paired_speed's child
+        return llamacpp.in_child("speed of original.q8_0.gguf", die_by, int(signal.SIGILL))
+
+    monkeypatch.setattr(llamacpp, "available", lambda: True)
+    monkeypatch.setattr(llamacpp, "paired_speed", crashing)
+    model = tiny_decoder("llama")
+    out = demo.gguf_step(model, model, tmp_path / "gguf", tokenizer=bpe_tokenizer(), repeats=1)
+    assert out["llama_cpp"].startswith("speed not measured: llama.cpp (speed of original.q8_0.gguf) died of SIGILL")
+    assert llamacpp.REBUILD in out["llama_cpp"]
+    assert all((tmp_path / "gguf" / f"{n}.q8_0.gguf").stat().st_size == out[n]["bytes"] for n in ("original", "pruned"))
+    assert [line for line in capsys.readouterr().out.splitlines() if "SIGILL" in line] == [f"      {out['llama_cpp']}"]

@@ -38,5 +38,10 @@ class VerificationError(HeadpruneError, RuntimeError):
     """A check of a result failed: e.g. the pruned model does not compute what the masked one did."""
 
 
+class NativeCrashError(HeadpruneError, RuntimeError):
+    """Native code run in a child process (llama.cpp) killed it: a signal (SIGILL from a build for another CPU,
+    SIGSEGV, SIGBUS, ...) or an exit without a result. This process carries on (:mod:`headprune.isolation`)."""
+
+
 class KVCacheWarning(UserWarning):
     """A pruning plan that makes the key/value cache larger than the unpruned model's (uneven GQA)."""

@@ -9,6 +9,7 @@ extra (``pip install 'headprune[study]'``). A module that needs one of them impo
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from types import ModuleType
 
 from .errors import HeadpruneError
@@ -27,8 +28,18 @@ def require(module: str, purpose: str) -> ModuleType:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        top = module.split(".")[0]
-        extra = EXTRAS.get(top, "study")
-        raise MissingDependencyError(
-            f"{purpose} needs the package {top!r}, which is not installed; allowed: install it with "
-            f"pip install 'headprune[{extra}]'") from e
+        raise missing(module, purpose) from e
+
+
+def installed(module: str, purpose: str) -> None:
+    """:func:`require` without the import: for a module only a child process may load (its native code can kill
+    the process that loads it; :mod:`headprune.isolation`)."""
+    if importlib.util.find_spec(module.split(".")[0]) is None:
+        raise missing(module, purpose)
+
+
+def missing(module: str, purpose: str) -> MissingDependencyError:
+    top = module.split(".")[0]
+    extra = EXTRAS.get(top, "study")
+    return MissingDependencyError(f"{purpose} needs the package {top!r}, which is not installed; allowed: install it "
+                                  f"with pip install 'headprune[{extra}]'")

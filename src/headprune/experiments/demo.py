@@ -26,7 +26,7 @@ from ..core.kvcache import kv_cache_bytes
 from ..core.masking import mask_from_heads, masked
 from ..core.prune import prune_heads
 from ..core.sites import sites_table
-from ..errors import ConfigError, UnsupportedModelError, VerificationError
+from ..errors import ConfigError, NativeCrashError, UnsupportedModelError, VerificationError
 from ..evaluation.data import python_docs_text
 from ..evaluation.lm import LanguageModelling
 from ..provenance import versions
@@ -302,14 +302,19 @@ def gguf_step(original, pruned, folder: Path, *, tokenizer=None, source_gguf: Pa
     out["bytes_ratio"] = out["pruned"]["bytes"] / out["original"]["bytes"]
     print(f"      {folder / 'original.q8_0.gguf'}: {out['original']['mib']:.1f} MiB; {folder / 'pruned.q8_0.gguf'}: "
           f"{out['pruned']['mib']:.1f} MiB ({out['bytes_ratio']:.1%})")
-    if importlib.util.find_spec("llama_cpp") is None:
+    from ..export import llamacpp
+
+    if not llamacpp.available():
         out["llama_cpp"] = "not installed (pip install 'headprune[llamacpp]'): speed not measured"
         print(f"      llama.cpp {out['llama_cpp']}")
         return out
-    from ..export.llamacpp import paired_speed
-
-    rounds = paired_speed({n: folder / f"{n}.q8_0.gguf" for n in ("original", "pruned")}, "original",
-                          n_threads=1, prompt=128, generate=32, rounds=repeats)
+    try:
+        rounds = llamacpp.paired_speed({n: folder / f"{n}.q8_0.gguf" for n in ("original", "pruned")}, "original",
+                                       n_threads=1, prompt=128, generate=32, rounds=repeats)
+    except NativeCrashError as e:  # e.g. a llama.cpp built for another CPU: the files stay, the speed is not measured
+        out["llama_cpp"] = f"speed not measured: {e}"
+        print(f"      {out['llama_cpp']}")
+        return out
     out["llama_cpp"] = {w: {"speedup": r["ratios"]["pruned"], "reliable": r["reliable"], "load": r["load"],
                             "median_s": r["median_s"]} for w, r in rounds.items()}
     for what, r in out["llama_cpp"].items():
