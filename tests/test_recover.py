@@ -210,3 +210,29 @@ def test_cli_refusals_are_one_line_and_write_nothing(tmp_path, change, message):
     assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1, result.output
     assert message in result.stderr
     assert not out.exists()
+
+
+def test_compress_then_recover_in_one_command_and_its_refusals(tmp_path):
+    teacher = tiny_decoder(layers=2)
+    tok = bpe_tokenizer()
+    teacher.save_pretrained(tmp_path / "teacher")
+    tok.save_pretrained(tmp_path / "teacher")
+    (tmp_path / "calib.txt").write_text("\n".join(TEXTS * 12) + "\n")
+    (tmp_path / "eval.txt").write_text("\n".join(reversed(TEXTS * 4)) + "\n")
+    args = ["compress", str(tmp_path / "teacher"), "--task", "lm", "--data", str(tmp_path / "eval.txt"),
+            "--calib-data", str(tmp_path / "calib.txt"), "--share", "0.5", "--price", "count", "--compensate",
+            "tune", "--no-bench", "--seq-len", "16", "--limit", "2", "--calib-limit", "4", "--batch-size", "2"]
+    runner = CliRunner()
+    for more, message in ((["--recover-tokens", "40"], "--recover-tokens 40; allowed: an integer >= --seq-len x 4 = 64"),):
+        bad = runner.invoke(app, [*args, *more, "-o", str(tmp_path / "bad")])
+        assert bad.exit_code == 2 and message in bad.stderr and not (tmp_path / "bad").exists(), bad.output
+    out = tmp_path / "out"
+    r = runner.invoke(app, [*args, "--recover-tokens", "128", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    log = json.loads((out / "recovered" / "recover.json").read_text())
+    assert log["done"] and log["tokens"] == 128 and log["lr_selection"]["steps"] == 2
+    again = runner.invoke(app, ["recover", str(out), "--teacher", str(tmp_path / "teacher"), "--data",
+                                str(tmp_path / "calib.txt"), "--tokens", "128", "--block-size", "16", "--lr-steps",
+                                "2", "-o", str(out / "recovered")])  # the command it prints: the same run
+    assert again.exit_code == 0 and "already holds the finished recovery" in again.stdout, again.output
+    assert hp.load_pruned(out / "recovered" / "model").config.vocab_size == 320
