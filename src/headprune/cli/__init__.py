@@ -2,7 +2,7 @@
 
 One module per command group, each registering its commands on :data:`.app.app`:
 ``model`` (sites, prune, demo), ``evaluate``, ``study`` (the paper's experiments), ``compress``,
-``bench`` and ``train``. Flags shared by several commands live in ``options``.
+``bench``, ``recover`` and ``train``. Flags shared by several commands live in ``options``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import apply, bench, compress, evaluate, export, harness, importance, model, study, train  # noqa: F401  (each registers its commands)
+from . import apply, bench, compress, evaluate, export, harness, importance, model, recover, study, train  # noqa: F401  (each registers its commands)
 from .app import app, escape_help
 
 escape_help(app)

@@ -277,6 +277,9 @@ def compress_command(
     progress: bool = PROGRESS,
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the check that surgery is exact for this model's "
                                    "class (refused families): check the result yourself."),
+    recover_tokens: int = typer.Option(None, "--recover-tokens", help="--task lm: then distil the pruned model from "
+                                       "this one for N tokens of the calibration text (headprune recover's defaults, "
+                                       "windows of --seq-len), into OUT/recovered (default: none)."),
     *, flags: TaskFlags, prune: PruneFlags, inputs: InputFlags, bench: BenchFlags,
 ):
     """Prune heads, FFN neurons or both to one budget (a share of their count, FLOPs, parameters, KV cache or
@@ -286,6 +289,7 @@ def compress_command(
 
     settings = prune.settings()
     calib, calib_split = inputs.check(settings, data, flags.split, output)
+    recovery = _recovery(recover_tokens, task, settings.seq_len if prune.config else prune.seq_len)
     bench.check()
     if settings.low_memory and not bench.no_bench:
         raise ConfigError("--low-memory without --no-bench: the model is pruned in place, so no unpruned model is left "
@@ -310,6 +314,40 @@ def compress_command(
         report, summary = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings, run)
     echo_headline(output)
     typer.echo(f"compressed {model_dir} -> {output}: {summary}; report: {report}")
+    if recovery is not None:
+        _recover_after(model_dir, output, calib, recovery, flags.device, not quiet)
+
+
+def _recovery(tokens: int | None, task: str, seq_len: int | None):
+    """``--recover-tokens`` as :class:`RecoverSettings` (windows of ``--seq-len``), refused before any work."""
+    from ..compression.recover import RecoverSettings
+
+    if tokens is None:
+        return None
+    if task != "lm":
+        raise ConfigError(f"--recover-tokens with --task {task}; allowed: only with --task lm")
+    block = DEFAULT_SEQ_LEN if seq_len is None else seq_len
+    per_step = block * RecoverSettings.batch_size
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < per_step:
+        raise ConfigError(f"--recover-tokens {tokens}; allowed: an integer >= --seq-len x {RecoverSettings.batch_size}"
+                          f" = {per_step} (one step)")
+    return RecoverSettings(tokens=tokens, block_size=block, lr_steps=min(RecoverSettings.lr_steps, tokens // per_step))
+
+
+def _recover_after(model_dir, output: Path, calib: str, recovery, device, lines: bool) -> None:
+    """Recover the model just saved in ``output`` from ``model_dir`` on the calibration text, into OUT/recovered."""
+    from ..experiments.recover import run_recover
+    from .recover import in_flag_terms
+
+    again = (f"headprune recover {output} --teacher {model_dir} --data {calib} --tokens {recovery.tokens} "
+             f"--block-size {recovery.block_size} --lr-steps {recovery.lr_steps} -o {output / 'recovered'}")
+    typer.echo(f"recovering (if stopped, resume with: {again})", err=True)
+    with in_flag_terms():
+        model, result = run_recover(output, model_dir, calib, output / "recovered", recovery, device=device,
+                                    report=(lambda line: typer.echo(line, err=True)) if lines else None)
+    last = result.log["evals"][-1]
+    typer.echo(f"recovered -> {model}: held-out perplexity {result.log['evals'][0]['held_out_perplexity']:.4g} -> "
+               f"{last['held_out_perplexity']:.4g}")
 
 
 def _pool_inputs(run, t: TaskSetup, settings, inputs: InputFlags, calib, calib2, calib_split, bench) -> None:

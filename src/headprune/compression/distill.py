@@ -11,6 +11,10 @@ decays linearly to 0 over the run.
 
 It needs examples the guard never saw: :func:`headprune.compression.units.compress_pool` keeps it
 only if it lowers the loss on the validation batches.
+
+The loss (:func:`distill_loss`, optionally with the hidden states), the training context
+(:func:`trainable`) and the step (:func:`train_step`) are shared with :mod:`.recover`, the resumable
+recovery of a saved pruned model over many tokens.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -52,39 +57,23 @@ def distill(
     batches = list(batches)
     if not batches:
         raise ConfigError("batches: empty; distillation needs calibration inputs")
-    params = [p for p in student.parameters() if p.is_floating_point()]
-    if not params:
-        raise ConfigError(f"{type(student).__name__} has no floating-point parameters to train")
-    was = (student.training, teacher.training, [p.requires_grad for p in params])
-    student.eval()
-    teacher.eval()
-    for p in params:
-        p.requires_grad_(True)
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     order = list(range(len(batches)))
     rng = random.Random(seed)
     total = epochs * len(batches)
     losses, start = [], time.perf_counter()
-    try:
-        with tqdm(total=total, desc="distill", unit="batch", disable=not progress) as bar:
-            for _ in range(epochs):
-                if shuffle:
-                    rng.shuffle(order)
-                for i in order:
-                    for group in opt.param_groups:  # linear decay to 0 over the run
-                        group["lr"] = lr * (1 - len(losses) / total)
-                    loss = kl_to_teacher(student, teacher, batches[i])
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    losses.append(float(loss.detach()))
-                    bar.update()
-    finally:
-        student.train(was[0])
-        teacher.train(was[1])
-        for p, g in zip(params, was[2], strict=True):
-            p.requires_grad_(g)
-        opt.zero_grad(set_to_none=True)
+    with trainable(student, teacher) as params:
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+        try:
+            with tqdm(total=total, desc="distill", unit="batch", disable=not progress) as bar:
+                for _ in range(epochs):
+                    if shuffle:
+                        rng.shuffle(order)
+                    for i in order:  # linear decay to 0 over the run
+                        losses.append(train_step(opt, lambda b=batches[i]: kl_to_teacher(student, teacher, b),
+                                                 lr * (1 - len(losses) / total)))
+                        bar.update()
+        finally:
+            opt.zero_grad(set_to_none=True)
     if not all(map(math.isfinite, losses)):
         raise ConfigError(f"distillation diverged (loss {losses[-1]}) at lr={lr}; allowed: a smaller lr")
     return {"steps": len(losses), "losses": losses, "seconds": time.perf_counter() - start, "lr": lr,
@@ -94,11 +83,22 @@ def distill(
 def kl_to_teacher(student: nn.Module, teacher: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
     """Mean ``KL(teacher || student)`` over the positions of ``batch`` that carry a prediction (a scalar
     with gradients through ``student``)."""
+    return distill_loss(student, teacher, batch)
+
+
+def distill_loss(student: nn.Module, teacher: nn.Module, batch: Mapping[str, torch.Tensor], *,
+                 hidden_weight: float = 0.0) -> torch.Tensor:
+    """:func:`kl_to_teacher`, plus ``hidden_weight`` times the hidden states' mismatch where shapes allow:
+    per layer whose student and teacher hidden states ([B, T, d]) have the same shape, the squared error
+    over real positions relative to the teacher's mean square, averaged over those layers (pruning heads
+    and neurons keeps the residual width, so every layer usually matches; none matching is refused)."""
+    check_number("hidden_weight", hidden_weight, low=0)
+    hidden = hidden_weight > 0
     s_batch = to_device(batch, input_device(student))
     with torch.no_grad():
-        t_logits = _logits(teacher, to_device(batch, input_device(teacher)))
-    s_logits = _logits(student, s_batch)
-    t_logits = t_logits.to(s_logits.device)
+        t_out = _outputs(teacher, to_device(batch, input_device(teacher)), hidden)
+    s_out = _outputs(student, s_batch, hidden)
+    t_logits, s_logits = t_out.logits.to(s_out.logits.device), s_out.logits
     if t_logits.shape != s_logits.shape:
         raise ConfigError(f"the pruned model's logits {tuple(s_logits.shape)} do not match the unpruned model's "
                           f"{tuple(t_logits.shape)}")
@@ -106,12 +106,64 @@ def kl_to_teacher(student: nn.Module, teacher: nn.Module, batch: Mapping[str, to
     s = torch.log_softmax(s_logits.float(), -1)
     per = (t.exp() * (t - s)).sum(-1)  # [B] or [B, T]
     keep = positions(student, s_batch, per.shape)
-    if keep is None:
-        return per.mean()
-    keep = keep.to(per.device)
-    if not bool(keep.any()):
-        raise ConfigError("a distillation batch has no real positions (all padding)")
-    return per[keep].mean()
+    if keep is not None:
+        keep = keep.to(per.device)
+        if not bool(keep.any()):
+            raise ConfigError("a distillation batch has no real positions (all padding)")
+    loss = per.mean() if keep is None else per[keep].mean()
+    if hidden:
+        loss = loss + hidden_weight * _hidden_mismatch(s_out, t_out, keep)
+    return loss
+
+
+def _hidden_mismatch(s_out, t_out, keep: torch.Tensor | None) -> torch.Tensor:
+    """Mean over the layers of matching shape of ``||h_s - h_t||^2 / ||h_t||^2`` at real positions."""
+    s_states = getattr(s_out, "hidden_states", None) or ()
+    t_states = getattr(t_out, "hidden_states", None) or ()
+    pairs = [(hs, ht.to(hs.device)) for hs, ht in zip(s_states, t_states, strict=False) if hs.shape == ht.shape]
+    if len(s_states) != len(t_states) or not pairs:
+        raise ConfigError(f"hidden_weight > 0, but the pruned model's {len(s_states)} hidden states and the unpruned "
+                          f"model's {len(t_states)} do not pair up with equal shapes; allowed: hidden_weight=0 "
+                          "(logits only)")
+    terms = []
+    for hs, ht in pairs:  # [B, T, d]
+        hs, ht = hs.float(), ht.float()
+        if keep is not None and keep.shape == hs.shape[:-1]:
+            hs, ht = hs[keep.to(hs.device)], ht[keep.to(hs.device)]
+        terms.append((hs - ht).pow(2).mean() / ht.pow(2).mean().clamp_min(1e-12))
+    return torch.stack(terms).mean()
+
+
+@contextmanager
+def trainable(student: nn.Module, teacher: nn.Module) -> Iterator[list[nn.Parameter]]:
+    """Inside: both models in eval mode (no dropout: the student learns what the teacher computes) and every
+    floating-point parameter of ``student`` trainable (yielded, in ``parameters()`` order); restored after."""
+    params = [p for p in student.parameters() if p.is_floating_point()]
+    if not params:
+        raise ConfigError(f"{type(student).__name__} has no floating-point parameters to train")
+    was = (student.training, teacher.training, [p.requires_grad for p in params])
+    student.eval()
+    teacher.eval()
+    for p in params:
+        p.requires_grad_(True)
+    try:
+        yield params
+    finally:
+        student.train(was[0])
+        teacher.train(was[1])
+        for p, g in zip(params, was[2], strict=True):
+            p.requires_grad_(g)
+
+
+def train_step(opt: torch.optim.Optimizer, loss_fn: Callable[[], torch.Tensor], lr: float) -> float:
+    """One optimizer step at learning rate ``lr`` on the loss ``loss_fn()`` returns; the loss as a float."""
+    for group in opt.param_groups:
+        group["lr"] = lr
+    loss = loss_fn()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    return float(loss.detach())
 
 
 def positions(model: nn.Module, batch: Mapping[str, torch.Tensor], shape: torch.Size) -> torch.Tensor | None:
@@ -127,10 +179,10 @@ def positions(model: nn.Module, batch: Mapping[str, torch.Tensor], shape: torch.
     return amask.bool() if amask is not None and tuple(amask.shape) == tuple(shape) else None
 
 
-def _logits(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
-    out = model(**model_inputs(model, batch, labels=False, cache=False))
-    logits = getattr(out, "logits", None)
-    if logits is None:
+def _outputs(model: nn.Module, batch: Mapping[str, torch.Tensor], hidden: bool = False):
+    inputs = model_inputs(model, batch, labels=False, cache=False)
+    out = model(**inputs, output_hidden_states=True) if hidden else model(**inputs)
+    if getattr(out, "logits", None) is None:
         raise ConfigError(f"{type(model).__name__} returns no logits; distillation needs a model with an output "
                           "head (a classifier, a language model or a seq2seq model)")
-    return logits
+    return out

@@ -41,7 +41,7 @@ from .signature import difference_message
 IGNORED_IN_SIGNATURE = ("versions", "command")
 PATH_SPELLINGS = {"model": "model_sha256", "data": "data_sha256", "split": "data_sha256",  # path key -> its hash
                   "choose_data": "data_sha256", "data_b": "data_sha256", "importance_data": "data_sha256",
-                  "calib_data": "data_sha256", "oracle_from": "oracle_sha256"}
+                  "calib_data": "data_sha256", "oracle_from": "oracle_sha256", "teacher": "teacher_sha256"}
 LOCK, META, UNITS = "run.lock", "run.json", "units.jsonl"
 STOP_ENV = "HEADPRUNE_STOP_AFTER_UNITS"
 STOPPED = 75  # exit code of a run stopped by STOP_ENV (EX_TEMPFAIL: rerun to go on)

@@ -80,7 +80,7 @@ def find_resume(output_dir: Path, task: str, settings: Any, fingerprint: str) ->
     return k, state
 
 
-def _save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
+def save_optimizer(opt: torch.optim.Optimizer, path: Path) -> None:
     tensors = {}
     for idx, st in opt.state_dict()["state"].items():
         for name, value in st.items():
@@ -112,7 +112,7 @@ def save_checkpoint(job: Job, opt: torch.optim.Optimizer, epoch: int, step: int,
     shutil.rmtree(tmp, ignore_errors=True)
     job.model.save_pretrained(str(tmp))
     job.tokenizer.save_pretrained(str(tmp))
-    _save_optimizer(opt, tmp / "optimizer.safetensors")
+    save_optimizer(opt, tmp / "optimizer.safetensors")
     write_json(tmp / "trainer_state.json", {
         "task": job.task, "epoch": epoch, "global_step": step, "settings": settings_json(job.settings),
         "data_sha256": job.info["data_sha256"], "log": log, "versions": versions()})
