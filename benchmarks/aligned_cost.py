@@ -23,7 +23,6 @@ import argparse
 import dataclasses
 import json
 import platform
-import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from peers import protocol  # noqa: E402
 from peers.headprune_rows import settings_for  # noqa: E402
 from peers.plan import nonembedding_params  # noqa: E402
 from peers.results_io import save, write_section  # noqa: E402
+from recorded import command  # noqa: E402
 
 from headprune import compress  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
@@ -102,7 +102,7 @@ def main(argv=None) -> dict | None:
     model, batches, held, described = _data(args.quick)
     output = args.output or (OUTPUT.with_name("aligned_cost_quick.json") if args.quick else OUTPUT)
     given = sys.argv[1:] if argv is None else list(argv)
-    out = {"name": "aligned_cost", "command": shlex.join([sys.executable, "benchmarks/aligned_cost.py", *given]),
+    out = {"name": "aligned_cost", "command": command(__file__, given),
            "machine": machine_info() | {"loadavg_at_start": loadavg()},
            "versions": versions() | {"python": platform.python_version()},
            "settings": {**described, "config": CONFIG, "multiples": multiples, "budgets": budgets, "seed": 0,

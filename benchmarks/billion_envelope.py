@@ -38,7 +38,6 @@ import json
 import math
 import os
 import resource
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -50,6 +49,8 @@ import transformers as T
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # peers.headprune_rows: the selected configuration
+from recorded import command  # noqa: E402
+
 GOAL = 1.5
 FULL = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
             intermediate_size=8192, vocab_size=128256, max_position_embeddings=131072, tie_word_embeddings=True,
@@ -264,7 +265,7 @@ def growth(args) -> None:
     shapes = GROWTH_QUICK if args.quick else GROWTH
     with tempfile.TemporaryDirectory() as tmp:
         figures = {name: run_child(args, "compress_selected", tmp, shape) for name, shape in shapes.items()}
-    result = {"benchmark": "compress_scale", "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+    result = {"benchmark": "compress_scale", "command": command(__file__),
               "machine": machine_info(), "versions": versions(), "goal_peak_over_weights": GOAL,
               "config": {"model": "LlamaForCausalLM, random weights (meta -> to_empty -> normal 0.02)",
                          "configuration": SELECTED, "budget_removed": BUDGET, "low_memory": True,
@@ -321,7 +322,7 @@ def main(argv=None) -> None:
         figures["importance_checkpointed"]["seconds_over_plain"] = \
             figures["importance_checkpointed"]["seconds"] / figures["importance_plain"]["seconds"]
     result = {
-        "benchmark": "billion_envelope", "command": "python " + " ".join(shlex.quote(a) for a in sys.argv),
+        "benchmark": "billion_envelope", "command": command(__file__),
         "machine": machine_info(), "versions": versions(), "goal_peak_over_weights": GOAL,
         "config": {"model": "LlamaForCausalLM, random weights (meta -> to_empty -> normal 0.02)",
                    **(QUICK if args.quick else FULL), "attn_implementation": "sdpa (default)", "dtype": "float32",

@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import statistics
 import sys
 import time
@@ -56,6 +55,7 @@ from peers.headprune_rows import as_settings  # noqa: E402
 from peers.kwon import kwon_prune  # noqa: E402
 from peers.torch_pruning_run import installed_version  # noqa: E402
 from peers.tp_encoder import torch_pruning_encoder  # noqa: E402
+from recorded import command  # noqa: E402
 
 from headprune import PruneSettings, compress, find_ffns, find_sites  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
@@ -281,7 +281,7 @@ def main(argv=None) -> dict | None:
                 "test": "McNemar mid-p of paired correctness, 95% interval of the same test (headprune compare)"}
     out = results_io.resume(output, settings, config_of)
     given = sys.argv[1:] if argv is None else list(argv)
-    out.update({"name": "encoder_peers", "command": shlex.join(["python", "benchmarks/encoder_peers.py", *given]),
+    out.update({"name": "encoder_peers", "command": command(__file__, given),
                 "machine": machine_info() | {"loadavg_at_start": loadavg()},
                 "versions": versions() | {"python": platform.python_version(), "torch_pruning": installed_version()},
                 "settings": settings, "unpruned_sizes": base})

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,8 @@ from headprune.provenance import versions
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from heads_and_neurons import DATA, MODELS, _gz, unit_share  # noqa: E402
+from recorded import command as recorded_command  # noqa: E402
+from recorded import repo_path  # noqa: E402
 
 RESULTS = ROOT / "results" / "fit_size.json"
 
@@ -133,7 +134,7 @@ def main(argv=None):
             reconstruct(m, model, fit)
             rows.append({"fit_examples": n, "seconds": time.perf_counter() - t, **judge(m)})
             print(task, rows[-1], flush=True)
-        entries[task] = {"model": str(MODELS.get(task, "tiny random BERT")), "data": data, "budget": args.budget,
+        entries[task] = {"model": repo_path(MODELS.get(task, "tiny random BERT")), "data": data, "budget": args.budget,
                          "rows": rows}
     out = {"command": command(argv), "versions": versions(), "torch_threads": torch.get_num_threads(), **entries}
     save(args, out, RESULTS)
@@ -141,7 +142,7 @@ def main(argv=None):
 
 
 def command(argv) -> str:
-    return "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])])
+    return recorded_command(sys.argv[0], argv or sys.argv[1:])
 
 
 def save(args, out: dict, default: Path) -> None:

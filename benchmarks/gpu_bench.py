@@ -39,13 +39,15 @@ import copy
 import gc
 import json
 import platform
-import shlex
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recorded import command as recorded_command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "gpu_bench.json"
@@ -216,7 +218,7 @@ def run(spec: dict, device: torch.device, limits: tuple[float, float], *, dry_ru
         r["run"] = 1
     versions = {"headprune": headprune.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
                 "python": platform.python_version(), "cuda": torch.version.cuda}
-    command, seconds = shlex.join(["python", "benchmarks/gpu_bench.py", *sys.argv[1:]]), round(time.perf_counter() - start, 1)
+    command, seconds = recorded_command(__file__), round(time.perf_counter() - start, 1)
     return {"schema": SCHEMA, "dry_run": dry_run, "device": _device_name(device), "dtype": spec["dtype"],
             "attn_implementation": "sdpa", "align": spec["align"], "fractions": list(FRACTIONS),
             "protocol": {**vars(protocol), "note": "headprune.bench.protocol.paired_rounds"}, "versions": versions,

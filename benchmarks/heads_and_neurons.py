@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -54,6 +53,9 @@ from headprune.evaluation.multiplicity import holm
 from headprune.evaluation.resampling import resamples_for
 from headprune.evaluation.significance import compare
 from headprune.provenance import versions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recorded import command, repo_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "heads_and_neurons.json"
@@ -127,7 +129,7 @@ def setup(args):
                 "fit": f"multi30k/train.{{en,fr}} lines 0..{args.fit - 1}",
                 "validation": f"multi30k/train.{{en,fr}} lines {first_val}..{n - 1}",
                 "test": "multi30k/test_2017_flickr.{en,fr} (1000)"}
-    sig = {"model": str(path), "task": args.task, "data": data, "n_test": len(test)}
+    sig = {"model": repo_path(path), "task": args.task, "data": data, "n_test": len(test)}
     return model, test, list(calib.batches()), list(fit.batches()), list(val.batches()), seq, tgt, sig
 
 
@@ -383,7 +385,7 @@ def main(argv=None):
                            "fit_n": sum(int(b["input_ids"].shape[0]) for b in fit),
                            "val_n": sum(int(b["input_ids"].shape[0]) for b in val), "seq_len": seq, "tgt_len": tgt,
                            "seed": 0, "versions": versions()},
-             "command": "python " + " ".join(shlex.quote(a) for a in [sys.argv[0], *(argv or sys.argv[1:])]),
+             "command": command(__file__, argv or sys.argv[1:]),
              "metric": base.metric, "unpruned": base.score, "budgets": rows, "machine": speed.machine,
              "bench_settings": speed.settings, "holm_over": "the budgets of this task",
              **({"note": args.note} if args.note else {})}

@@ -26,6 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recorded import command as recorded_command  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent
 SRC = ROOT.parent / "src"
 RESULTS = ROOT / "results" / "import_cost.json"
@@ -73,7 +76,7 @@ def main(argv=None) -> dict:
     from headprune.provenance import versions  # light: no torch
 
     out = {
-        "command": "python " + shlex.join([sys.argv[0], *(argv if argv is not None else sys.argv[1:])]),
+        "command": recorded_command(__file__, argv),
         "rounds": rounds,
         "median_s": {k: round(v, 4) for k, v in median.items()},
         "times_s": {k: [round(x, 4) for x in v] for k, v in times.items()},

@@ -16,7 +16,6 @@ import argparse
 import gc
 import json
 import os
-import shlex
 import statistics
 import sys
 import time
@@ -28,6 +27,9 @@ import transformers as T
 import headprune as hp
 from headprune.bench import machine_info
 from headprune.provenance import versions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recorded import command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 2.2
@@ -96,7 +98,7 @@ def main() -> None:
     ratio = statistics.median(ratios)
     out = {
         "name": "importance_cost",
-        "command": shlex.join(["python", *sys.argv]),
+        "command": command(__file__),
         "machine": {**machine_info(), "loadavg_start": load_start, "loadavg_end": list(os.getloadavg())},
         "versions": versions(),
         "settings": {"quick": quick, "threads": args.threads, "n": n, "batch_size": batch_size, "seq_len": seq_len,

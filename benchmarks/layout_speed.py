@@ -24,7 +24,6 @@ import copy
 import inspect
 import json
 import platform
-import shlex
 import sys
 import tempfile
 import time
@@ -35,6 +34,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from peers.results_io import save, write_section  # noqa: E402
+from recorded import command  # noqa: E402
 
 import headprune as hp  # noqa: E402
 from headprune.bench.decode import generated_cache  # noqa: E402
@@ -168,7 +168,7 @@ def main(argv=None) -> dict | None:
     given = sys.argv[1:] if argv is None else list(argv)
     with tempfile.TemporaryDirectory() as tmp:
         models = build_models(shape, Path(tmp))
-        out = {"name": "layout_speed", "command": shlex.join([sys.executable, "benchmarks/layout_speed.py", *given]),
+        out = {"name": "layout_speed", "command": command(__file__, given),
                "machine": machine_info() | {"loadavg_at_start": loadavg()},
                "versions": versions() | {"python": platform.python_version()},
                "settings": {"shape": shape, "batch": args.batch, "seq": args.seq, "prompt": args.prompt,

@@ -13,7 +13,6 @@ the perplexity on the held-out blocks. The evaluation text of the peer compariso
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -25,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llm_peers  # noqa: E402
 from peers import protocol, results_io  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, settings_for  # noqa: E402
+from recorded import command  # noqa: E402
 
 from headprune import compress  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
@@ -66,8 +66,7 @@ def main(argv=None) -> dict:
                      "ratio": ppl / unpruned, "prune_seconds": seconds})
         print(f"{name}: held-out perplexity {ppl:.3f} (x{ppl / unpruned:.4f}), {seconds:.0f} s", flush=True)
     best = min((r for r in rows if r["compensate"] == "linear"), key=lambda r: r["held_out_perplexity"])
-    out = {"name": "linear_damping", "command": shlex.join([sys.executable, "benchmarks/linear_damping.py",
-                                                           *(sys.argv[1:] if argv is None else argv)]),
+    out = {"name": "linear_damping", "command": command(__file__, argv),
            "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions(),
            "settings": {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
                         "scores": "fluctuation", "quick": args.quick},

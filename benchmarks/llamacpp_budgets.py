@@ -46,10 +46,13 @@ import importlib.util
 import json
 import math
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recorded import command as recorded_command  # noqa: E402
+from recorded import repo_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -321,7 +324,7 @@ def speed_group(kind: str, threads: int, paths: dict[str, Path], args) -> dict:
     measured = paired_speed(paths, "unpruned", n_threads=threads, prompt=args.prompt, generate=args.generate,
                             rounds=args.rounds)
     invs = {name: gguf_inventory(p) for name, p in paths.items()}
-    out = {"type": kind, "threads": threads, "files": {n: str(p) for n, p in paths.items()}}
+    out = {"type": kind, "threads": threads, "files": {n: repo_path(p) for n, p in paths.items()}}
     for what, n_tok, context, key in (("prompt", args.prompt, (args.prompt + 1) / 2, "flops_per_token"),
                                       ("generate", args.generate, 1 + args.generate / 2, "bytes_per_token")):
         limits = {n: implied(inv["meta"], inv["tensor_bytes"], inv["tensors"], context) for n, inv in invs.items()}
@@ -397,7 +400,7 @@ def judge(out: dict) -> None:
 
 
 def command() -> str:
-    return shlex.join(["python", "benchmarks/llamacpp_budgets.py", *sys.argv[1:]])
+    return recorded_command(__file__)
 
 
 def machine() -> dict:
@@ -635,7 +638,7 @@ def main(argv=None) -> dict:
     settings = {"config": CONFIG, "min_per_site": 1, "budgets": list(args.budgets), "calib_block": args.calib_block,
                 "calib_blocks": args.calib_blocks, "quick": args.quick, "seed": 0, "multiples":
                 {"legacy": args.multiple, "kquant": args.k_multiple}, "windows": [args.windows, args.window],
-                "threads": args.threads, "run_dir": str(args.run_dir)}
+                "threads": args.threads, "run_dir": repo_path(args.run_dir)}
     if out.get("settings", {}).get("quick") != args.quick or (args.phase == "files" and any(
             out.get("settings", {}).get(k) != v for k, v in settings.items() if k not in ("budgets", "threads", "run_dir"))):
         out = {}  # other settings: start over

@@ -25,7 +25,6 @@ import importlib.util
 import json
 import math
 import os
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -39,6 +38,9 @@ from headprune.core.kvcache import kv_head_bytes
 from headprune.evaluation.lm import LanguageModelling
 from headprune.provenance import versions
 from headprune.selection.gqa import kv_groups, kv_growth
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recorded import command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
@@ -106,7 +108,7 @@ def main(argv=None) -> dict | None:
                 "bootstrap": "95% percentile, 1000 resamples of evaluation blocks, paired, seed 0",
                 "fixed_before_evaluation": True}
     out = _resume(output, settings)
-    out.update({"name": "llm_compression", "command": shlex.join([sys.executable, *sys.argv]),
+    out.update({"name": "llm_compression", "command": command(__file__),
                 "machine": machine_info(), "versions": versions(), "settings": settings,
                 "goal": f"perplexity at 20% of heads removed <= (1 + {GOAL}) x unpruned on held-out text"})
     done = {(r["method"], r["fraction"]) for r in out["rows"]}

@@ -41,7 +41,6 @@ import json
 import os
 import platform
 import re
-import shlex
 import shutil
 import sys
 import time
@@ -63,6 +62,7 @@ from peers.sleb import sleb_plan  # noqa: E402
 from peers.slimgpt import slimgpt_plan  # noqa: E402
 from peers.torch_pruning_run import installed_version, torch_pruning_row  # noqa: E402
 from peers.wanda_sp import wanda_sp_plan  # noqa: E402
+from recorded import command as recorded_command  # noqa: E402
 
 from headprune.bench.decode import decode_benchmark  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info, peak_rss_delta  # noqa: E402
@@ -218,8 +218,7 @@ def held_out_study(name: str, args: argparse.Namespace, argv, described: dict, d
     settings = {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
                 **chosen, "threads": args.threads, "quick": args.quick}
     out = results_io.resume(output, settings, config_of)
-    out.update({"name": name, "settings": settings, "command": shlex.join([sys.executable, f"benchmarks/{name}.py",
-                                                       *(sys.argv[1:] if argv is None else argv)]),
+    out.update({"name": name, "settings": settings, "command": recorded_command(ROOT / "benchmarks" / f"{name}.py", argv),
                 "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions()})
     return output, out
 
@@ -389,7 +388,7 @@ def main(argv=None) -> dict | None:
                 "bootstrap": "95% percentile, 1000 resamples of windows, paired, seed 0"}
     out = results_io.resume(output, settings, config_of)
     given = sys.argv[1:] if argv is None else list(argv)
-    command = shlex.join([sys.executable, "benchmarks/llm_peers.py", *given])
+    command = recorded_command(__file__, given)
     if args.texts:  # rows already run are scored on more texts, into their own file (the rows' file is only read)
         if "unpruned" not in out:
             raise SystemExit(f"--texts: {output} has no rows of these settings; run them first")

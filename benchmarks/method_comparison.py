@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -41,6 +40,9 @@ from headprune.evaluation.data import same_data
 from headprune.evaluation.multiplicity import adjust_rows
 from headprune.evaluation.significance import compare
 from headprune.provenance import versions
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recorded import command, repo_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ("ih", "fisher", "fisher+rearrange", "fisher+tune", "random")
@@ -112,8 +114,8 @@ def real_setup(args):
 
     evaluator = task(args.data, args.data2, args.limit)
     calib = task(args.calib_data, args.calib_data2, args.calib_limit)
-    signature = {"model": str(args.model), "data": [args.data] + ([str(args.data2)] if args.data2 else []),
-                 "calib_data": [args.calib_data] + ([str(args.calib_data2)] if args.calib_data2 else []),
+    signature = {"model": repo_path(args.model), "data": [repo_path(args.data)] + ([repo_path(args.data2)] if args.data2 else []),
+                 "calib_data": [repo_path(args.calib_data)] + ([repo_path(args.calib_data2)] if args.calib_data2 else []),
                  "n": len(evaluator), "calib_n": len(calib)}
     return model, evaluator, list(calib.batches()), signature
 
@@ -316,8 +318,7 @@ def main(argv=None) -> int:
         "signature": {**signature, "task": args.task, "metric": unpruned.metric, "methods": args.methods,
                       "step": args.step, "seeds": args.seeds, "seed": 0, "min_per_site": args.min_per_site,
                       "damping": args.damping, "versions": versions(),
-                      "command": "python benchmarks/method_comparison.py " + shlex.join(sys.argv[1:] if argv is None
-                                                                                        else argv)},
+                      "command": command(__file__, argv)},
         "unpruned": unpruned.score, "metric": unpruned.metric, "higher_is_better": unpruned.higher_is_better,
         "relative_at_50_percent_pruned": at_half, "summary": summary, "table": text, "paired_tests": tests, "timing": timing,
         "rows": rows, "seconds": time.perf_counter() - start,

@@ -29,6 +29,9 @@ import torch
 from headprune.bench import machine_info
 from headprune.provenance import versions
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recorded import command, repo_path, repo_word  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("HEADPRUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
 
@@ -77,7 +80,7 @@ def main() -> None:
             print(f"{name}: {processes} process(es) {seconds[processes]:.1f} s", flush=True)
         row = {"seconds_1": seconds[1], "seconds_2": seconds[2], "speedup": seconds[1] / seconds[2],
                "efficiency": seconds[1] / (2 * seconds[2]),
-               "command": shlex.join(["headprune", *build(Path("OUT"))])}
+               "command": shlex.join(["headprune", *map(repo_word, build(Path("OUT")))])}
         if name == "importance":
             one = json.loads((work / "importance-1" / "importance.json").read_text())["scores"]
             two = json.loads((work / "importance-2" / "importance.json").read_text())["scores"]
@@ -89,10 +92,10 @@ def main() -> None:
                                        for f in ("ablation.csv", "ablation_by_damage.csv"))
         rows[name] = row
     result = {"benchmark": "1 vs 2 processes (torchrun --standalone, gloo, OMP_NUM_THREADS=1 each)",
-              "model": str(args.model), "importance_examples": args.importance_examples,
+              "model": repo_path(args.model), "importance_examples": args.importance_examples,
               "sweep_examples": args.sweep_examples, "tasks": rows,
               "machine": {**machine_info(), "loadavg_start": list(start_load), "loadavg_end": list(os.getloadavg())},
-              "versions": versions(), "command": shlex.join([sys.executable, *sys.argv])}
+              "versions": versions(), "command": command(__file__)}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)

@@ -19,7 +19,6 @@ import argparse
 import copy
 import json
 import platform
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from peers.flap import flap_plan  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, headprune_row  # noqa: E402
 from peers.plan import apply_plan  # noqa: E402
 from peers.results_io import save, write_section  # noqa: E402
+from recorded import command  # noqa: E402
 
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.bench.protocol import ProtocolSettings, paired_rounds  # noqa: E402
@@ -92,7 +92,7 @@ def main(argv=None) -> dict | None:
     batches = list(calib.batches(limit=blocks))
     output = args.output or (OUTPUT.with_name("prune_time_quick.json") if args.quick else OUTPUT)
     given = sys.argv[1:] if argv is None else list(argv)
-    out = {"name": "prune_time", "command": shlex.join([sys.executable, "benchmarks/prune_time.py", *given]),
+    out = {"name": "prune_time", "command": command(__file__, given),
            "machine": machine_info() | {"loadavg_at_start": loadavg()},
            "versions": versions() | {"python": platform.python_version()},
            "settings": {**described, "calib_block": block, "calib_blocks": blocks, "config": args.config,

@@ -17,7 +17,6 @@ import argparse
 import copy
 import json
 import os
-import shlex
 import sys
 from pathlib import Path
 
@@ -27,6 +26,9 @@ import transformers as T
 import headprune as hp
 from headprune.bench import benchmark, fraction_plan
 from headprune.selection import lowest_heads
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recorded import command  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL, GOAL_BATCHES = 0.9, (4, 16, 64)
@@ -89,7 +91,7 @@ def main() -> None:
                 for name in plans}
     out = {
         "name": "pruned_speed",
-        "command": shlex.join(["python", *sys.argv]),
+        "command": command(__file__),
         "machine": result.machine,
         "versions": result.versions,
         "settings": {**result.settings, "quick": quick, "threads": args.threads, "fraction": args.fraction,

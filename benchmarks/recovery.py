@@ -31,7 +31,6 @@ import json
 import pickle
 import platform
 import random
-import shlex
 import sys
 import time
 from pathlib import Path
@@ -46,6 +45,7 @@ from peers.headprune_rows import headprune_row  # noqa: E402
 from peers.llm_pruner import llm_pruner_plan  # noqa: E402
 from peers.lora import add_lora, merge_lora  # noqa: E402
 from peers.plan import apply_plan, check_llama_like  # noqa: E402
+from recorded import command  # noqa: E402
 
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.bench.protocol import load_record  # noqa: E402
@@ -235,7 +235,7 @@ class Bench:
         self.output = args.output or (OUTPUT.with_name("recovery_quick.json") if args.quick else OUTPUT)
         self.out = self._resumed(json.loads(self.output.read_text()) if self.output.is_file() else {})
         given = sys.argv[1:] if argv is None else list(argv)
-        self.out.update({"name": "recovery", "command": shlex.join([sys.executable, "benchmarks/recovery.py", *given]),
+        self.out.update({"name": "recovery", "command": command(__file__, given),
                          "machine": machine_info() | {"loadavg_at_start": loadavg()},
                          "versions": versions() | {"python": platform.python_version()}, "settings": self.settings,
                          "notes": NOTES, "anchor": ANCHOR})

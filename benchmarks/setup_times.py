@@ -24,6 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from demo_results import demo_record  # noqa: E402
+from recorded import repo_path  # noqa: E402
 
 
 def _du(path: Path) -> int:
@@ -63,7 +64,7 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     result = {"machine": {"cores": os.cpu_count(), "platform": platform.platform(),
                           "python": platform.python_version()},
-              "commit": commit, "shared_data": os.environ.get("HEADPRUNE_SHARED_DATA"), "runs": {}}
+              "commit": commit, "shared_data": repo_path(os.environ.get("HEADPRUNE_SHARED_DATA", "")) or None, "runs": {}}
     for target in ("test", "demo"):
         if args.only not in (None, target):
             continue

@@ -14,7 +14,6 @@ import gzip
 import json
 import os
 import platform
-import shlex
 import shutil
 import sys
 import time
@@ -23,6 +22,9 @@ from pathlib import Path
 import torch
 
 from headprune.train import TranslationTrainSettings, train_translation
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recorded import command, repo_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -77,12 +79,12 @@ def main() -> None:
               f"total {time.perf_counter() - t_start:.0f}s", file=sys.stderr, flush=True)
         results = {
             "benchmark": "train_translation",
-            "command": " ".join(shlex.quote(a) for a in [sys.executable.split("/")[-1], *sys.argv]),
+            "command": command(__file__),
             "machine": f"2 CPU cores shared with other jobs ({platform.processor() or platform.machine()}), "
                        f"torch threads={args.threads}, os.cpu_count={os.cpu_count()}",
             "versions": res.info["versions"] | {"python": platform.python_version()},
-            "data": {"train": f"{args.data}/train.{{{args.src},{args.tgt}}}.gz",
-                     "eval": f"{args.data}/test_2016_flickr.{{{args.src},{args.tgt}}}.gz, first {len(ev_src)} lines",
+            "data": {"train": f"{repo_path(args.data)}/train.{{{args.src},{args.tgt}}}.gz",
+                     "eval": f"{repo_path(args.data)}/test_2016_flickr.{{{args.src},{args.tgt}}}.gz, first {len(ev_src)} lines",
                      "n_train_pairs": res.info["n_train"], "n_skipped_too_long": res.info["n_skipped_too_long"]},
             "model": {"architecture": res.info["architecture"], "n_parameters": res.info["n_parameters"],
                       "vocab_size": res.info["vocab_size"]},
@@ -90,7 +92,7 @@ def main() -> None:
             "load_average_1min": load,
             "budget_s": budget,
             "total_seconds": round(time.perf_counter() - t_start, 1),
-            "output_dir": str(args.out),
+            "output_dir": repo_path(args.out),
             "epochs": [{k: r[k] for k in ("epoch", "global_step", "loss", "seconds", "tokens_per_s", "eval_nll",
                                           "eval_bleu", "eval_seconds")} for r in res.log],
             "bleu_signature": rec["bleu_signature"],

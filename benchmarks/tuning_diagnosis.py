@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +35,9 @@ from headprune.evaluation.data import load_classification
 from headprune.provenance import versions
 from headprune.scoring.gradients import mean_loss
 from headprune.selection.budget import budget_heads
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from recorded import repo_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
 MODEL = Path("/work/main/runs/sst2-minilm/final")
@@ -117,7 +121,7 @@ def main(argv=None):
                               "fit": [{k: r[k] for k in ("layer", "error_before", "error_after")} for r in fit]}
         rows.append({"keep_heads": keep, "dropped": sum(len(v) for v in drop.values()), "variants": variants})
         print(keep, {k: (round(v["calib"], 4), round(v["val"], 4)) for k, v in variants.items()}, flush=True)
-    out = {"signature": {"model": str(args.model), "data": {"calibration": "sst2/train.tsv rows 0..511",
+    out = {"signature": {"model": repo_path(args.model), "data": {"calibration": "sst2/train.tsv rows 0..511",
                                                             "validation": "sst2/train.tsv rows 512..767"},
                          "scores": "diagonal Fisher of the head mask on the calibration rows", "seed": 0,
                          "versions": versions()},

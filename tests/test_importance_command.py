@@ -70,7 +70,7 @@ def test_importance_command_equals_the_library_and_finite_differences(setup, tmp
     assert result.exit_code == 0, result.output
     written = json.loads((out / "importance.json").read_text())
     assert written["n"] == 10 and written["signature"]["settings"]["absolute"] == "example"
-    assert written["signature"]["model"] == str(model_dir) and "versions" in written["signature"]
+    assert written["signature"]["model"] == model_dir.name and "versions" in written["signature"]  # its own name, not a path
     scores = {k: torch.tensor(v, dtype=torch.float64) for k, v in written["scores"].items()}
 
     model = hp.load_pruned(model_dir)  # the library on the same data

@@ -22,6 +22,7 @@ import faulthandler
 import math
 import multiprocessing as mp
 import queue
+import re
 import tempfile
 import time
 import traceback
@@ -165,7 +166,18 @@ def _stack(path: str) -> list[str]:
         elif line.startswith("File ") and sections:
             current.append(line)
     main = next((f for f in sections if any("torch_pruning" in x for x in f)), sections[0] if sections else [])
-    return [f.replace(f.split("site-packages/")[0], "") if "site-packages/" in f else f for f in main[:8]]
+    return [_short(f) for f in main[:8]]
+
+
+def _short(frame: str) -> str:
+    """A frame's file without this machine's folders: from ``site-packages/`` or the interpreter's ``lib/pythonX.Y/``
+    on, or relative to the repository root."""
+    if "site-packages/" in frame:
+        return frame.replace(frame.split("site-packages/")[0], "")
+    root = str(Path(__file__).resolve().parents[2]) + "/"
+    if root in frame:
+        return frame.replace(root, "")
+    return re.sub(r'"/[^"]*?/(lib/python[\d.]+/)', r'"\1', frame)
 
 
 def installed_version() -> str | None:

@@ -3,7 +3,9 @@
 :func:`versions`: the packages results depend on. :func:`code_identity`: this package's version, git
 commit when it is known and a hash of its source files. :func:`model_sha256` / :func:`data_sha256`:
 content hashes (streamed sha256) of a model directory's weights, config and tokenizer files and of data
-files or directories, so a run is identified by what it read, not by where it read it.
+files or directories, so a run is identified by what it read, not by where it read it. :func:`own_name` /
+:func:`portable`: what files written for others (signatures, GGUF metadata) say instead of this machine's
+absolute paths -- a model's own name, a path relative to the working directory.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import functools
 import hashlib
 import importlib.metadata as md
 import json
+import os
 import platform
 import subprocess
 from pathlib import Path
@@ -111,3 +114,45 @@ def model_sha256(model_dir: str | Path) -> str:
     root = Path(model_dir)
     return tree_sha256(root, recursive=False,
                        keep=lambda p: p.name not in NOT_MODEL and not p.name.endswith(NOT_MODEL_SUFFIXES))
+
+
+def own_name(path: str | Path) -> str:
+    """A model's (or file's) own name: the base name of its directory or file, e.g. ``/home/me/runs/tiny`` ->
+    ``tiny`` (``.`` -> the working directory's name). What a file written for others calls it, never where it was."""
+    name = Path(path).name
+    return name if name not in ("", ".", "..") else Path(path).resolve().name
+
+
+def portable_path(path: str | Path) -> str:
+    """An absolute path as a file written for others holds it: relative to the working directory when it lies
+    beneath it (``/work/repo/data/dev.tsv`` run in ``/work/repo`` -> ``data/dev.tsv``), else its own name; any
+    other string (a relative path, ``builtin:pydoc``, a flag) unchanged."""
+    text = str(path)
+    if not os.path.isabs(text):
+        return text
+    try:
+        return Path(text).relative_to(Path.cwd()).as_posix() or "."
+    except ValueError:
+        return own_name(text)
+
+
+def portable(value):
+    """``value`` (a signature: dicts, lists, strings, paths) with every absolute path in it made portable
+    (:func:`portable_path`), also inside a string such as a recorded command (``--data /home/me/dev.tsv``,
+    ``--data=/home/me/dev.tsv``): a run's signature says what it read, not this machine's folders."""
+    if isinstance(value, dict):
+        return {k: portable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [portable(v) for v in value]
+    if isinstance(value, Path):
+        return portable_path(value)
+    if isinstance(value, str) and os.sep in value:
+        return " ".join(_portable_word(w) for w in value.split(" "))
+    return value
+
+
+def _portable_word(word: str) -> str:
+    flag, eq, rest = word.partition("=")
+    if eq and flag.startswith("-") and os.path.isabs(rest):
+        return f"{flag}={portable_path(rest)}"
+    return portable_path(word)

@@ -20,6 +20,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError, DataError
+from ..provenance import own_name
 from .app import app, echo_headline, friendly
 from .dataflags import ARGUMENT_FLAGS, DATA_FLAGS, PHRASES, in_cli_terms, split_option
 from .identity import identity
@@ -384,7 +385,7 @@ def _signature(model_dir, task, data, data2, calib, calib_split, flags, inputs: 
     calib_data2 = inputs.calib_data2
     files = {"--data": data, "--data2": data2, "--calib-data": inputs.calib_data, "--calib-data2": calib_data2,
              "--val-data": inputs.val_data, "--val-data2": inputs.val_data2}
-    return {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
+    return {"model": own_name(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
             "split": Path(data).name, "n": len(ev),
             **{k: v for k, v in (("data_split", flags.split), ("calib_split", calib_split)) if v},
             "calib_data": [calib] + ([str(calib_data2 or data2)] if (calib_data2 or data2) else []),

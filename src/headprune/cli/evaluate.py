@@ -45,7 +45,7 @@ def evaluate(
     from ..core.masking import mask_from_heads
     from ..evaluation.build import check_task
     from ..evaluation.metrics import format_score
-    from ..provenance import code_identity, versions
+    from ..provenance import code_identity, own_name, versions
 
     check_task(task)
     off = _heads_off(heads_off)  # refuse bad JSON before loading anything
@@ -59,7 +59,7 @@ def evaluate(
     out = result.to_dict()
     extra = dict(out.pop("extra"))
     extra.pop("hypotheses", None)
-    signature = {**extra.pop("signature", evaluator.signature), "n": result.n, "model": str(model_dir),
+    signature = {**extra.pop("signature", evaluator.signature), "n": result.n, "model": own_name(model_dir),
                  "heads_off": off, "code": code_identity(), "versions": versions()}
     if as_json:
         typer.echo(json.dumps({"task": task, **out, "extra": extra, "signature": signature}, indent=2))

@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
+from ..provenance import own_name
 from .app import app, friendly
 
 FORMATS = ("onnx", "gguf")
@@ -50,7 +51,7 @@ def export(
     check_output_dir(output)
     model = load_model(model_dir)
     report = export_onnx(model, output, tokenizer=load_tokenizer(model_dir), opset=opset, tolerance=tolerance,
-                         signature={"model": str(model_dir)})
+                         signature={"model": own_name(model_dir)})
     c = report["check"]
     typer.echo(f"exported {model_dir} -> {output / report['file']}: onnxruntime matches PyTorch on "
                f"{c['inputs']}, shape {c['shape']} (max difference {c['max_abs_diff']:.2g}, {c['relative']:.2g} relative; "
@@ -68,7 +69,7 @@ def _export_gguf(model_dir: Path, output: Path, outtype: str, source_gguf: Path 
     tokenizer = load_tokenizer(model_dir) if source_gguf is None else None
     model = load_model(model_dir, dtype="float32")
     report = export_gguf(model, output, tokenizer=tokenizer, source_gguf=source_gguf, outtype=outtype,
-                         tolerance=tolerance, signature={"model": str(model_dir)})
+                         tolerance=tolerance, signature={"model": own_name(model_dir)})
     c = report["check"]
     t = c["transformers"]
     typer.echo(f"exported {model_dir} -> {output} ({report['arch']}, {outtype}, {report['bytes'] / 2**20:.1f} MiB; "

@@ -11,6 +11,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
+from ..provenance import own_name
 from .app import app, friendly
 
 
@@ -46,7 +47,7 @@ def lm_eval_command(
         raise ConfigError(f"model {str(model_dir)!r} has no tokenizer; lm_eval needs one")
     out = evaluate_harness(load_model(model_dir), tokenizer, names, include_path=include_path,
                            include_defaults=defaults, limit=limit, num_fewshot=num_fewshot, batch_size=batch_size)
-    out["signature"] = {"model": str(model_dir), "tasks": names, "limit": limit, "num_fewshot": num_fewshot}
+    out["signature"] = {"model": own_name(model_dir), "tasks": names, "limit": limit, "num_fewshot": num_fewshot}
     for task, metrics in out["results"].items():
         typer.echo(f"{task}: " + ", ".join(f"{k.split(',')[0]} {v:.4g}" for k, v in metrics.items()
                                            if not k.endswith("_stderr,none")))

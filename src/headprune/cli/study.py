@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError
-from ..provenance import data_sha256
+from ..provenance import data_sha256, own_name
 from .app import app, echo_headline, friendly
 from .dataflags import in_cli_terms, split_option
 from .identity import content_sha256, identity
@@ -42,7 +42,7 @@ MODEL = typer.Argument(..., help="A Hugging Face model directory (or one written
 
 def run_signature(model_dir: Path, task: str, data: str, data2, evaluator, seed: int, flags: TaskFlags) -> dict:
     chosen = getattr(evaluator, "signature", {}).get("split")  # a datasets directory's split, when given
-    return {"model": str(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
+    return {"model": own_name(model_dir), "task": task, "data": [data] + ([str(data2)] if data2 else []),
             "split": Path(data).name, **({"data_split": chosen} if chosen else {}), "n": len(evaluator),
             "seed": seed, **identity(flags, evaluator, model_dir, {"--data": data, "--data2": data2}),
             "command": " ".join(sys.argv[1:])}
@@ -239,7 +239,7 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
             return t.model, t.on(data, data2), calibration(t)
         return load
 
-    sig = {"model": [str(p) for p in checkpoints], "task": task, "data": data, "split": Path(data).name,
+    sig = {"model": [own_name(p) for p in checkpoints], "task": task, "data": data, "split": Path(data).name,
            **({"data_split": flags.split} if flags.split else {}),
            "n": flags.limit, "seed": 0,
            **identity(flags, ready[order[0][1]][1], list(checkpoints), {"--data": data, "--data2": data2}),

@@ -15,6 +15,7 @@ from ..checks import check_int
 from ..core.devices import input_device, to_device
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
+from ..provenance import portable_path
 from .base import EvalResult, check_finite, check_strings, check_trained, check_unbatched, mask_context
 from .batching import Batches, length_buckets, pad_rows
 from .data import ClassificationData, check_limit, encode_labels
@@ -73,7 +74,7 @@ class Classification:
                           **({"token_type_ids": list(encoded["token_type_ids"][i])} if types else {})}
                          for i, ids in enumerate(encoded["input_ids"])]
         self.metric, self.batch_size = metric, batch_size
-        self.signature = {"task": "classification", "data": source, "n": len(texts), "pairs": pairs is not None,
+        self.signature = {"task": "classification", "data": portable_path(source), "n": len(texts), "pairs": pairs is not None,
                           "metric": metric, "num_labels": self.num_labels, "max_length": max_length,
                           "batch_size": batch_size}
 

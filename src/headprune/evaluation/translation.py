@@ -27,6 +27,7 @@ from ..core.inputs import token_cross_entropy
 from ..distributed import gather, reduce_arrays, shard, spread
 from ..errors import ConfigError, DataError
 from ..extras import require
+from ..provenance import portable_path
 from .base import EvalResult, check_finite, check_strings, check_trained, check_unbatched, mask_context
 from .batching import Batches, length_buckets, pad_rows
 from .data import ParallelData, check_limit
@@ -85,7 +86,7 @@ class Translation:
         self.batch_size, self.num_beams, self.max_new_tokens, self.tokenize = (
             batch_size, num_beams, max_new_tokens, tokenize)
         rule = max_new_tokens if max_new_tokens is not None else f"min(ceil(1.5*src)+10,{MAX_NEW_TOKENS})"
-        self.signature = {"task": "translation", "data": source, "n": len(sources), "num_beams": num_beams,
+        self.signature = {"task": "translation", "data": portable_path(source), "n": len(sources), "num_beams": num_beams,
                           "max_new_tokens": rule, "generation": generation_protocol(num_beams, max_new_tokens), "max_source_length": max_source_length,
                           "batch_size": batch_size, "tokenize": tokenize}
 

@@ -97,7 +97,7 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
            f"{settings.scorer.name} {settings.units} ({settings.price}) + {'+'.join(settings.compensation_names) or 'none'}",
            "settings": settings.to_dict(), "seed": settings.seed, "code": code_identity(), "versions": versions()}
     run = RunDir(out, sig, made_here=True)  # save_pruned has just created ``out``: its files are this run's
-    record = {"signature": sig, **result.to_dict(), "evaluation": {"before": eval_record(before),
+    record = {"signature": run.signature, **result.to_dict(), "evaluation": {"before": eval_record(before),
                                                                    "after": eval_record(after)},
               "speed": speed_record(speed)}
     if inputs.latency_table is not None:

@@ -72,7 +72,7 @@ def run_importance(model: nn.Module, batches: Callable[[], Iterable], out: str |
     values, n = head_scores(model, batches(), scores=scores, absolute=absolute, normalize=normalize,
                             progress=progress)
     plain = {name: v.tolist() for name, v in values.items()}
-    run.write_json("importance.json", {"scores": plain, "n": n, "signature": sig})
+    run.write_json("importance.json", {"scores": plain, "n": n, "signature": run.signature})
     rows = score_rows(model, values)
     run.write_csv("importance.csv", rows)
     label = "I_h" if scores == "importance" else "Fisher diagonal"
@@ -81,7 +81,7 @@ def run_importance(model: nn.Module, batches: Callable[[], Iterable], out: str |
     top = max(rows, key=lambda r: r["score"])
     low = min(rows, key=lambda r: r["score"])
     run.write_json("results.json", {
-        "title": TITLES[scores], "experiment": "importance", "scores": plain, "n": n, "signature": sig,
+        "title": TITLES[scores], "experiment": "importance", "scores": plain, "n": n, "signature": run.signature,
         "headline": [["examples scored", n], ["heads", len(rows)],
                      ["most important head", f"{top['site']} head {top['head']}"],
                      ["least important head", f"{low['site']} head {low['head']}"]],

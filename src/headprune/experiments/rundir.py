@@ -10,7 +10,8 @@ directory that is not a headprune run is refused (a user's files are never overw
 (the writer's pid, created with ``O_EXCL``) keeps a second run out while one is writing, and a lock
 left by a dead process is taken over with a warning. Nothing is written until the run produces its
 first result, so a command refused on the way writes nothing. Files are opened without following
-symbolic links (:mod:`headprune.safefiles`).
+symbolic links (:mod:`headprune.safefiles`). The signature holds no absolute path of the machine
+(:func:`headprune.provenance.portable`): a run directory can be shared as it is.
 
 Under ``torchrun`` (:mod:`headprune.distributed`) only rank 0 writes the directory; the other ranks take
 its verdict on the directory, read its finished units (to resume) and write their copies of tables and
@@ -35,6 +36,7 @@ from pathlib import Path
 from ..core.checkpoint import check_writable
 from ..distributed import gather, is_main
 from ..errors import ConfigError
+from ..provenance import portable
 from ..safefiles import open_fd, read_bytes, write_atomic
 from .signature import difference_message
 
@@ -53,7 +55,7 @@ class RunDir:
         """``made_here``: the caller has just created ``path`` and written its first files (e.g. the pruned
         model of ``compress``): they are this run's, not a user's."""
         self.path = Path(path)
-        self.signature = signature
+        self.signature = portable(signature)  # this machine's absolute paths: relative or by name (run.json travels)
         self._state = {"started": False, "created": not self.path.exists(), "lock": None}
         self._fresh, self._written, self._stop_after = fresh, 0, _stop_after()
         self.main = is_main()

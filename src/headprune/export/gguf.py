@@ -42,7 +42,7 @@ from ..core.kept import original_heads, original_neurons
 from ..core.sites import find_sites
 from ..errors import ConfigError
 from ..extras import require
-from ..provenance import __version__, versions
+from ..provenance import __version__, own_name, portable, versions
 from .gguf_layout import ZERO_FFN, GGUFShapeError, Layout, gguf_layout, rope_unpermute
 from .gguf_vocab import vocab_fields
 from .onnx import SENTENCES, ExportError
@@ -65,6 +65,9 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
     :data:`OUTTYPES`, an existing ``output``. Returns the report (shapes, types, checks, versions).
     ``reload=False`` skips check 4 (transformers' reader: one more model load), e.g. in a benchmark.
     ``zero_ffn``: neurons of zeros written for an FFN with none left (:func:`.gguf_layout.gguf_layout`).
+    ``name`` (``general.name``; default: the base name of the config's ``_name_or_path``, else the class) and
+    ``signature`` (``headprune.signature`` and the report) hold no absolute path of this machine: a published
+    file names its model, not the exporter's folders (:func:`headprune.provenance.portable`).
     """
     gguf = require("gguf", "GGUF export")
     output = Path(output)
@@ -83,8 +86,7 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
     vocab = vocab_fields(layout.vocab_size, tokenizer=tokenizer, source_gguf=source_gguf)
     tmp = output.parent / f".{output.stem}.{uuid.uuid4().hex[:8]}.tmp.gguf"
     try:
-        written = _write(gguf, layout, vocab, tmp, outtype, name or getattr(model.config, "_name_or_path", "") or
-                         type(model).__name__, signature or {})
+        written = _write(gguf, layout, vocab, tmp, outtype, _model_name(model, name), portable(signature or {}))
         checks = check_gguf(model, layout, tmp, written, tokenizer=tokenizer, tolerance=tolerance, reload=reload)
         report = {"format": "gguf", "file": output.name, "arch": layout.arch, "family": layout.family,
                   "outtype": outtype, "bytes": tmp.stat().st_size,
@@ -96,7 +98,7 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
                                                                           if t == "F16" and outtype.startswith("q")),
                   "wider_than_unpruned": wider_than_unpruned(gguf, model, layout, outtype, written),
                   "tokenizer": "source GGUF" if source_gguf is not None else "Hugging Face tokenizer",
-                  "check": checks, "signature": signature or {}, "versions": versions()}
+                  "check": checks, "signature": portable(signature or {}), "versions": versions()}
         os.replace(tmp, output)
     finally:
         tmp.unlink(missing_ok=True)
@@ -104,6 +106,13 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
     side.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     os.replace(side, Path(str(output) + ".json"))
     return report
+
+
+def _model_name(model: nn.Module, name: str | None) -> str:
+    """``general.name``: ``name``, or the model's own name (``/home/me/runs/tiny`` -> ``tiny``); an absolute path by
+    its base name."""
+    name = name or getattr(model.config, "_name_or_path", "") or type(model).__name__
+    return own_name(name) if os.path.isabs(str(name)) or Path(str(name)).exists() else str(name)
 
 
 def _qtype(gguf, outtype: str, shape: tuple[int, ...]):

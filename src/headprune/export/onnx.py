@@ -29,7 +29,7 @@ from ..core.checkpoint import atomic_directory, check_output_dir
 from ..core.inputs import unwrap
 from ..errors import HeadpruneError
 from ..extras import require
-from ..provenance import versions
+from ..provenance import portable, versions
 
 SENTENCES = ["The quick brown fox jumps over the lazy dog.",
              "Attention heads that a trained model does not need can be removed.",
@@ -100,7 +100,7 @@ def export_onnx(model: nn.Module, output: str | Path, *, tokenizer=None, opset: 
                             else "random token ids, padded", "shape": list(check["input_ids"].shape),
                             "max_abs_diff": err, "relative": err / scale, "tolerance": tolerance,
                             "onnxruntime": ort.__version__},
-                  "signature": signature or {}, "versions": versions()}
+                  "signature": portable(signature or {}), "versions": versions()}
         if not err <= tolerance * scale:
             raise ExportError(f"onnxruntime differs from PyTorch by {err:.3g} ({err / scale:.2g} of the largest "
                               f"output; allowed: {tolerance:g}): the export is not kept")

@@ -15,7 +15,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from ..checks import is_int
 from ..errors import ConfigError, DataError, HeadpruneError
 from ..evaluation.batching import length_buckets, pad_rows
-from ..provenance import versions
+from ..provenance import own_name, versions
 from .batching import epoch_seed
 from .checkpoint import data_fingerprint, find_resume, prepare_dir, settings_json
 from .checks import check_stop, check_texts
@@ -186,7 +186,7 @@ def finetune_classifier(
 
     info = {"task": "classifier", "n_train": len(texts), "n_eval": len(eval_texts) if has_eval else 0,
             "num_labels": n_labels, "label_names": label_names, "pairs": pairs is not None,
-            "model": str(model_dir_or_model) if from_dir else type(model).__name__,
+            "model": own_name(model_dir_or_model) if from_dir else type(model).__name__,
             "n_parameters": sum(p.numel() for p in model.parameters()), "total_steps": total,
             "settings": settings_json(s), "data_sha256": fingerprint, "versions": versions()}
     return fit(Job("classifier", model, tokenizer, s, out, info, resume, batches, loss, lr_factor, evaluate,

@@ -1,0 +1,41 @@
+"""What a benchmark's results file records of where it ran: ``python benchmarks/X.py ARGS``, every path in it
+relative to the repository root (a sibling such as ``../shared/data`` included) or else by its own name --
+never this machine's folders or its virtual environment's python (``tests/test_no_machine_paths.py`` scans
+the committed files)."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def repo_path(path: str | Path) -> str:
+    """An absolute path relative to the repository root (``/work/repo/runs/m`` -> ``runs/m``, ``/work/shared/data``
+    -> ``../shared/data``), else by its own name (``/tmp/x/cache`` -> ``cache``); anything else unchanged."""
+    text = str(path)
+    if not os.path.isabs(text):
+        return text
+    relative = Path(os.path.relpath(text, ROOT))
+    if relative.parts.count("..") <= 1:
+        return relative.as_posix()
+    return Path(text).name or text
+
+
+def repo_word(word: str) -> str:
+    """A command-line word with its path made relative (also ``--flag=/abs/path``)."""
+    flag, eq, rest = word.partition("=")
+    if eq and flag.startswith("-"):
+        return f"{flag}={repo_path(rest)}"
+    return repo_path(word)
+
+
+def command(script: str | Path, argv: Sequence[str] | None = None) -> str:
+    """``python benchmarks/X.py ARGS`` (shell-quoted) for the script file ``script`` (its ``__file__``) and its
+    arguments (default: this process's)."""
+    given = sys.argv[1:] if argv is None else list(argv)
+    return shlex.join(["python", repo_path(Path(script).resolve()), *(repo_word(str(a)) for a in given)])
