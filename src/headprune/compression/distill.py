@@ -22,12 +22,12 @@ from collections.abc import Iterable, Mapping
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..checks import check_int, check_number
 from ..core.devices import input_device, to_device
 from ..core.inputs import model_inputs
 from ..errors import ConfigError
+from ..progress import progress_bar
 
 
 def distill(
@@ -66,7 +66,7 @@ def distill(
     total = epochs * len(batches)
     losses, start = [], time.perf_counter()
     try:
-        with tqdm(total=total, desc="distill", unit="batch", disable=not progress) as bar:
+        with progress_bar(total=total, desc="distill", unit="batch", show=progress) as bar:
             for _ in range(epochs):
                 if shuffle:
                     rng.shuffle(order)
