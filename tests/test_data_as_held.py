@@ -292,4 +292,4 @@ def test_demo_accepts_the_fresh_its_message_asks_for(tmp_path, monkeypatch):
     monkeypatch.setattr("headprune.experiments.demo.run_demo", lambda output, **kw: seen.update(kw) or output)
     result = runner.invoke(app, ["demo", "--quick", "--fresh", "-o", str(out)])
     assert result.exit_code == 0, result.output
-    assert seen == {"mode": "quick", "fresh": True}
+    assert seen == {"mode": "quick", "fresh": True, "progress": True}

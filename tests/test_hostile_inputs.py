@@ -96,7 +96,8 @@ def _refused(args, out, *messages):
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
     assert "Traceback" not in result.output and result.exception is None or isinstance(result.exception, SystemExit)
-    lines = [line for line in result.output.splitlines() if line.strip()]
+    # a refusal after work began follows that work's progress lines (headprune.progress): they are not the error
+    lines = [line for line in result.output.splitlines() if line.strip() and not line.startswith("headprune: ")]
     assert len(lines) == 1 and lines[0].startswith("error: "), result.output
     for message in messages:
         assert message in result.output, result.output
@@ -395,18 +396,21 @@ def test_evaluate_prints_scores_in_the_format_every_command_uses(dirs):
     assert lines["matthews"] == f"{100 * data['extra']['matthews']:.2f}"
 
 
-def test_progress_lines_go_to_a_terminal_only():
+def test_progress_lines_go_to_a_terminal_only(monkeypatch):
     import io
+    import sys
 
-    from headprune.cli.options import status
+    from headprune.progress import note
 
     class Terminal(io.StringIO):
         def isatty(self):
             return True
 
     tty, pipe = Terminal(), io.StringIO()
-    status("loading m ...", tty)
-    status("loading m ...", pipe)
+    for stream in (tty, pipe):
+        monkeypatch.setattr(sys, "stderr", stream)
+        note("loading m ...")
+        note("quiet m ...", show=False)
     assert tty.getvalue() == "headprune: loading m ...\n" and pipe.getvalue() == ""
 
 

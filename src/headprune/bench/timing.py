@@ -33,7 +33,6 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..checks import check_choice
 from ..core.cost import flop_breakdown
@@ -45,6 +44,7 @@ from ..core.masking import is_masked
 from ..core.records import DroppedHeads
 from ..core.sites import find_sites
 from ..errors import ConfigError
+from ..progress import progress_bar
 from ..provenance import versions
 from ..selection.gqa import kv_groups, select_gqa
 from .figures import bench_plot, bench_table, bench_warnings
@@ -193,7 +193,7 @@ def _bench_batch(models, batch: int, s: BenchSettings, times: dict, progress: bo
                  else [[n] * rounds for n in names])
         for n in names:
             times[(n, batch)] = {"wall": [], "cpu": []}
-        for step in tqdm(order, desc=f"batch {batch}", unit="round", disable=not progress, leave=False):
+        for step in progress_bar(order, desc=f"batch {batch}", unit="round", show=progress, leave=False):
             for n in step:
                 wall, cpu = time_forward(models[n], inputs[n], calls)
                 times[(n, batch)]["wall"].append(wall)

@@ -12,8 +12,9 @@ import typer
 
 from ..bench.settings import PRUNE_ORDERS, BenchSettings
 from ..errors import ConfigError
+from ..progress import note
 from .app import app, friendly
-from .options import DEVICE, device_dtype, status
+from .options import DEVICE, QUIET, device_dtype
 
 _D = BenchSettings()  # flag defaults are the library's
 
@@ -52,6 +53,7 @@ def bench(
                               "time it with onnxruntime (the onnx extra)."),
     gqa: str = typer.Option("uniform", "--gqa", help="How --prune-fraction chooses heads under grouped-query "
                             "attention: uniform (never enlarges the KV cache), groups or free."),
+    quiet: bool = QUIET,
 ):
     """Measure examples/s at several batch sizes; print measured and FLOP-limit speed-ups; write JSON + PNG."""
     import torch  # here, not at the top: `headprune --help` imports no torch
@@ -83,7 +85,7 @@ def bench(
     models, refs, dropped = {}, {}, {}
     for model_dir in model_dirs:
         name = _unique(model_dir.name or str(model_dir), models)
-        status(f"loading {model_dir} ...")
+        note(f"loading {model_dir} ...", show=not quiet)
         model = load_model(model_dir, dtype=place["dtype"])
         models[name] = model
         if prune_fraction is None:
@@ -114,7 +116,7 @@ def bench(
     for name in models:
         if name != first and name not in refs:
             refs[name] = first
-    status(f"timing {len(models)} models at batch sizes {', '.join(map(str, sizes))} ...")
+    note(f"timing {len(models)} models at batch sizes {', '.join(map(str, sizes))} ...", show=not quiet)
     result = benchmark(models, batch_sizes=sizes, seq_len=seq_len, tgt_len=tgt_len, warmup=warmup,
                        repeats=repeats, min_repeat_s=min_repeat_s, memory=not no_memory, seed=seed,
                        reference=refs or None)

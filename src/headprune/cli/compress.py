@@ -29,7 +29,6 @@ from .options import (
     DATA2,
     GQA,
     MINSITE,
-    PROGRESS,
     QUIET,
     TASK,
     Flags,
@@ -37,7 +36,6 @@ from .options import (
     TaskSetup,
     calib_limit_option,
     check_calib_limit,
-    show_progress,
     with_flags,
 )
 
@@ -275,7 +273,6 @@ def compress_command(
     output: Path = typer.Option(..., "-o", "--output", help="New directory: the pruned model, compress.json, "
                                 "report.html."),
     quiet: bool = QUIET,
-    progress: bool = PROGRESS,
     no_verify: bool = typer.Option(False, "--no-verify", help="Skip the check that surgery is exact for this model's "
                                    "class (refused families): check the result yourself."),
     recover_tokens: int = typer.Option(None, "--recover-tokens", help="--task lm: then distil the pruned model from "
@@ -295,8 +292,7 @@ def compress_command(
     if settings.low_memory and not bench.no_bench:
         raise ConfigError("--low-memory without --no-bench: the model is pruned in place, so no unpruned model is left "
                           "to time against; allowed: --low-memory --no-bench")
-    bars = show_progress(quiet, progress)
-    t = TaskSetup(model_dir, task, flags)
+    t = TaskSetup(model_dir, task, flags, quiet)
     model, tok = t.model, t.tokenizer
     if settings.head_plan:  # a count above the model's heads: refused before any data is read
         with in_setting_terms():
@@ -307,7 +303,7 @@ def compress_command(
     calib_ev = t.on(calib, calib2, limit=inputs.calib_limit, flag="--calib-data", split=calib_split)
     run = RunInputs(signature=_signature(model_dir, task, data, data2, calib, calib_split, flags, inputs, ev, calib_ev),
                     bench_batch=None if bench.no_bench else bench.bench_batch, bench_repeats=bench.bench_repeats,
-                    verify=not no_verify, progress=bars)
+                    verify=not no_verify, progress=not quiet)
     if not settings.head_plan:
         _pool_inputs(run, t, settings, inputs, calib, calib2, calib_split, bench)
     budget = {"flops": "--share", "keep": "--share", "kv": "--share", "n_keep": "--n-keep"}  # what --share became

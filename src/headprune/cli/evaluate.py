@@ -10,7 +10,7 @@ import typer
 from ..errors import ConfigError
 from .app import app, friendly, json_arg, no_repeated_heads
 from .dataflags import argument_as_flag
-from .options import DATA2, PROGRESS, QUIET, TaskFlags, TaskSetup, show_progress, with_flags
+from .options import DATA2, QUIET, TaskFlags, TaskSetup, with_flags
 
 
 def _heads_off(heads_off: str | None) -> dict[str, list[int]]:
@@ -38,7 +38,6 @@ def evaluate(
                                   "(default: none, the full model)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
     quiet: bool = QUIET,
-    progress: bool = PROGRESS,
     *, flags: TaskFlags,
 ):
     """Evaluate a model on a task: corpus score, examples/s and the signature that reproduces it."""
@@ -49,13 +48,12 @@ def evaluate(
 
     check_task(task)
     off = _heads_off(heads_off)  # refuse bad JSON before loading anything
-    bars = show_progress(quiet, progress)
-    t = TaskSetup(model_dir, task, flags)  # refuses a model without the task's head before reading data
+    t = TaskSetup(model_dir, task, flags, quiet)  # refuses a model without the task's head before reading data
     model = t.model
     evaluator = t.on(data, data2, max_length=max_length, max_new_tokens=max_new_tokens, block_size=block_size)
     with argument_as_flag("heads", "--heads-off"):
         mask = mask_from_heads(model, off) if off else None
-    result = evaluator.evaluate(model, mask, progress=bars)
+    result = evaluator.evaluate(model, mask, progress=not quiet)
     out = result.to_dict()
     extra = dict(out.pop("extra"))
     extra.pop("hypotheses", None)

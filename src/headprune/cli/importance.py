@@ -14,12 +14,10 @@ from .options import (
     DATA2,
     FRESH,
     OUT,
-    PROGRESS,
     QUIET,
     TASK,
     TaskFlags,
     TaskSetup,
-    show_progress,
     with_flags,
 )
 from .study import MODEL, run_signature
@@ -43,7 +41,7 @@ def importance(
     checkpoint_blocks: bool = typer.Option(False, "--checkpoint-blocks", help="Keep one input per transformer "
                                            "block and recompute its activations in the backward pass: the same "
                                            "scores in much less memory (billion-parameter models), ~1.7x the time."),
-    output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS,
+    output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET,
     *, flags: TaskFlags,
 ):
     """Score every head (paper 4.1): importance.json ({site: [score per head]} and the signature),
@@ -63,8 +61,7 @@ def importance(
     if scores == "fisher" and absolute != "example":
         raise ConfigError(f"--absolute {absolute!r} with --scores fisher; allowed: --absolute only with "
                           "--scores importance (the Fisher squares per-example gradients)")
-    bars = show_progress(quiet, progress)
-    t = TaskSetup(model_dir, task, flags)
+    t = TaskSetup(model_dir, task, flags, quiet)
     ev = t.on(data, data2, max_length=max_length, block_size=block_size)
     n = len(ev) if calib_limit is None else min(calib_limit, len(ev))
     sig = {**run_signature(model_dir, task, data, data2, ev, 0, flags), "n": n, "calib_limit": calib_limit,
@@ -73,5 +70,5 @@ def importance(
     with checkpointed_blocks(t.model) if checkpoint_blocks else nullcontext():
         report = run_importance(t.model, lambda: ev.batches(limit=calib_limit), output, scores=scores, absolute=absolute,
                                 normalize=None if normalize == "none" else normalize, signature=sig,
-                                fresh=fresh, progress=bars)
+                                fresh=fresh, progress=not quiet)
     echo_headline(output, report)

@@ -8,9 +8,10 @@ from pathlib import Path
 import typer
 
 from ..errors import ConfigError, HeadpruneError
+from ..progress import note
 from .app import app, echo_headline, friendly, json_arg, no_repeated_heads
 from .dataflags import argument_as_flag
-from .options import DEVICE, DTYPE, device_dtype, status
+from .options import DEVICE, DTYPE, QUIET, device_dtype
 
 
 @app.command()
@@ -20,12 +21,13 @@ def sites(
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
     device: str = DEVICE,
     dtype: str = DTYPE,
+    quiet: bool = QUIET,
 ):
     """List the attention sites of a model: name, kind, heads, kv heads, head_dim, parameters."""
     from ..core.io import load_model
     from ..core.sites import sites_table
 
-    status(f"loading {model_dir} ...")
+    note(f"loading {model_dir} ...", show=not quiet)
     model = load_model(model_dir, **device_dtype(device, dtype))
     rows = sites_table(model)
     family = getattr(model.config, "model_type", None) or type(model).__name__
@@ -75,6 +77,7 @@ def prune(
                                    "class (refused families): check the result yourself (library: verify=False)."),
     device: str = DEVICE,
     dtype: str = DTYPE,
+    quiet: bool = QUIET,
 ):
     """Physically remove heads and save the smaller model (safetensors + kept heads in config.json)."""
     from ..core.io import check_output_dir, load_model, load_tokenizer, save_pruned
@@ -85,11 +88,11 @@ def prune(
         raise HeadpruneError("give the heads to remove with --drop; e.g. --drop \'{\"encoder.0.self\": [0, 3]}\'")
     dropped = no_repeated_heads(json_arg(drop, "--drop"), "--drop")
     check_output_dir(output)  # refused before any work; save_pruned checks again and writes atomically
-    status(f"loading {model_dir} ...")
+    note(f"loading {model_dir} ...", show=not quiet)
     model = load_model(model_dir, **device_dtype(device, dtype))
     before = sum(p.numel() for p in model.parameters())
     groups = kv_groups(model)
-    status("removing the heads (checked on a shrunk copy first) ...")
+    note("removing the heads (checked on a shrunk copy first) ...", show=not quiet)
     with argument_as_flag("dropped", "--drop"):
         prune_heads(model, dropped, verify=not no_verify)
     factor, worst, worst_factor, cached, was = kv_growth(dropped, groups)
@@ -98,7 +101,7 @@ def prune(
                    f"{cached} key/value heads cached instead of {was}); keep the same query heads in every key/value "
                    "group (compress --gqa uniform) to avoid it", err=True)
     after = sum(p.numel() for p in model.parameters())
-    status(f"saving {output} ...")
+    note(f"saving {output} ...", show=not quiet)
     save_pruned(model, output, tokenizer=load_tokenizer(model_dir))  # complete, or no output at all
     typer.echo(f"pruned {model_dir} -> {output}: {before:,} -> {after:,} parameters ({after / before:.1%})")
 
@@ -126,6 +129,7 @@ def demo(
                                "minutes; CI runs it): a check that the pipeline works, not the demo's numbers."),
     fresh: bool = typer.Option(False, "--fresh", help="Start over in a run directory that holds a different run "
                                "(e.g. --quick after the real demo)."),
+    quiet: bool = QUIET,
 ):
     """The built-in default (see DEMO_HELP)."""
     from ..experiments.demo import run_demo
@@ -133,5 +137,6 @@ def demo(
     if quick and check:
         raise ConfigError("--quick and --check: choose one (--quick: a tiny random model; --check: the real one "
                           "on less text)")
-    path = run_demo(output, mode="quick" if quick else "check" if check else "full", fresh=fresh)
+    path = run_demo(output, mode="quick" if quick else "check" if check else "full", fresh=fresh,
+                    progress=not quiet)
     echo_headline(output, path)  # perplexities, parameters, speed-up: what the run found, then the report

@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import sys
 import typing
 from pathlib import Path
 
 import typer
 
 from ..errors import ConfigError
+from ..progress import note
 from .dataflags import LABEL_MAP, in_cli_terms, parse_label_map, split_option
 
 TASK = typer.Option(..., "--task", help="classification, translation or lm.")
@@ -50,8 +50,8 @@ DEVICE = typer.Option(None, "--device", help="Where the model runs: cpu, cuda, c
                       "available: cuda, else mps, else cpu).")
 DTYPE = typer.Option(None, "--dtype", help="The model's dtype: float32, bfloat16 or float16 (default: as saved). "
                      "Scores are summed in float64 either way.")
-QUIET = typer.Option(False, "--quiet", "-q", help="No progress bars (default: bars on stderr when it is a terminal).")
-PROGRESS = typer.Option(False, "--progress", hidden=True, help="Progress bars even when stderr is not a terminal.")
+QUIET = typer.Option(False, "--quiet", "-q", help="No progress on stderr (default: bars on a terminal; elsewhere, e.g. "
+                     "a log file, a line per stage and at most one every 30 s within it).")
 
 
 def calib_limit_option(flag: str, use: str):
@@ -64,25 +64,6 @@ def check_calib_limit(value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"--calib-limit {value}; allowed: an integer >= 1")
     return value
-
-
-def show_progress(quiet: bool, forced: bool, stream=None) -> bool:
-    """Bars by default when ``stream`` (stderr) is a terminal; ``--quiet`` turns them off, ``--progress`` on."""
-    if quiet and forced:
-        raise ConfigError("--quiet and --progress both given; allowed: at most one of them")
-    if forced or quiet:
-        return forced
-    isatty = getattr(sys.stderr if stream is None else stream, "isatty", None)
-    return bool(isatty and isatty())
-
-
-def status(message: str, stream=None) -> None:
-    """One line of progress on stderr (``loading ...``) when it is a terminal, so a step that takes seconds does
-    not look hung; nothing into a pipe or a file, where output is read, not watched."""
-    stream = sys.stderr if stream is None else stream
-    isatty = getattr(stream, "isatty", None)
-    if isatty and isatty():
-        print(f"headprune: {message}", file=stream, flush=True)
 
 
 @dataclasses.dataclass
@@ -195,15 +176,17 @@ def comma_list(value: str | None) -> list[str] | None:
     return None if not value else [s.strip() for s in value.split(",") if s.strip()]
 
 
-def load_model_dir(model_dir: Path, task: str | None = None, device: str | None = None, dtype: str | None = None):
+def load_model_dir(model_dir: Path, task: str | None = None, device: str | None = None, dtype: str | None = None,
+                   quiet: bool = False):
     """(model, tokenizer) of a model directory, on ``--device`` in ``--dtype``; a directory without a tokenizer is
-    refused, and so is a model without the head ``task`` needs (one line naming its class and what to do)."""
+    refused, and so is a model without the head ``task`` needs (one line naming its class and what to do).
+    ``quiet``: no ``loading ...`` line on stderr."""
     from ..core.io import load_model, load_tokenizer
     from ..evaluation.build import check_model, check_task
 
     if task is not None:
         check_task(task)
-    status(f"loading {model_dir} ...")
+    note(f"loading {model_dir} ...", show=not quiet)
     model = load_model(model_dir, **device_dtype(device, dtype))
     if task is not None:
         check_model(task, model, str(model_dir))
@@ -238,10 +221,10 @@ def check_checkpoint(model_dir: Path, task: str) -> None:
 class TaskSetup:
     """A loaded model, checked to have the head ``task`` needs, and the task flags shared by a command;
     ``on(data)`` builds an evaluator. Every command that evaluates goes through it, so a wrong model is
-    refused before any data is read or anything is written."""
+    refused before any data is read or anything is written. ``quiet`` (``--quiet``): no ``loading ...`` line."""
 
-    def __init__(self, model_dir: Path, task: str, flags: TaskFlags):
-        self.model, self.tokenizer = load_model_dir(model_dir, task, flags.device, flags.dtype)
+    def __init__(self, model_dir: Path, task: str, flags: TaskFlags, quiet: bool = False):
+        self.model, self.tokenizer = load_model_dir(model_dir, task, flags.device, flags.dtype, quiet)
         self.task, self.flags = task, flags
         self.label_map = parse_label_map(flags.label_map, self.model.config)
 

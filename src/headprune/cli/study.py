@@ -23,7 +23,6 @@ from .options import (
     GQA,
     MINSITE,
     OUT,
-    PROGRESS,
     QUIET,
     TASK,
     SweepFlags,
@@ -33,7 +32,6 @@ from .options import (
     check_calib_limit,
     check_checkpoint,
     comma_list,
-    show_progress,
     with_flags,
 )
 
@@ -52,17 +50,17 @@ def run_signature(model_dir: Path, task: str, data: str, data2, evaluator, seed:
 @friendly
 @with_flags(flags=TaskFlags, sweep=SweepFlags)
 def ablate(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Path = DATA2,
-           output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS, *, flags: TaskFlags, sweep: SweepFlags):
+           output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, *, flags: TaskFlags, sweep: SweepFlags):
     """One head masked at a time, with significance (paper 3.2, Table 1, Fig. 1)."""
     from ..experiments.study import run_ablation
 
     settings = sweep.settings()
-    t = TaskSetup(model_dir, task, flags)
+    t = TaskSetup(model_dir, task, flags, quiet)
     ev = t.on(data, data2)
     with in_cli_terms():  # e.g. n_resamples too few for the sweep: named as --resamples
         report = run_ablation(t.model, ev, output, signature=run_signature(model_dir, task, data, data2, ev, sweep.seed, flags),
                               sites=sweep.site_list(), settings=settings, fresh=fresh,
-                              progress=show_progress(quiet, progress))
+                              progress=not quiet)
     echo_headline(output, report)
 
 
@@ -76,7 +74,7 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
                 choose_data2: Path = typer.Option(None, "--choose-data2", help="Translation: target of --choose-data (default: none)."),
                 choose_split: str = split_option("--choose-data", "; without --choose-data: this split of --data"),
                 calib_limit: int = calib_limit_option("--choose-data", "the split the kept head is chosen on"),
-                output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS, *, flags: TaskFlags, sweep: SweepFlags):
+                output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, *, flags: TaskFlags, sweep: SweepFlags):
     """Keep only one head per site, try each, report the best (paper 3.3, Tables 2-3; App. A, Tables 5-6)."""
     from ..experiments.study import run_all_but_one
 
@@ -84,7 +82,7 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
     check_calib_limit(calib_limit)
     if choose_data2 is not None and choose_data is None:
         raise ConfigError("--choose-data2 needs --choose-data")
-    t = TaskSetup(model_dir, task, flags)
+    t = TaskSetup(model_dir, task, flags, quiet)
     ev = t.on(data, data2)
     choose = (t.on(choose_data or data, choose_data2 if choose_data else data2, limit=calib_limit,
                    flag="--choose-data", split=choose_split) if choose_data or choose_split else None)
@@ -97,7 +95,7 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
             sig.update(choose_split=choose_split)
     with in_cli_terms():  # e.g. n_resamples too few for the sweep: named as --resamples
         report = run_all_but_one(t.model, ev, output, choose_on=choose, signature=sig, sites=sweep.site_list(),
-                                 settings=settings, fresh=fresh, progress=show_progress(quiet, progress))
+                                 settings=settings, fresh=fresh, progress=not quiet)
     echo_headline(output, report)
 
 
@@ -109,7 +107,7 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
                  data2_b: Path = typer.Option(None, "--data2-b", help="Translation: target of --data-b (default: none)."),
                  split_b: str = split_option("--data-b"),
                  names: str = typer.Option("in-domain,out-of-domain", "--names", help="Names of the two datasets."),
-                 output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS, *, flags: TaskFlags, sweep: SweepFlags):
+                 output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, *, flags: TaskFlags, sweep: SweepFlags):
     """One-head ablation on two datasets and the Pearson r of the score changes (paper 3.4, Fig. 2)."""
     from ..experiments.study import run_cross_domain
 
@@ -117,7 +115,7 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
     if len(pair) != 2 or not all(pair):
         raise ConfigError(f"--names {names!r}; allowed: two comma-separated names")
     settings = sweep.settings()
-    t = TaskSetup(model_dir, task, flags)
+    t = TaskSetup(model_dir, task, flags, quiet)
     ev_a = t.on(data, data2)
     ev_b = t.on(data_b, data2_b, flag="--data-b", split=split_b)
     sig = {**run_signature(model_dir, task, data, data2, ev_a, sweep.seed, flags), "data_b": data_b, "n_b": len(ev_b),
@@ -126,7 +124,7 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
                                **({"--data2-b": content_sha256(data2_b)} if data2_b else {})})
     with in_cli_terms():  # e.g. n_resamples too few for the sweep: named as --resamples
         report = run_cross_domain(t.model, ev_a, ev_b, output, names=pair, signature=sig, sites=sweep.site_list(),
-                                  settings=settings, fresh=fresh, progress=show_progress(quiet, progress))
+                                  settings=settings, fresh=fresh, progress=not quiet)
     echo_headline(output, report)
 
 
@@ -166,8 +164,7 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
           oracle_from: Path = typer.Option(None, "--oracle-from", help="Take the oracle order from this "
                                            "`headprune ablate` run directory (default: none, computed here by a one-head ablation)."),
           orders: str = ORDERS, step: float = STEP, seeds: int = SEEDS, kind: str = KINDS, min_per_site: int = MINSITE,
-          output: Path = OUT, fresh: bool = FRESH, gqa: str = GQA, quiet: bool = QUIET,
-          progress: bool = PROGRESS, *, flags: TaskFlags):
+          output: Path = OUT, fresh: bool = FRESH, gqa: str = GQA, quiet: bool = QUIET, *, flags: TaskFlags):
     """Pruning curves in I_h, oracle and random order (paper 4.2, 5, App. B; Figs. 3, 4, 6)."""
     from ..experiments.study import oracle_from_run, run_curves
 
@@ -178,7 +175,7 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
     if calib_data2 is not None and calib_data is None:
         raise ConfigError("--calib-data2 needs --calib-data")
     oracle = oracle_from_run(oracle_from) if oracle_from and "oracle" in settings.orders else None
-    t = TaskSetup(model_dir, task, flags)
+    t = TaskSetup(model_dir, task, flags, quiet)
     ev = t.on(data, data2)
     calib = (t.on(calib_data or data, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
                   split=calib_split) if calib_data or calib_split else ev)
@@ -189,7 +186,7 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
     sig["data_sha256"].update({k: content_sha256(v) for k, v in (("--calib-data", calib_data),
                                                                ("--calib-data2", calib_data2)) if v})
     report = run_curves(t.model, ev, output, settings=settings, importance_batches=calib.batches, signature=sig,
-                        oracle=oracle, fresh=fresh, progress=show_progress(quiet, progress))
+                        oracle=oracle, fresh=fresh, progress=not quiet)
     echo_headline(output, report)
 
 
@@ -205,7 +202,7 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
              calib_split: str = split_option("--calib-data", "; without --calib-data: this split of --data"),
              calib_limit: int = calib_limit_option("--calib-data", "for I_h"),
              step: float = STEP, kind: str = KINDS,
-             output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, progress: bool = PROGRESS, *, flags: TaskFlags):
+             output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, *, flags: TaskFlags):
     """The I_h pruning curve at every epoch, relative to that epoch's unpruned model (paper 6, Fig. 5)."""
     from ..experiments.study import run_dynamics
 
@@ -225,7 +222,7 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
         return t.on(calib_data or data, calib_data2 if calib_data else data2, limit=calib_limit, flag="--calib-data",
                     split=calib_split)
 
-    first = TaskSetup(order[0][1], task, flags)  # checked, and its data read, before anything is written
+    first = TaskSetup(order[0][1], task, flags, quiet)  # checked, and its data read, before anything is written
     ready = {order[0][1]: (first.model, first.on(data, data2), calibration(first))}
     del first
     for _, path in order[1:]:
@@ -235,7 +232,7 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
         def load():
             if path in ready:
                 return ready.pop(path)
-            t = TaskSetup(path, task, flags)
+            t = TaskSetup(path, task, flags, quiet)
             return t.model, t.on(data, data2), calibration(t)
         return load
 
@@ -250,7 +247,7 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
     sig["data_sha256"].update({k: content_sha256(v) for k, v in (("--calib-data", calib_data),
                                                                ("--calib-data2", calib_data2)) if v})
     report = run_dynamics([(e, loader(p)) for e, p in order], output, settings=settings, signature=sig, fresh=fresh,
-                          progress=show_progress(quiet, progress))
+                          progress=not quiet)
     echo_headline(output, report)
 
 

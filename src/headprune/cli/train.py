@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..train.settings import ClassifierTrainSettings, TranslationTrainSettings
 from .app import App, app, friendly
 from .dataflags import in_cli_terms, parse_label_map, split_option
-from .options import LABEL, PAIR, SRC, TEXT, TGT, column
+from .options import LABEL, PAIR, QUIET, SRC, TEXT, TGT, column
 
 train_app = App(no_args_is_help=True, help="Fine-tune a classifier or train a translation model.")
 app.add_typer(train_app, name="train")
@@ -108,7 +108,7 @@ def classifier(
                              f"{_C.warmup_ratio:.0%} of the steps, then linear decay (default {_C.lr:g})."),
     max_length: int = typer.Option(None, "--max-length", help="Truncate each example (pair) to this many tokens, "
                                    f"special tokens included (default {_C.max_length})."),
-    seed: int = SEED, threads: int = THREADS, output: Path = OUT,
+    seed: int = SEED, threads: int = THREADS, output: Path = OUT, quiet: bool = QUIET,
 ):
     """Fine-tune a pretrained encoder for (pair) classification."""
     from ..core.io import load_tokenizer
@@ -119,7 +119,7 @@ def classifier(
                 label_column=column(label_column))
     with _flag_terms():
         settings = ClassifierTrainSettings(**_options(epochs=epochs, batch_size=batch_size, lr=lr,
-                                                      max_length=max_length), seed=seed)
+                                                      max_length=max_length), seed=seed, progress=not quiet)
     if max_length is not None:
         _check_positions(model_dir, max_length)
     mapping = _label_map(label_map)
@@ -182,7 +182,7 @@ def translation(
     max_length: int = typer.Option(None, "--max-length", help="Longest training pair in tokens, </s> included: longer "
                                    "pairs are skipped, not truncated; evaluation sources are truncated to it and it "
                                    f"bounds the generated length (default {_T.max_length})."),
-    seed: int = SEED, threads: int = THREADS, output: Path = OUT,
+    seed: int = SEED, threads: int = THREADS, output: Path = OUT, quiet: bool = QUIET,
 ):
     """Train an encoder-decoder translation model from scratch (tokenizer trained here too)."""
     from ..evaluation.data import load_parallel
@@ -195,8 +195,8 @@ def translation(
     if layers is not None:
         overrides.update(encoder_layers=layers, decoder_layers=layers)
     with _flag_terms():
-        settings = (TranslationTrainSettings.iwslt(**overrides, seed=seed) if preset == "iwslt"
-                    else TranslationTrainSettings(**overrides, seed=seed))
+        settings = (TranslationTrainSettings.iwslt(**overrides, seed=seed, progress=not quiet) if preset == "iwslt"
+                    else TranslationTrainSettings(**overrides, seed=seed, progress=not quiet))
     cols = dict(source_column=column(source_column), target_column=column(target_column))
     with in_cli_terms("--data"):
         train = load_parallel(data, data2, **cols, limit=limit, split=split)

@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..core.devices import input_device, to_device
 from ..core.ffn import find_ffns
@@ -37,6 +36,7 @@ from ..core.sites import find_sites, is_conv1d, structure_fixed
 from ..core.snapshot import Snapshot
 from ..core.surgery import cut_heads, site_roots
 from ..errors import ConfigError
+from ..progress import progress_bar
 from ..scoring.fluctuation import StatsCollector
 from ..scoring.gradients import scoring_mode
 from .layerwise import Stop, layer_stack
@@ -74,7 +74,7 @@ def blockwise_standins(model: nn.Module, batches: Sequence[Mapping[str, torch.Te
         chosen: tuple[dict, dict] = ({k: list(v) for k, v in drop_heads.items()},
                                      {k: list(v) for k, v in drop_neurons.items()})
         sites = {site.name: site for site in find_sites(model)}
-        for at, names in enumerate(tqdm(groups, desc="stand-ins", unit="block", disable=not progress)):
+        for at, names in enumerate(progress_bar(groups, desc="stand-ins", unit="block", show=progress)):
             replay = _AttentionReplay([sites[n] for n in names if n in sites] if sequential else [])
             stats = _moments(model, batches, stack, targets, names, advance=not sequential, seen=replay.hooks())
             heads = {k: list(v) for k, v in drop_heads.items() if k in names}

@@ -27,12 +27,12 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..checks import check_int, check_number
 from ..core.devices import input_device, to_device
 from ..core.inputs import model_inputs
 from ..errors import ConfigError
+from ..progress import progress_bar
 
 
 def distill(
@@ -64,7 +64,7 @@ def distill(
     with trainable(student, teacher) as params:
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
         try:
-            with tqdm(total=total, desc="distill", unit="batch", disable=not progress) as bar:
+            with progress_bar(total=total, desc="distill", unit="batch", show=progress) as bar:
                 for _ in range(epochs):
                     if shuffle:
                         rng.shuffle(order)

@@ -30,12 +30,12 @@ from types import SimpleNamespace
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.sites import find_sites, is_conv1d
 from ..errors import ConfigError
+from ..progress import progress_bar
 from .layerwise import LayerStack, Stop, layer_stack
 from .tuning import TARGETS, read_targets, record_projection, residual_norms, token_rows
 
@@ -92,7 +92,7 @@ def reconstruct(
             raise ConfigError(f"layerwise=True: {type(student).__name__} cannot be replayed one layer at a time "
                               "(an encoder-decoder, its layers not one stack run in order, or more than cache_mb of "
                               "hidden states); allowed: None or False")
-        for s_unit, t_unit in tqdm(pairs, desc="reconstruct", unit="layer", disable=not progress):
+        for s_unit, t_unit in progress_bar(pairs, desc="reconstruct", unit="layer", show=progress):
             targets = None if cached is None else [c[t_unit.name] for c in cached]
             record = None
             if stack is not None:

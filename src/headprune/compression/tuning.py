@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..core.devices import accumulator_device, input_device, module_device, to_device
 from ..core.inputs import model_inputs, real_rows
@@ -45,6 +44,7 @@ from ..core.masking import HeadMask, masked, validate_mask
 from ..core.sites import Site, find_sites, is_conv1d
 from ..distributed import reduce_sums, shard
 from ..errors import ConfigError
+from ..progress import progress_bar
 
 ROWS_PER_CHUNK = 2048  # tokens per piece of the [tokens, heads, d_model] head contributions
 TARGETS = ("residual", "output")
@@ -110,7 +110,7 @@ def tune_scales(
     try:
         norms = residual_norms(model, batches[0], sites) if target == "residual" else {}
         targets = _all_targets(model, batches, sites, norms, cache_mb * 2**20)
-        for site in tqdm(sites, desc="tune", unit="site", disable=not progress):
+        for site in progress_bar(sites, desc="tune", unit="site", show=progress):
             kept = [h for h in range(site.num_heads) if mask[site.name][h] != 0]
             if not kept:
                 continue

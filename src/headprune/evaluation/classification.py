@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from ..checks import check_int
 from ..core.devices import input_device, to_device
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
+from ..progress import progress_bar
 from ..provenance import portable_path
 from .base import EvalResult, check_finite, check_strings, check_trained, check_unbatched, mask_context
 from .batching import Batches, length_buckets, pad_rows
@@ -112,7 +112,7 @@ class Classification:
         tokens = 0
         start = time.perf_counter()
         with mask_context(model, mask):
-            for idx in tqdm(list(shard(buckets)), desc="classification", unit="batch", disable=not progress):
+            for idx in progress_bar(list(shard(buckets)), desc="classification", unit="batch", show=progress):
                 inputs = to_device(self._inputs(idx), input_device(model))
                 logits = model(**inputs).logits
                 if logits.dim() != 2 or logits.shape[-1] < max(self.num_labels, 2):

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ..core.devices import input_device, to_device
 from ..core.inputs import token_cross_entropy
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
+from ..progress import progress_bar
 from .base import EvalResult, check_finite, check_trained, check_unbatched, mask_context
 from .batching import Batches
 from .metrics import perplexity
@@ -118,7 +118,7 @@ class LanguageModelling:
         nll_sum, n_tok = np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
         first = np.cumsum([0] + [b["input_ids"].shape[0] for b in batches])  # each batch's first block
         with mask_context(model, mask):
-            for i, batch in tqdm(list(shard(enumerate(batches))), desc="perplexity", unit="batch", disable=not progress):
+            for i, batch in progress_bar(list(shard(enumerate(batches))), desc="perplexity", unit="batch", show=progress):
                 batch = to_device(batch, input_device(model))
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
                 token_nll = token_cross_entropy(logits[:, :-1], batch["input_ids"][:, 1:])  # [B, T-1]

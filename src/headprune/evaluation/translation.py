@@ -19,7 +19,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
 from ..checks import check_int
 from ..core.devices import input_device, to_device
@@ -27,6 +26,7 @@ from ..core.inputs import token_cross_entropy
 from ..distributed import gather, reduce_arrays, shard, spread
 from ..errors import ConfigError, DataError
 from ..extras import require
+from ..progress import progress_bar
 from ..provenance import portable_path
 from .base import EvalResult, check_finite, check_strings, check_trained, check_unbatched, mask_context
 from .batching import Batches, length_buckets, pad_rows
@@ -154,8 +154,8 @@ class Translation:
         nll, count = np.zeros(n, dtype=np.float64), np.zeros(n, dtype=np.int64)
         start = time.perf_counter()
         with mask_context(model, mask):
-            for idx, batch in tqdm(list(shard(zip(buckets, self.batches(limit=limit), strict=True))),
-                                   desc="nll", unit="batch", disable=not progress):
+            for idx, batch in progress_bar(list(shard(zip(buckets, self.batches(limit=limit), strict=True))),
+                                          desc="nll", unit="batch", show=progress):
                 batch = to_device(batch, input_device(model))
                 logits = model(**batch).logits  # [B, T, V]
                 labels = batch["labels"].to(logits.device)
@@ -203,7 +203,7 @@ def generate_translations(model, tokenizer, source_ids: Sequence[Sequence[int]],
     hyps: list[str] = [""] * len(source_ids)
     tokens = 0
     batches = list(shard(equal_length_batches([len(r) for r in source_ids], batch_size)))  # this rank's
-    for idx in tqdm(batches, desc="translate", unit="batch", disable=not progress):
+    for idx in progress_bar(batches, desc="translate", unit="batch", show=progress):
         x = torch.tensor([list(source_ids[i]) for i in idx], device=input_device(model))  # [B, S], one length
         out = model.generate(input_ids=x, attention_mask=torch.ones_like(x), num_beams=num_beams, do_sample=False,
                              num_return_sequences=1, max_new_tokens=new_token_bound(model, x.shape[1], max_new_tokens))

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..core.sites import Site, find_sites
 from ..distributed import local, map_units
@@ -32,6 +31,7 @@ from ..errors import ConfigError
 from ..evaluation.base import EvalResult
 from ..evaluation.multiplicity import adjust_rows, check_correction
 from ..evaluation.significance import compare, pearson, resamples_for
+from ..progress import progress_bar
 from .prefix_cache import PrefixCache
 from .prefix_stream import recorder, replay
 from .rundir import RunDir
@@ -135,7 +135,7 @@ def one_head_ablation(model: nn.Module, evaluator, *, sites: Iterable[str] | Non
     evals = _Evaluations(model, evaluator, chosen, settings, progress=False)
     sweep = Sweep(evals.base)
     units = {f"{unit_prefix}{s.name}:{h}": (s, h) for s in chosen for h in range(s.num_heads)}
-    bar = tqdm(total=len(units), desc="one-head ablation", unit="head", disable=not progress)
+    bar = progress_bar(total=len(units), desc="one-head ablation", unit="head", show=progress)
 
     def compute(key: str) -> list[tuple[str, dict]]:
         site, head = units[key]
@@ -165,7 +165,7 @@ def all_but_one(model: nn.Module, evaluator, *, choose_on=None, sites: Iterable[
     choose = report if choose_on is None else _Evaluations(model, choose_on, chosen, settings, progress=False)
     sweep = Sweep(report.base)
     units = {f"{site.name}:all-but-one": site for site in chosen}
-    bar = tqdm(total=len(units), desc="all-but-one", unit="site", disable=not progress)
+    bar = progress_bar(total=len(units), desc="all-but-one", unit="site", show=progress)
 
     def compute(key: str) -> list[tuple[str, dict]]:
         site = units[key]

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..compression.plan import plan_heads, score_heads
 from ..compression.settings import PruneSettings
@@ -26,6 +25,7 @@ from ..core.masking import mask_from_heads
 from ..core.sites import find_sites
 from ..distributed import map_units
 from ..errors import ConfigError
+from ..progress import progress_bar
 from ..selection.gqa import GQA_MODES, kv_groups, select_gqa
 from .rundir import RunDir
 
@@ -95,7 +95,7 @@ def pruning_curves(
     seen: dict[tuple, float] = {}
     higher_is_better = getattr(evaluator, "higher_is_better", True)
     jobs = [(o, seed) for o in settings.orders for seed in (settings.seeds if o == "random" else (0,))]
-    bar = tqdm(total=len(jobs) * len(counts), desc="pruning curve", unit="step", disable=not progress)
+    bar = progress_bar(total=len(jobs) * len(counts), desc="pruning curve", unit="step", show=progress)
     fixed_scores: dict[str, torch.Tensor] | None = None
     groups = kv_groups(model)
 

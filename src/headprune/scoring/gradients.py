@@ -19,13 +19,13 @@ from contextlib import contextmanager, nullcontext
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.inputs import batch_size, model_inputs, rows_with_tokens, token_cross_entropy, unwrap
 from ..core.masking import HeadMask, masked, ones_mask, row_of_masks
 from ..distributed import rank_world, reduce_sums, shard
 from ..errors import ConfigError, DataError, UnsupportedModelError
+from ..progress import progress_bar
 
 LossFn = Callable[[object, Mapping[str, torch.Tensor]], torch.Tensor]  # (outputs, batch) -> [B]
 
@@ -50,7 +50,7 @@ def gradient_sums(
     counts: list[torch.Tensor] = []  # [] per batch, on the device: no synchronisation per batch
     rank, world = rank_world()
     total = len(range(rank, len(batches), world)) if isinstance(batches, Sized) else None  # this rank's batches
-    for batch in tqdm(shard(batches), desc=desc, unit="batch", total=total, disable=not progress):
+    for batch in progress_bar(shard(batches), desc=desc, unit="batch", total=total, show=progress):
         grads, valid = mask_gradients(model, batch, loss_fn=loss_fn, mask=mask)
         counts.append(valid.sum())
         for name, g in grads.items():  # g [B, H]

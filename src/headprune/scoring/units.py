@@ -16,13 +16,13 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.inputs import batch_size, model_inputs
 from ..core.masking import masked, masked_neurons, neuron_ones, ones_mask
 from ..errors import ConfigError, DataError
+from ..progress import progress_bar
 from .fluctuation import StatsCollector
 from .gradients import LossFn, example_losses, scoring_mode
 
@@ -71,7 +71,7 @@ def unit_fisher(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]],
     n_tot: dict[str, torch.Tensor] = {}
     count = 0
     with collect if collect is not None else nullcontext():
-        for batch in tqdm(batches, desc="fisher", unit="batch", disable=not progress):
+        for batch in progress_bar(batches, desc="fisher", unit="batch", show=progress):
             if collect is not None:
                 collect.batch(to_device(batch, input_device(model)))
             gh, gn, valid = unit_gradients(model, batch, loss_fn=loss_fn, heads=heads, neurons=neurons)

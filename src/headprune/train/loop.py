@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from ..errors import HeadpruneError
+from ..progress import progress_bar
 from .batching import epoch_seed
 from .checkpoint import load_optimizer, save_checkpoint, write_json, write_log
 from .job import Job
@@ -59,7 +59,7 @@ def fit(job: Job) -> TrainResult:
         batches = job.batches(epoch)
         model.train()
         t0, loss_sum, weight_sum, n_examples = time.perf_counter(), 0.0, 0, 0
-        bar = tqdm(batches, desc=f"epoch {epoch}/{s.epochs}", unit="batch", disable=not s.progress)
+        bar = progress_bar(batches, desc=f"epoch {epoch}/{s.epochs}", unit="batch", show=s.progress)
         for idx in bar:
             step += 1
             lr = s.lr * job.lr_factor(step)

@@ -26,7 +26,7 @@ class ClassifierTrainSettings:
     seed: int = 0
     sort_chunk: int = 1024  # sort by length within random chunks of this many examples (1: no sorting)
     eval_batch_size: int = 64
-    progress: bool = True  # tqdm bars on stderr
+    progress: bool = True  # on stderr: bars on a terminal, else plain lines (headprune.progress)
 
     def __post_init__(self) -> None:
         check_common(self)
