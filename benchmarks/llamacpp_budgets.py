@@ -249,7 +249,7 @@ def entries(budgets, multiples: dict[str, int]) -> list[tuple[str, float | None,
 def files_phase(args, out: dict) -> None:
     import torch
 
-    from headprune.evaluation.lm import LanguageModelling
+    from headprune.evaluation.lm import LanguageModelling, cut_blocks, prefix_token_id
 
     torch.set_num_threads(args.threads)
     model, tok, source, calib_text, eval_text, described = load(args)
@@ -259,10 +259,9 @@ def files_phase(args, out: dict) -> None:
         raise SystemExit(f"calibration text: {len(calib)} blocks of {args.calib_block} tokens, {args.calib_blocks} needed")
     batches = list(calib.batches(limit=args.calib_blocks))
     ids = tok(eval_text, add_special_tokens=False)["input_ids"]
-    n = min(args.windows, len(ids) // args.window)
-    if n < 1:
+    if len(ids) < args.window - 1:
         raise SystemExit(f"evaluation text: {len(ids)} tokens, fewer than one window of {args.window}")
-    windows = torch.tensor(ids[: n * args.window]).view(n, args.window)  # [windows, window]
+    windows = cut_blocks(ids, args.window, prefix_token_id(tok), args.windows)  # [windows, window], BOS first
     multiples = {"legacy": args.multiple, "kquant": args.k_multiple}
     types = {"legacy": ("F32", "F16", "Q8_0", "Q4_0", KQUANT), "kquant": ("F32", KQUANT)}
     out["settings"] |= described | {"windows": [n, args.window], "multiples": multiples,

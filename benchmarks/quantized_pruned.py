@@ -172,9 +172,11 @@ def main(argv=None) -> None:
         calib_text = (args.calib_text or shared / CALIB).read_text(encoding="utf-8")
     torch.manual_seed(0)
 
-    def cut(t: str) -> list[list[int]]:
+    def cut(t: str) -> list[list[int]]:  # blocks starting with the model's prefix token (issue #47)
+        from headprune.evaluation.lm import cut_blocks, prefix_token_id
+
         ids = tok(t, add_special_tokens=False)["input_ids"]
-        return [ids[i:i + args.block] for i in range(0, len(ids) - args.block + 1, args.block)]
+        return cut_blocks(ids, args.block, prefix_token_id(tok)).tolist() if len(ids) >= args.block else []
 
     blocks, calib = cut(text), cut(calib_text)[:args.calib]
     if len(blocks) < args.blocks + (args.calib if args.quick else 0) or len(calib) < args.calib:

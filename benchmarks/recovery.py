@@ -50,7 +50,7 @@ from recorded import command  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.bench.protocol import load_record  # noqa: E402
 from headprune.compression.distill import kl_to_teacher  # noqa: E402
-from headprune.evaluation.lm import LanguageModelling  # noqa: E402
+from headprune.evaluation.lm import LanguageModelling, prefix_token_id  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,9 +217,10 @@ class Bench:
         self.train_blocks = [pool[i: i + args.batch] for i in range(0, n_train, args.batch)]  # [batch, T] per step
         ids = tok(eval_text, add_special_tokens=False)["input_ids"][: args.eval_tokens]
         sizes = llm_peers._numbers(args.windows, "--windows", int, lambda v: v >= 2, "comma-separated window lengths >= 2")
-        self.sets = {f"window{n}": protocol.windows(ids, n) for n in sizes}
+        first = prefix_token_id(tok)  # windows start as the calibration blocks do (issue #47)
+        self.sets = {f"window{n}": protocol.windows(ids, n, prefix=first) for n in sizes}
         self.settings = {
-            **described, "calib_block": args.calib_block, "calib_blocks": args.calib_blocks,
+            **described, "prefix_token": first, "calib_block": args.calib_block, "calib_blocks": args.calib_blocks,
             "select_blocks": args.select_blocks, "eval_tokens": len(ids),
             "protocols": {k: list(v.shape) for k, v in self.sets.items()},
             "train": {"steps": args.steps, "batch": args.batch, "seq": args.calib_block,
