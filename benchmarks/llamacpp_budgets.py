@@ -264,7 +264,7 @@ def files_phase(args, out: dict) -> None:
     windows = cut_blocks(ids, args.window, prefix_token_id(tok), args.windows)  # [windows, window], BOS first
     multiples = {"legacy": args.multiple, "kquant": args.k_multiple}
     types = {"legacy": ("F32", "F16", "Q8_0", "Q4_0", KQUANT), "kquant": ("F32", KQUANT)}
-    out["settings"] |= described | {"windows": [n, args.window], "multiples": multiples,
+    out["settings"] |= described | {"windows": list(windows.shape), "prefix_token": int(windows[0, 0]), "multiples": multiples,
                                     "types": {k: list(v) for k, v in types.items()}}
     ctx = {"source": source, "tokenizer": tok, "threads": args.threads, "run": args.run_dir, "multiples": multiples,
            "plan_of": {k: p for k, _, p in entries(args.budgets, multiples) if p}}

