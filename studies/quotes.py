@@ -346,6 +346,35 @@ def block_llm_peers(protocol: str = "block256") -> str:
     return "\n".join(out)
 
 
+# the peer harness's per-model files with every window starting with the model's prefix token (issue #47)
+LLM_MODELS = (("SmolLM2-135M", "llm_peers_smollm2"), ("Gemma-3-270M", "llm_peers_gemma3-270m"))
+
+
+def block_llm_models() -> str:
+    """The peer table on every model of :data:`LLM_MODELS` (windows with the prefix token): per model and budget, the
+    unpruned perplexity, every method's ratio pruned / unpruned (window 128), and headprune's selected configuration
+    against the best peer in windows of 128 and 2048 tokens with the paired 95% interval; "not run" where the file
+    or the budget is missing."""
+    out = ["| model | removed | evaluation tokens | unpruned (w128) | ratio pruned / unpruned, w128 | headprune / best "
+           "peer, w128 [95% CI] | w2048 [95% CI] | lower than every peer |", "|---|---|---|---|---|---|---|---|"]
+    for label, name in LLM_MODELS:
+        d = _optional(name)
+        if d is None or not d.get("verdicts"):
+            out.append(f"| {label} | | | | not run | | | |")
+            continue
+        ok = [r for r in d["rows"] if r.get("status") == "ok"]
+        tokens = d["settings"].get("eval_tokens") or "whole text"
+        base = d["unpruned"]["perplexity"]["window128"]
+        for budget, per in sorted(d["verdicts"].items(), key=lambda kv: float(kv[0])):
+            rows = sorted((r for r in ok if r["budget"] == float(budget)), key=lambda r: r["ratio"]["window128"])
+            ratios = ", ".join(f"{r['method']} {r['ratio']['window128']:.2f}" for r in rows)
+            cells = [_versus_best(per[w]) if w in per else "not run" for w in ("window128", "window2048")]
+            lower = all(per[w]["lower_than_every_peer"] for w in ("window128", "window2048") if w in per)
+            out.append(f"| {label} | {float(budget):.0%} | {tokens} | {base:.2f} | {ratios} | {cells[0]} | {cells[1]} | "
+                       f"{'yes' if lower else '**no**'} |")
+    return "\n".join(out)
+
+
 def _optional(name: str) -> dict | None:
     """benchmarks/results/NAME.json, or None where that benchmark has not been run."""
     return bench(name) if (BENCH / f"{name}.json").is_file() else None
@@ -514,5 +543,7 @@ def block(name: str) -> str:
         return block_llm_headline()
     if kind == "gpu_bench":
         return block_gpu_bench()
+    if kind == "llm_models":
+        return block_llm_models()
     raise KeyError(f"unknown block {name!r}; allowed: abo:RUN, method_comparison, llm_peers, llamacpp_budgets, "
-                   "llm_headline, gpu_bench")
+                   "llm_headline, gpu_bench, llm_models")
