@@ -45,3 +45,8 @@ class NativeCrashError(HeadpruneError, RuntimeError):
 
 class KVCacheWarning(UserWarning):
     """A pruning plan that makes the key/value cache larger than the unpruned model's (uneven GQA)."""
+
+
+class NonFiniteError(DataError):
+    """NaN or inf where a number must be finite: a model's weight, a loss it computed, the scores made of them
+    (:mod:`headprune.core.finite`)."""

@@ -15,6 +15,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
+from ..core.finite import check_finite_weights
 from ..core.unit_cost import UnitCosts
 from ..errors import ConfigError
 from ..scoring.gradients import LossFn
@@ -46,10 +47,13 @@ def compress(
     ``sites`` (prune only these; the budget is of their heads) and ``inplace``; the budget over heads and
     neurons returns a :class:`UnitResult` and also takes ``val_batches`` (the guard's held-out data),
     ``fit_batches`` (inputs of the refit) and ``prices`` (per-unit prices, required for ``price="latency"``).
+    A model with a NaN or inf weight is refused before anything runs, and NaN or inf losses or scores when they
+    appear, before any cut (:class:`~headprune.errors.NonFiniteError`).
     """
     if not isinstance(settings, PruneSettings):
         raise ConfigError(f"settings={type(settings).__name__}; allowed: PruneSettings(units=..., share=... or "
                           "n_keep=..., ...)")
+    check_finite_weights(model)
     if settings.head_plan:
         _refuse("the head plan", val_batches=val_batches, fit_batches=fit_batches, prices=prices)
         return compress_heads(model, calib_batches, settings, sites=sites, loss_fn=loss_fn,

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ..core.cost import HeadCosts, head_costs
+from ..core.finite import check_finite_scores, check_finite_weights
 from ..core.kvcache import kv_head_bytes
 from ..core.masking import HeadMask
 from ..core.surgery import DroppedHeads
@@ -77,14 +78,17 @@ class CompressPlan:
 def score_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], method: str | Scorer, *,
                 loss_fn: LossFn | None = None, seed: int = 0, progress: bool = False) -> Scores:
     """Head scores of ``method`` (a registered scorer's name -- ``ih``, ``fisher``, ``random`` -- or a
-    :class:`~headprune.scoring.scorer.Scorer` that can feed the head plan) over calibration ``batches``."""
+    :class:`~headprune.scoring.scorer.Scorer` that can feed the head plan) over calibration ``batches``. NaN or inf
+    weights, and scores a scorer returns with NaN or inf, are refused (:class:`~headprune.errors.NonFiniteError`)."""
     scorer = get_scorer(method)
     if not scorer.plan:
         allowed = ", ".join(n for n in scorer_names() if get_scorer(n).plan)
         raise ConfigError(f"method={scorer.name!r} scores no heads for the head plan; allowed: {allowed}")
+    check_finite_weights(model)
     start = time.perf_counter()
     found = scorer.score(model, list(batches), ScoreRequest(units="heads", head_plan=True, loss_fn=loss_fn, seed=seed,
                                                             progress=progress))
+    check_finite_scores(found.heads, f"the {scorer.name} scores")
     return Scores(scorer.name, dict(found.heads), found.fisher if scorer.fisher else None, time.perf_counter() - start)
 
 
@@ -97,11 +101,13 @@ def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], 
     ``scored``/``costs`` reuse scores (:func:`score_heads`) and prices (:func:`headprune.core.cost.head_costs`)
     computed before, e.g. for several budgets on one model. ``sites``: prune only these sites (the
     budget is then a share / count of their heads or FLOPs); the others keep every head. ``n_keep``: a count
-    of heads kept in place of the settings' budget, 0 allowed (a pruning curve's last step).
+    of heads kept in place of the settings' budget, 0 allowed (a pruning curve's last step). NaN or inf weights,
+    losses or scores are refused (:class:`~headprune.errors.NonFiniteError`).
     """
     if not isinstance(settings, PruneSettings) or not settings.head_plan:
         raise ConfigError(f"settings={settings!r}; allowed: PruneSettings whose head_plan holds (units='heads', "
                           "price count | flops | kv, compensate none | rearrange | tune)")
+    check_finite_weights(model)
     batches = list(batches)
     family = settings.scorer.name
     if scored is None:

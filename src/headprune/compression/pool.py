@@ -49,6 +49,7 @@ from torch import nn
 
 from ..core.cost import flop_breakdown
 from ..core.ffn import find_ffns
+from ..core.finite import check_finite_scores
 from ..core.kept import kept_neurons
 from ..core.kvcache import kv_cache_bytes
 from ..core.prune import prune_heads, prune_neurons
@@ -385,6 +386,7 @@ def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitC
                            progress=progress)
     with checkpointed_blocks(model) if settings.low_memory else nullcontext():  # one input per block kept
         found = settings.scorer.score(model, calib, request)
+    check_finite_scores({**found.heads, **found.neurons}, f"the {settings.scorer.name} scores")
     return found.heads, found.neurons, found.stats
 
 

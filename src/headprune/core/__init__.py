@@ -2,7 +2,7 @@
 tests/test_architecture.py):
 
 1. records -- what a pruned model carries (:mod:`.records`), and helpers that know no model
-   (devices, inputs, calls, gguf);
+   (devices, inputs, calls, gguf) or only its parameters (:mod:`.finite`: NaN and inf refused);
 2. the model -- sites (heads), FFNs (neurons), what a model keeps (:mod:`.kept`), what a pruned model
    runs (runtime), costs;
 3. masks -- one reversible unit mask for heads and neurons (:mod:`.masking`), weight folding;

@@ -68,14 +68,6 @@ def check_strings(name: str, values: Any) -> list[str]:
     return list(values)
 
 
-def check_finite(values: torch.Tensor, what: str) -> None:
-    """Refuse to score outputs that hold NaN or inf: a score made of them would look like a number."""
-    if not bool(torch.isfinite(values).all()):
-        raise DataError(f"the model's {what} hold NaN or inf ({int((~torch.isfinite(values)).sum())} values); its "
-                        "weights or inputs are not finite, so nothing can be scored; allowed: a model with finite "
-                        "weights (check for NaN/inf, e.g. after a diverged training run)")
-
-
 def check_unbatched(mask: Mapping[str, Any] | None, where: str) -> None:
     """Length-bucketed batches (and beam search) reorder and resize the batch: only [heads] masks fit."""
     for name, value in (mask or {}).items():

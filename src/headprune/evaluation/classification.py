@@ -12,11 +12,12 @@ import torch.nn.functional as F
 
 from ..checks import check_int
 from ..core.devices import input_device, to_device
+from ..core.finite import check_finite, check_finite_weights
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
 from ..progress import progress_bar
 from ..provenance import portable_path
-from .base import EvalResult, check_finite, check_strings, check_trained, check_unbatched, mask_context
+from .base import EvalResult, check_strings, check_trained, check_unbatched, mask_context
 from .batching import Batches, length_buckets, pad_rows
 from .data import ClassificationData, check_limit, encode_labels
 from .metrics import accuracy_from_confusion, confusion_matrix, f1_from_confusion, matthews_from_confusion
@@ -105,6 +106,7 @@ class Classification:
         if type(model).__name__.endswith(GENERATIVE):
             raise ConfigError(f"Classification.evaluate: {type(model).__name__} is a generative model; allowed: a "
                               "sequence classification model (e.g. BertForSequenceClassification)")
+        check_finite_weights(model)
         model.eval()
         buckets = self._buckets(limit)
         n = sum(len(b) for b in buckets)
@@ -112,14 +114,15 @@ class Classification:
         tokens = 0
         start = time.perf_counter()
         with mask_context(model, mask):
-            for idx in progress_bar(list(shard(buckets)), desc="classification", unit="batch", show=progress):
+            for i, idx in progress_bar(list(shard(enumerate(buckets))), desc="classification", unit="batch",
+                                       show=progress):
                 inputs = to_device(self._inputs(idx), input_device(model))
                 logits = model(**inputs).logits
                 if logits.dim() != 2 or logits.shape[-1] < max(self.num_labels, 2):
                     raise ConfigError(f"model output logits of shape {tuple(logits.shape)}; classification needs "
                                       f"[batch, >= {max(self.num_labels, 2)} labels] (a ...ForSequenceClassification)")
                 gold = torch.tensor([self.label_ids[i] for i in idx], device=logits.device)
-                check_finite(logits, "logits")
+                check_finite(logits, f"the logits of batch {i}")
                 pred[idx] = logits.argmax(-1).cpu().numpy()
                 loss[idx] = F.cross_entropy(logits.float(), gold, reduction="none").double().cpu().numpy()
                 tokens += int(inputs["attention_mask"].sum())

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from torch import nn
 
+from ..core.finite import check_finite_weights
 from ..errors import ConfigError
 from ..extras import require
 
@@ -64,6 +65,7 @@ def evaluate_harness(model: nn.Module, tokenizer, tasks: list[str], *, include_p
     if unknown:
         raise ConfigError(f"tasks {unknown}: not found; allowed: tasks in {include_path or 'lm_eval'} "
                           f"({', '.join(sorted(manager.all_tasks)[:20])}{' ...' if len(manager.all_tasks) > 20 else ''})")
+    check_finite_weights(model)  # lm_eval would report the accuracy of a model that computes NaN
     out = lm_eval.simple_evaluate(model=harness_lm(model, tokenizer, batch_size=batch_size, max_length=max_length),
                                   tasks=list(tasks), task_manager=manager, limit=limit, num_fewshot=num_fewshot,
                                   log_samples=False, bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed,

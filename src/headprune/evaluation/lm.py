@@ -9,11 +9,12 @@ import numpy as np
 import torch
 
 from ..core.devices import input_device, to_device
+from ..core.finite import check_finite, check_finite_weights
 from ..core.inputs import token_cross_entropy
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
 from ..progress import progress_bar
-from .base import EvalResult, check_finite, check_trained, check_unbatched, mask_context
+from .base import EvalResult, check_trained, check_unbatched, mask_context
 from .batching import Batches
 from .metrics import perplexity
 
@@ -111,6 +112,7 @@ class LanguageModelling:
                  limit: int | None = None) -> EvalResult:
         check_unbatched(mask, "LanguageModelling.evaluate")
         check_trained(model, "LanguageModelling.evaluate")
+        check_finite_weights(model)  # a NaN weight the texts never reach would leave a finite perplexity
         model.eval()
         start = time.perf_counter()
         batches = list(self.batches(limit=limit))
@@ -122,7 +124,7 @@ class LanguageModelling:
                 batch = to_device(batch, input_device(model))
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
                 token_nll = token_cross_entropy(logits[:, :-1], batch["input_ids"][:, 1:])  # [B, T-1]
-                check_finite(token_nll, "token losses")
+                check_finite(token_nll, f"the token losses of batch {i}")
                 rows = slice(first[i], first[i] + token_nll.shape[0])
                 nll_sum[rows] = token_nll.sum(-1).double().cpu().numpy()
                 n_tok[rows] = token_nll.shape[1]

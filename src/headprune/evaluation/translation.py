@@ -22,13 +22,14 @@ import torch
 
 from ..checks import check_int
 from ..core.devices import input_device, to_device
+from ..core.finite import check_finite_weights
 from ..core.inputs import token_cross_entropy
 from ..distributed import gather, reduce_arrays, shard, spread
 from ..errors import ConfigError, DataError
 from ..extras import require
 from ..progress import progress_bar
 from ..provenance import portable_path
-from .base import EvalResult, check_finite, check_strings, check_trained, check_unbatched, mask_context
+from .base import EvalResult, check_strings, check_trained, check_unbatched, mask_context
 from .batching import Batches, length_buckets, pad_rows
 from .data import ParallelData, check_limit
 from .metrics import bleu_statistics
@@ -124,8 +125,7 @@ class Translation:
 
         _check(model, mask, "Translation.evaluate")
         check_trained(model, "Translation.evaluate")
-        for name, p in model.named_parameters():  # generate turns NaN into plausible-looking tokens
-            check_finite(p.detach(), f"parameter {name}")
+        check_finite_weights(model)  # generate turns NaN into plausible-looking tokens
         check_limit(limit)
         n = len(self) if limit is None else min(limit, len(self))
         start = time.perf_counter()

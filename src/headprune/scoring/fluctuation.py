@@ -29,9 +29,10 @@ from torch import nn
 
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
+from ..core.finite import check_finite, check_finite_weights
 from ..core.inputs import model_inputs, real_rows
 from ..core.sites import find_sites, is_conv1d
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError
 from ..progress import progress_bar
 from .gradients import scoring_mode
 
@@ -125,10 +126,9 @@ class StatsCollector:
                               "the batches do not run)")
         mean = {k: (s[1] / s[0]).cpu() for k, s in sums.items()}
         var = {k: (s[2].cpu() / s[0] - mean[k] ** 2).clamp_min(0) for k, s in sums.items()}
-        bad = [k for k in mean if not (bool(torch.isfinite(mean[k]).all()) and bool(torch.isfinite(var[k]).all()))]
-        if bad:
-            raise DataError(f"activations of {bad[:3]} are NaN or inf: the model's weights or the batches' values are "
-                            "not finite")
+        for k in mean:
+            check_finite(mean[k], f"the mean inputs of {k!r}'s projection over the calibration tokens")
+            check_finite(var[k], f"the input variances of {k!r}'s projection over the calibration tokens")
         second = {k: mirror_upper(s[3]).div_(s[0]).cpu() for k, s in sums.items()} if self.gram else None  # in place
         self.sums = {}  # the moments own the sums now: finish() once
         return ChannelStats(mean=mean, var=var, tokens={k: int(s[0]) for k, s in sums.items()}, second=second)
@@ -160,8 +160,10 @@ def channel_stats(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]
     """Mean and variance of the input features of every site's output projection (``heads``) and every FFN's
     down projection (``neurons``) over the real tokens of ``batches``: one forward per batch, no labels read
     (an encoder-decoder's labels build its decoder inputs and say which decoder positions are real).
-    ``gram``: also their second moments ``E[x x^T]`` (``C^2`` float64 numbers per projection)."""
+    ``gram``: also their second moments ``E[x x^T]`` (``C^2`` float64 numbers per projection). NaN or inf weights
+    or statistics are refused (:class:`~headprune.errors.NonFiniteError`)."""
     collector = StatsCollector(model, heads=heads, neurons=neurons, gram=gram)
+    check_finite_weights(model)
     with collector, scoring_mode(model), torch.no_grad():
         for batch in progress_bar(batches, desc="fluctuation", unit="batch", show=progress):
             batch = to_device(batch, input_device(model))

@@ -21,10 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core.devices import accumulator_device, input_device, to_device
+from ..core.finite import check_finite, check_finite_scores, check_finite_weights, nonfinite_losses
 from ..core.inputs import batch_size, model_inputs, rows_with_tokens, token_cross_entropy, unwrap
 from ..core.masking import HeadMask, masked, ones_mask, row_of_masks
-from ..distributed import rank_world, reduce_sums, shard
-from ..errors import ConfigError, DataError, UnsupportedModelError
+from ..distributed import gather, rank_world, reduce_sums, shard
+from ..errors import ConfigError, NonFiniteError, UnsupportedModelError
 from ..progress import progress_bar
 
 LossFn = Callable[[object, Mapping[str, torch.Tensor]], torch.Tensor]  # (outputs, batch) -> [B]
@@ -45,14 +46,18 @@ def gradient_sums(
 
     The sums are accumulated in float64 on each site's device (no copy per batch) and moved to the CPU
     once, at the end. Inside :func:`headprune.distributed.sharded`, each rank takes every world-th batch
-    and the sums and counts are all-reduced."""
+    and the sums and counts are all-reduced. NaN or inf in the model's weights, a batch's losses or the sums are
+    refused (:class:`~headprune.errors.NonFiniteError`, :mod:`headprune.core.finite`)."""
+    check_finite_weights(model)
     totals: dict[str, torch.Tensor] = {}
     counts: list[torch.Tensor] = []  # [] per batch, on the device: no synchronisation per batch
+    losses: list[torch.Tensor] = []  # [B] per batch, on the device, checked at the end
     rank, world = rank_world()
     total = len(range(rank, len(batches), world)) if isinstance(batches, Sized) else None  # this rank's batches
     for batch in progress_bar(shard(batches), desc=desc, unit="batch", total=total, show=progress):
-        grads, valid = mask_gradients(model, batch, loss_fn=loss_fn, mask=mask)
+        grads, valid, batch_losses = _batch_gradients(model, batch, loss_fn, mask)
         counts.append(valid.sum())
+        losses.append(batch_losses)
         for name, g in grads.items():  # g [B, H]
             part = reduce(g[valid.to(g.device)].to(accumulator_device(g.device), torch.float64))
             totals[name] = part if name not in totals else totals[name] + part
@@ -61,10 +66,10 @@ def gradient_sums(
     totals = {name: t.cpu() for name, t in totals.items()}
     if count == 0:
         raise ConfigError("batches: no example had anything to score (empty input or all padding)")
-    bad = [name for name, t in totals.items() if not bool(torch.isfinite(t).all())]
-    if bad:  # never pick heads from NaN scores
-        raise DataError(f"scores of sites {bad} are NaN or inf: the model's weights or the batches' values are not "
-                        "finite, so no head can be ranked; allowed: a model and inputs with finite values")
+    refused = [m for m in gather(nonfinite_losses(losses, rank, world)) if m]  # every rank, or none, raises
+    if refused:
+        raise NonFiniteError(refused[0])
+    check_finite_scores(totals, f"the {desc} sums")  # never pick heads from NaN scores
     return totals, count
 
 
@@ -74,8 +79,18 @@ def mask_gradients(
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """Per-example mask gradients of one batch: ({site: dL_b/dxi [B, H]}, valid [B] bool).
 
-    One forward and one backward; parameters are frozen meanwhile; the model runs in eval mode.
+    One forward and one backward; parameters are frozen meanwhile; the model runs in eval mode. NaN or inf
+    weights or losses are refused (:class:`~headprune.errors.NonFiniteError`).
     """
+    check_finite_weights(model)
+    grads, valid, losses = _batch_gradients(model, batch, loss_fn, mask)
+    check_finite(losses, "the losses of the batch (one per example)")
+    return grads, valid
+
+
+def _batch_gradients(model: nn.Module, batch: Mapping[str, torch.Tensor], loss_fn: LossFn | None,
+                     mask: Mapping[str, torch.Tensor] | None) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
+    """:func:`mask_gradients` without its checks, and the batch's losses [B] (0 where not valid), detached."""
     n = batch_size(batch)
     batch = to_device(batch, input_device(model))
     xi = ones_mask(model, n)  # on each site's device
@@ -89,17 +104,20 @@ def mask_gradients(
         names = list(xi)
         grads = torch.autograd.grad((losses * valid).sum(), [xi[n] for n in names], allow_unused=True)
     out = {n: (g if g is not None else torch.zeros_like(xi[n])).detach() for n, g in zip(names, grads, strict=True)}
-    return out, valid
+    return out, valid, torch.where(valid, losses.detach(), 0.0)
 
 
 def mean_loss(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *, mask: HeadMask | None = None,
               loss_fn: LossFn | None = None) -> float:
-    """Mean per-example loss over ``batches`` (the same loss the scores use), under ``mask``; no gradients."""
+    """Mean per-example loss over ``batches`` (the same loss the scores use), under ``mask``; no gradients.
+    NaN or inf weights or losses are refused (:class:`~headprune.errors.NonFiniteError`)."""
+    check_finite_weights(model)
     total, n = 0.0, 0
     with scoring_mode(model), torch.no_grad(), (masked(model, mask) if mask else nullcontext()):
-        for batch in batches:
+        for i, batch in enumerate(batches):
             batch = to_device(batch, input_device(model))
             losses, valid = example_losses(model, batch, model(**model_inputs(model, batch, labels=loss_fn is not None, cache=False)), loss_fn)
+            check_finite(losses[valid], f"the losses of batch {i} (one per example)")
             total += float(losses[valid].sum())
             n += int(valid.sum())
     if n == 0:
@@ -145,7 +163,7 @@ def own_loss_check(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs)
 
     On ``batch``, headprune's loss (the mean over the scored tokens, or over examples, reduced as models
     reduce it) must equal the model's own ``.loss`` for the same batch and labels, within what float
-    rounding explains (:func:`loss_tolerance`); NaN or inf outputs are a :class:`DataError`; else
+    rounding explains (:func:`loss_tolerance`); NaN or inf outputs are a :class:`NonFiniteError`; else
     :class:`UnsupportedModelError` (pass ``loss_fn=``). Token outputs of a model that is not an
     encoder-decoder: the batch's row with the most targets is run once more with labels built to tell the two
     apart (each position's target is the token the position before predicts best: shifted and unshifted
@@ -191,9 +209,8 @@ def own_loss_report(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs
             candidates = {False: _mean_loss(logits, labels, False, None)}
         else:
             own, candidates = _shift_probe(model, batch, logits)
-    if not (bool(torch.isfinite(logits).all()) and all(math.isfinite(v) for v, _ in candidates.values())):
-        raise DataError(f"model of class {type(model).__name__}: its outputs on the first batch are NaN or inf: "
-                        "the model's weights or the batches' values are not finite")
+    check_finite(logits, f"the logits of {type(model).__name__} on the first batch")
+    check_finite(torch.tensor([v for v, _ in candidates.values()]), "headprune's losses of the first batch")
     targets = max(n for _, n in candidates.values())
     return {"own": None if own is None else float(own.detach().float()), "targets": targets,
             "candidates": {shift: value for shift, (value, _) in candidates.items()},

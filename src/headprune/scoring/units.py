@@ -19,9 +19,10 @@ from torch import nn
 
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
+from ..core.finite import check_finite, check_finite_scores, check_finite_weights, nonfinite_losses
 from ..core.inputs import batch_size, model_inputs
 from ..core.masking import masked, masked_neurons, neuron_ones, ones_mask
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, NonFiniteError
 from ..progress import progress_bar
 from .fluctuation import StatsCollector
 from .gradients import LossFn, example_losses, scoring_mode
@@ -31,7 +32,17 @@ def unit_gradients(
     model: nn.Module, batch: Mapping[str, torch.Tensor], *, loss_fn: LossFn | None = None,
     heads: bool = True, neurons: bool = True,
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
-    """({site: dL_b/dxi [B, H]}, {ffn: dL_b/dm [B, width]}, valid [B]) from one forward and one backward."""
+    """({site: dL_b/dxi [B, H]}, {ffn: dL_b/dm [B, width]}, valid [B]) from one forward and one backward. NaN or
+    inf weights or losses are refused (:class:`~headprune.errors.NonFiniteError`)."""
+    check_finite_weights(model)
+    gh, gn, valid, losses = _batch_gradients(model, batch, loss_fn, heads, neurons)
+    check_finite(losses, "the losses of the batch (one per example)")
+    return gh, gn, valid
+
+
+def _batch_gradients(model: nn.Module, batch: Mapping[str, torch.Tensor], loss_fn: LossFn | None, heads: bool,
+                     neurons: bool):
+    """:func:`unit_gradients` without its checks, and the batch's losses [B] (0 where not valid), detached."""
     n = batch_size(batch)
     batch = to_device(batch, input_device(model))
     xi = ones_mask(model, n, requires_grad=True) if heads else {}
@@ -43,7 +54,8 @@ def unit_gradients(
         leaves = [*xi.values(), *m.values()]
         grads = torch.autograd.grad((losses * valid).sum(), leaves, allow_unused=True)
     grads = [(g if g is not None else torch.zeros_like(t)).detach() for g, t in zip(grads, leaves, strict=True)]
-    return dict(zip(xi, grads[:len(xi)], strict=True)), dict(zip(m, grads[len(xi):], strict=True)), valid
+    return (dict(zip(xi, grads[:len(xi)], strict=True)), dict(zip(m, grads[len(xi):], strict=True)), valid,
+            torch.where(valid, losses.detach(), 0.0))
 
 
 @dataclass
@@ -62,10 +74,13 @@ def unit_fisher(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]],
                 collect: StatsCollector | None = None) -> UnitFisher:
     """Fisher diagonals of head and neuron masks over ``batches`` (labelled, as for
     :func:`headprune.head_importance`); one forward and backward per batch. ``collect``: channel statistics
-    gathered in the same forwards (``collect.finish()`` afterwards), so stand-ins need no pass of their own."""
+    gathered in the same forwards (``collect.finish()`` afterwards), so stand-ins need no pass of their own.
+    NaN or inf weights, losses or sums are refused (:class:`~headprune.errors.NonFiniteError`)."""
     if neurons and not find_ffns(model):
         raise ConfigError(f"{type(model).__name__} has no feed-forward block headprune can find; neurons cannot "
                           "be scored (allowed: units=heads)")
+    check_finite_weights(model)
+    losses: list[torch.Tensor] = []  # [B] per batch, on the device, checked at the end
     h_tot: dict[str, torch.Tensor] = {}
     blocks: dict[str, torch.Tensor] = {}
     n_tot: dict[str, torch.Tensor] = {}
@@ -74,16 +89,18 @@ def unit_fisher(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]],
         for batch in progress_bar(batches, desc="fisher", unit="batch", show=progress):
             if collect is not None:
                 collect.batch(to_device(batch, input_device(model)))
-            gh, gn, valid = unit_gradients(model, batch, loss_fn=loss_fn, heads=heads, neurons=neurons)
+            gh, gn, valid, batch_losses = _batch_gradients(model, batch, loss_fn, heads, neurons)
+            losses.append(batch_losses)
             count += _accumulate(gh, gn, valid, blocks, n_tot)
     blocks = {k: b.cpu() for k, b in blocks.items()}
     n_tot = {k: t.cpu() for k, t in n_tot.items()}
     if count == 0:
         raise ConfigError("batches: no example had anything to score (empty input or all padding)")
     h_tot = {k: b.diagonal().clone() for k, b in blocks.items()}
-    bad = [k for k, t in (h_tot | n_tot).items() if not bool(torch.isfinite(t).all())]
-    if bad:
-        raise DataError(f"scores of {bad} are NaN or inf: the model's weights or the batches' values are not finite")
+    refused = nonfinite_losses(losses)
+    if refused:
+        raise NonFiniteError(refused)
+    check_finite_scores(h_tot | n_tot, "the fisher sums")
     return UnitFisher(heads=h_tot, neurons=n_tot, blocks=blocks, n=count)
 
 

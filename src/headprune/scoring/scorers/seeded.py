@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...core.finite import check_finite_weights
 from ...core.sites import find_sites
 from ...errors import ConfigError
 from ..scorer import ScoreRequest, UnitScores
@@ -22,6 +23,7 @@ class RandomScorer:
     def score(self, model, batches, request: ScoreRequest) -> UnitScores:
         if request.units != "heads":
             raise ConfigError(f"scores='random' with units={request.units!r}; allowed: units='heads'")
+        check_finite_weights(model)  # a baseline for a model that computes NaN would be one in silence
         g = torch.Generator().manual_seed(request.seed)
         return UnitScores({s.name: torch.rand(s.num_heads, generator=g, dtype=torch.float64)
                            for s in find_sites(model)})
