@@ -56,7 +56,7 @@ from peers.flap import flap_plan  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, headprune_row  # noqa: E402
 from peers.llm_pruner import llm_pruner_plan  # noqa: E402
 from peers.osscar import osscar_plan  # noqa: E402
-from peers.plan import apply_plan, check_llama_like  # noqa: E402
+from peers.plan import check_llama_like  # noqa: E402
 from peers.shortgpt import shortgpt_plan  # noqa: E402
 from peers.sleb import sleb_plan  # noqa: E402
 from peers.slimgpt import slimgpt_plan  # noqa: E402
@@ -66,6 +66,7 @@ from recorded import command as recorded_command  # noqa: E402
 
 from headprune.bench.decode import decode_benchmark  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info, peak_rss_delta  # noqa: E402
+from headprune.compression.replay import apply_plan  # noqa: E402
 from headprune.core.devices import peak_device_bytes, resolve_device  # noqa: E402
 from headprune.errors import HeadpruneError  # noqa: E402
 from headprune.evaluation.lm import LanguageModelling, prefix_token_id  # noqa: E402
@@ -518,7 +519,7 @@ def prune_model(method: str, model, batches, budget: float) -> tuple:
         plan = PLANS[method](model, batches, budget, **PEER_SETTINGS.get(method, {}))
         pruned = apply_plan(copy.deepcopy(model), plan)
         return pruned, {"plan": plan.counts(), "info": plan.info,
-                        "dropped": {"heads": plan.heads, "neurons": plan.neurons}}  # the full plan
+                        "dropped": {"heads": plan.dropped_heads, "neurons": plan.dropped_neurons}}  # the full plan
     pruned, info = headprune_row(method, model, batches, budget)
     return pruned, {"info": info}
 

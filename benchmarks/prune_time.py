@@ -30,12 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llm_peers  # noqa: E402
 from peers.flap import flap_plan  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, headprune_row  # noqa: E402
-from peers.plan import apply_plan  # noqa: E402
 from peers.results_io import save, write_section  # noqa: E402
 from recorded import command  # noqa: E402
 
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.bench.protocol import ProtocolSettings, paired_rounds  # noqa: E402
+from headprune.compression.replay import apply_plan  # noqa: E402
 from headprune.evaluation.lm import LanguageModelling  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 

@@ -44,12 +44,13 @@ from peers import protocol, results_io  # noqa: E402
 from peers.headprune_rows import headprune_row  # noqa: E402
 from peers.llm_pruner import llm_pruner_plan  # noqa: E402
 from peers.lora import add_lora, merge_lora  # noqa: E402
-from peers.plan import apply_plan, check_llama_like  # noqa: E402
+from peers.plan import check_llama_like  # noqa: E402
 from recorded import command  # noqa: E402
 
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.bench.protocol import load_record  # noqa: E402
 from headprune.compression.distill import kl_to_teacher  # noqa: E402
+from headprune.compression.replay import apply_plan  # noqa: E402
 from headprune.evaluation.lm import LanguageModelling, prefix_token_id  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 

@@ -1,5 +1,6 @@
-"""``plan.json`` and ``headprune apply``: the plan a compress run stores rebuilds its pruned model bit for bit on
-the model it was made on; a plan that cannot be replayed, or is not a plan, is refused in one line."""
+"""``plan.json`` and ``headprune apply``: the plan a compress run stores (plan.json + plan.safetensors) rebuilds its
+pruned model bit for bit on the model it was made on, whatever its stages rewrote; another model, or a file that is
+not a plan, is refused in one line with nothing written."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from typer.testing import CliRunner
 
 import headprune as hp
 from headprune.cli import app
-from headprune.compression.replay import Plan, apply_plan
-from headprune.errors import PlanError
+from headprune.compression.replay import FORMAT
 from tiny import build, word_tokenizer
 
 runner = CliRunner()
@@ -46,36 +46,43 @@ def _same_bits(a: torch.nn.Module, b: torch.nn.Module) -> None:
         assert sa[k].dtype == sb[k].dtype and torch.equal(sa[k], sb[k]), k
 
 
-@pytest.mark.parametrize("args", [
-    ["--share", "0.5", "--price", "count", "--compensate", "tune", "--no-guard"],  # scales folded, heads cut
-    ["--units", "both", "--share", "0.5", "--scores", "fluctuation", "--compensate", "bias"],  # biases shifted
+@pytest.mark.parametrize("args, rewritten", [
+    (["--share", "0.5", "--price", "count", "--compensate", "tune", "--no-guard"], "attention.output.dense.weight"),
+    (["--units", "both", "--share", "0.5", "--scores", "fluctuation", "--compensate", "bias"], "output.dense.bias"),
+    (["--units", "both", "--share", "0.5", "--compensate", "reconstruct", "--no-guard"], "output.dense.weight"),
+    (["--units", "both", "--share", "0.5", "--compensate", "linear", "--no-guard"], "output.dense.weight"),
+    (["--units", "both", "--share", "0.5", "--distill-epochs", "1", "--no-guard"], "embeddings.word_embeddings.weight"),
 ])
-def test_apply_rebuilds_the_compressed_model_bit_for_bit(saved, tmp_path, args):
+def test_apply_rebuilds_the_compressed_model_bit_for_bit(saved, tmp_path, args, rewritten):
     plan = _compress(saved, tmp_path / "run", *args)
-    assert plan["not_replayable"] == [] and any(plan["dropped_heads"].values())
-    assert (plan["scales"] is not None) == ("tune" in args) and (plan["biases"] is not None) == ("bias" in args)
+    assert any(plan["dropped_heads"].values()) and any(k.endswith(rewritten) for k in plan["tensors"])
+    assert (tmp_path / "run" / "plan.safetensors").is_file()
     result = runner.invoke(app, ["apply", str(saved / "model"), str(tmp_path / "run" / "plan.json"), "-o",
                                  str(tmp_path / "replay")])
     assert result.exit_code == 0, result.output
     _same_bits(hp.load_pruned(tmp_path / "run"), hp.load_pruned(tmp_path / "replay"))
 
 
-def test_a_plan_with_a_refit_is_refused_naming_it(saved, tmp_path):
-    plan = _compress(saved, tmp_path / "run", "--units", "both", "--share", "0.5", "--compensate", "reconstruct",
-                     "--no-guard")
-    assert plan["not_replayable"] == ["reconstruct"]
-    with pytest.raises(PlanError, match="stages reconstruct rewrote weights"):
-        apply_plan(build("bert"), Plan(**{k: v for k, v in plan.items() if k != "format"}))
-    result = runner.invoke(app, ["apply", str(saved / "model"), str(tmp_path / "run" / "plan.json"), "-o",
+def test_another_model_is_refused_by_its_fingerprint_with_nothing_written(saved, tmp_path):
+    _compress(saved, tmp_path / "run", "--units", "both", "--share", "0.5", "--compensate", "reconstruct",
+              "--no-guard")
+    other = hp.load_model(saved / "model")
+    with torch.no_grad():
+        other.bert.encoder.layer[0].intermediate.dense.weight[0, 0] += 1.0  # one weight changed, same config
+    hp.save_pruned(other, tmp_path / "other", tokenizer=word_tokenizer(TEXTS))
+    result = runner.invoke(app, ["apply", str(tmp_path / "other"), str(tmp_path / "run" / "plan.json"), "-o",
                                  str(tmp_path / "replay")])
-    assert result.exit_code != 0 and "reconstruct" in result.output and not (tmp_path / "replay").exists()
+    lines = result.output.strip().splitlines()
+    assert result.exit_code != 0 and len(lines) == 1, result.output
+    assert "fingerprint mismatch" in lines[0] and "encoder.layer.0.intermediate.dense.weight" in lines[0]
+    assert not (tmp_path / "replay").exists()
 
 
 def test_a_file_that_is_not_a_plan_is_refused_before_the_model_is_read(tmp_path):
     (tmp_path / "x.json").write_text('{"dropped": {}}')
     result = runner.invoke(app, ["apply", str(tmp_path / "no-model"), str(tmp_path / "x.json"), "-o",
                                  str(tmp_path / "out")])
-    assert result.exit_code == 2 and "headprune-plan/1" in result.output and not (tmp_path / "out").exists()
+    assert result.exit_code == 2 and FORMAT in result.output and not (tmp_path / "out").exists()
 
 
 def test_a_run_repeats_from_its_compress_toml(saved, tmp_path):

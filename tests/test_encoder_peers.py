@@ -192,8 +192,7 @@ def test_fold_and_surgery_equal_the_masked_model():
         want = model(input_ids=x["input_ids"], attention_mask=x["attention_mask"]).logits
     folded = copy.deepcopy(model)
     kwon.fold(folded, kwon.encoder_layers(folded), heads, neurons)
-    plan = kwon.Plan("t", {lay.site.name: [1] for lay in layers}, {lay.ffn.name: [0, 4, 8] for lay in layers})
-    kwon.apply_plan(folded, plan)
+    kwon.cut(folded, {lay.site.name: [1] for lay in layers}, {lay.ffn.name: [0, 4, 8] for lay in layers})
     with torch.no_grad():
         got = folded(input_ids=x["input_ids"], attention_mask=x["attention_mask"]).logits
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()

@@ -19,6 +19,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from peers import flap, llm_pruner, plan, report, wanda_sp  # noqa: E402
 
 import headprune as hp  # noqa: E402
+from headprune.compression.replay import apply_plan  # noqa: E402
 
 
 def llama(layers: int = 2, seed: int = 0):
@@ -103,19 +104,18 @@ def test_flap_bias_equals_removed_channels_replaced_by_their_means():
     model, data = llama(), batches()
     probe = batches(seed=7, n=1)[0]["input_ids"]
     p = flap.flap_plan(model, data, 0.3)
-    assert p.heads and p.neurons and p.biases
+    assert p.dropped_heads and p.dropped_neurons and p.added_biases
     sites, ffns, modules = site_modules(model)
     hd = sites[0].head_dim
-    channels = {n: [h * hd + i for h in hs for i in range(hd)] for n, hs in p.heads.items()} | p.neurons
+    channels = {n: [h * hd + i for h in hs for i in range(hd)] for n, hs in p.dropped_heads.items()} | p.dropped_neurons
     want = mean_replaced_logits(model, data, channels, modules, probe)
-    pruned = plan.apply_plan(copy.deepcopy(model), p)
+    pruned = apply_plan(copy.deepcopy(model), p)
     with torch.no_grad():
         got = pruned(input_ids=probe).logits
     assert (got - want).abs().max() <= 1e-4 * want.abs().max()
-    no_bias = copy.deepcopy(p)
-    no_bias.biases = {}
+    no_bias = plan.peer_plan(model, "flap", p.dropped_heads, p.dropped_neurons)
     with torch.no_grad():  # the bias matters: without it the pruned model is farther away
-        far = plan.apply_plan(copy.deepcopy(model), no_bias)(input_ids=probe).logits
+        far = apply_plan(copy.deepcopy(model), no_bias)(input_ids=probe).logits
     assert (far - want).abs().max() > 10 * (got - want).abs().max()
 
 
@@ -126,11 +126,11 @@ def test_bias_survives_a_site_losing_every_head():
     drop = list(range(s.num_heads))
     x = captured_inputs(model, data, modules)
     cols = torch.arange(s.num_heads * s.head_dim)
-    p = plan.Plan("hand", {s.name: drop}, {}, {"model.layers.0.self_attn.o_proj": flap.compensation(s.o.weight,
-                                                                                                      x[s.name].mean(0), cols)})
+    p = plan.peer_plan(model, "hand", {s.name: drop}, {}, biases={
+        "model.layers.0.self_attn.o_proj": flap.compensation(s.o.weight, x[s.name].mean(0), cols)})
     probe = batches(seed=5, n=1)[0]["input_ids"]
     want = mean_replaced_logits(model, data, {s.name: cols.tolist()}, modules, probe)
-    pruned = plan.apply_plan(copy.deepcopy(model), p)
+    pruned = apply_plan(copy.deepcopy(model), p)
     assert s.name not in {t.name for t in hp.find_sites(pruned)}
     with torch.no_grad():
         got = pruned(input_ids=probe).logits
@@ -153,11 +153,11 @@ def test_wanda_sp_scores_by_hand_layer_by_layer_on_the_pruned_model():
                 for h in range(s.num_heads)]
         neuron = (f.down.weight.detach().double().abs() * norm[f.name]).sum(0)
         n_heads = int(ratio * s.num_heads)
-        assert p.heads.get(s.name, []) == sorted(torch.argsort(torch.stack(head))[:n_heads].tolist())
-        dropped = p.neurons[f.name]
+        assert p.dropped_heads.get(s.name, []) == sorted(torch.argsort(torch.stack(head))[:n_heads].tolist())
+        dropped = p.dropped_neurons[f.name]
         assert sorted(torch.argsort(neuron)[:len(dropped)].tolist()) == dropped
-        if p.heads.get(s.name):
-            hp.prune_heads(work, {s.name: p.heads[s.name]})
+        if p.dropped_heads.get(s.name):
+            hp.prune_heads(work, {s.name: p.dropped_heads[s.name]})
         hp.prune_neurons(work, {f.name: dropped})
 
 
@@ -190,11 +190,11 @@ def test_llm_pruner_keeps_its_first_and_last_layers_and_drops_the_lowest():
     model, data = llama(layers=6), batches()
     p = llm_pruner.llm_pruner_plan(model, data, 0.2)
     assert p.info["pruned_layers"] == [3, 4]
-    layers = {int(n.split(".")[1]) for n in (*p.heads, *p.neurons)}
+    layers = {int(n.split(".")[1]) for n in (*p.dropped_heads, *p.dropped_neurons)}
     assert layers <= {3, 4}
     ledger = plan.Ledger(model, 0.2)
     _, neurons = llm_pruner.group_scores(ledger, llm_pruner.taylor_salience(model, data))
-    for name, dropped in p.neurons.items():
+    for name, dropped in p.dropped_neurons.items():
         assert dropped == sorted(torch.argsort(neurons[name])[:len(dropped)].tolist())
 
 
@@ -209,7 +209,7 @@ def test_budget_met_as_priced(method, budget):
         return
     p = fn(model, data, budget)
     before = plan.nonembedding_params(model)
-    pruned = plan.apply_plan(copy.deepcopy(model), p)
+    pruned = apply_plan(copy.deepcopy(model), p)
     removed = before - plan.nonembedding_params(pruned)
     assert removed == p.info["planned_removed"]  # the ledger prices units exactly as surgery removes them
     assert removed >= math.ceil(budget * before)

@@ -21,6 +21,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from peers import obs, osscar, plan, shortgpt, sleb, slimgpt  # noqa: E402
 
 import headprune as hp  # noqa: E402
+from headprune.compression.replay import Plan, apply_plan  # noqa: E402
 from test_peers import batches, llama  # noqa: E402
 
 
@@ -176,7 +177,7 @@ def test_sleb_removes_the_block_brute_force_scoring_prefers_each_time():
     assert ppl2 == pytest.approx(scores2[second], rel=1e-5)
     p = sleb.sleb_plan(model, data, 0.3)
     assert p.info["blocks_removed"][:2] == [first, second]
-    pruned = plan.apply_plan(copy.deepcopy(model), p)  # surgery of every unit of a block == the block taken out
+    pruned = apply_plan(copy.deepcopy(model), p)  # surgery of every unit of a block == the block taken out
     ref = without_blocks(model, p.info["blocks_removed"])
     x = data[0]["input_ids"]
     torch.testing.assert_close(pruned(input_ids=x).logits, ref(input_ids=x).logits, rtol=1e-5, atol=1e-5)
@@ -205,13 +206,11 @@ def _layer_prefix_model(model, p, layer):
     """``model`` with the plan's weights and drops of layers < ``layer`` applied (surgery), the rest untouched."""
     sites = {s.name: s for s in hp.find_sites(model)}
     ffns = {f.name: f for f in hp.find_ffns(model)}
-    paths = {id(m): n for n, m in model.named_modules()}
-    keep = {paths[id(s.o)] for s in sites.values() if s.layer < layer} | {paths[id(f.down)] for f in ffns.values()
-                                                                         if f.layer < layer}
-    part = plan.Plan("part", {k: v for k, v in p.heads.items() if sites[k].layer < layer},
-                     {k: v for k, v in p.neurons.items() if ffns[k].layer < layer},
-                     weights={k: v for k, v in p.weights.items() if k in keep})
-    return plan.apply_plan(copy.deepcopy(model), part)
+    part = Plan({k: v for k, v in p.dropped_heads.items() if sites[k].layer < layer},
+                {k: v for k, v in p.dropped_neurons.items() if ffns[k].layer < layer},
+                tensors={k: v for k, v in p.tensors.items() if int(k.split(".")[2]) < layer},
+                fingerprint=p.fingerprint)
+    return apply_plan(copy.deepcopy(model), part)
 
 
 @pytest.mark.parametrize("method", ["slimgpt", "osscar"])
@@ -230,13 +229,13 @@ def test_refit_is_least_squares_on_the_inputs_of_the_model_pruned_below(method):
     handle.remove()
     x = torch.cat(got)  # [tokens, C] recorded by a hook on the copy pruned below, here
     w0 = site.o.weight.detach().double()
-    drop = p.heads.get(site.name, [])
+    drop = p.dropped_heads.get(site.name, [])
     assert drop, "the test needs heads dropped in the layer it checks"
     kept = [c for c in range(w0.shape[1]) if c // site.head_dim not in drop]
     lam = 0.05 * float((x * x).sum(0).mean())
     _, want = lstsq_loss(x, w0, kept, lam)
-    path = next(k for k in p.weights if k.startswith(f"model.layers.{layer}.") and k.endswith("o_proj"))
-    torch.testing.assert_close(p.weights[path][:, kept].double(), want, rtol=1e-4, atol=1e-5)
+    path = next(k for k in p.tensors if k.startswith(f"model.layers.{layer}.") and k.endswith("o_proj.weight"))
+    torch.testing.assert_close(p.tensors[path].double(), want, rtol=1e-4, atol=1e-5)  # the kept columns, after the cut
 
 
 @pytest.mark.parametrize("method", ["slimgpt", "osscar", "sleb", "shortgpt"])
@@ -249,7 +248,7 @@ def test_each_peer_end_to_end_plan_applies_and_the_budget_is_met(method, budget)
     p = fn(model, data, budget)
     assert all(torch.equal(v, before_weights[k]) for k, v in model.state_dict().items())  # the model is untouched
     before = plan.nonembedding_params(model)
-    pruned = plan.apply_plan(copy.deepcopy(model), p)
+    pruned = apply_plan(copy.deepcopy(model), p)
     removed = before - plan.nonembedding_params(pruned)
     assert removed == p.info["planned_removed"]
     target = math.ceil(budget * before)
@@ -258,11 +257,11 @@ def test_each_peer_end_to_end_plan_applies_and_the_budget_is_met(method, budget)
     if method in ("sleb", "shortgpt"):  # whole blocks: less than one block over
         assert removed - target < ledger.layer_pool(0)
         blocks = set(p.info["blocks_removed"])
-        assert {ledger.sites[k].layer for k in p.heads} == blocks == {ledger.ffns[k].layer for k in p.neurons}
+        assert {ledger.sites[k].layer for k in p.dropped_heads} == blocks == {ledger.ffns[k].layer for k in p.dropped_neurons}
     else:  # less than one neuron per layer over, heads by int(r x H)
         site, ffn = next(iter(ledger.sites)), next(iter(ledger.ffns))
         assert removed - target < 4 * max(ledger.neuron_cost(ffn), ledger.q_cost(site) + ledger.kv_cost(site))
-        assert p.weights  # the refit columns travel in the plan
+        assert p.tensors  # the refit columns travel in the plan
     out = pruned(input_ids=data[0]["input_ids"]).logits
     assert torch.isfinite(out).all()
 
@@ -270,10 +269,9 @@ def test_each_peer_end_to_end_plan_applies_and_the_budget_is_met(method, budget)
 def test_plan_weights_of_the_wrong_shape_are_refused_before_any_change():
     model = llama()
     path = next(n for n, m in model.named_modules() if n.endswith("o_proj"))
-    bad = plan.Plan("x", {}, {}, weights={path: torch.zeros(3, 3)})
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(hp.ConfigError, match="o_proj"):
-        plan.apply_plan(model, bad)
+        plan.peer_plan(model, "x", {}, {}, weights={path: torch.zeros(3, 3)})
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
 
 

@@ -1,8 +1,9 @@
 """Peer methods for LLM structured pruning, re-implemented from their papers and public code, for
-``benchmarks/llm_peers.py``: each returns a :class:`~peers.plan.Plan` (query heads dropped per attention
-site, neurons dropped per FFN, for FLAP the compensation biases) that :func:`~peers.plan.apply_plan` applies
-with headprune's own surgery (``headprune.prune_heads`` / ``headprune.prune_neurons``), so every method
-shares one mechanism and one parameter count.
+``benchmarks/llm_peers.py``: each returns headprune's own plan
+(:class:`headprune.compression.replay.Plan`, made by :func:`~peers.plan.peer_plan`: query heads dropped per
+attention site, neurons dropped per FFN, for FLAP the compensation biases, for SlimGPT / OSSCAR the refit
+weights) that ``headprune.compression.replay.apply_plan`` replays with headprune's own surgery, as
+``headprune apply`` replays a compression, so every method shares one mechanism and one parameter count.
 
     flap           FLAP (An et al., AAAI 2024): fluctuation scores, adaptive widths, bias compensation
     wanda_sp       structured Wanda (FLAP's baseline): |W| x ||X||, the same share removed in every layer

@@ -5,7 +5,7 @@ NeurIPS 2022; code github.com/WoosukKwon/retraining-free-pruning (``prune/fisher
 copied). Written against the model's own modules (BERT-style post-LayerNorm encoders: ``attention.output``
 and ``output`` each add a projection to the residual and normalise); headprune is used only to find the
 attention sites and FFNs, to price units (:func:`headprune.core.unit_cost.unit_costs`, the same FLOP counter
-headprune's own budget uses) and for the final physical surgery (:func:`peers.plan.apply_plan`).
+headprune's own budget uses) and for the final physical surgery (:func:`peers.plan.cut`).
 
 The four steps, as the public code runs them:
 
@@ -58,7 +58,7 @@ from headprune import find_ffns, find_sites
 from headprune.core.unit_cost import unit_costs
 from headprune.errors import ConfigError, UnsupportedModelError
 
-from .plan import Plan, apply_plan
+from .plan import cut
 
 MAX_SCALE = 10.0  # the code's bound on a tuned mask value
 TOL = 1e-12  # LSMR's atol / btol (the code keeps the default 1e-6, which can stop with the solution 1e-2 off)
@@ -475,9 +475,8 @@ def kwon_prune(model: nn.Module, batches: list, share: float, *, seq_len: int = 
     pruned = copy.deepcopy(model)
     fold(pruned, encoder_layers(pruned), heads, neurons)
     by_layer = {lay.index: lay for lay in layers}
-    plan = Plan("kwon", {by_layer[k].site.name: torch.nonzero(v == 0).flatten().tolist() for k, v in heads.items()},
-                {by_layer[k].ffn.name: torch.nonzero(v == 0).flatten().tolist() for k, v in neurons.items()})
-    apply_plan(pruned, plan)
+    cut(pruned, {by_layer[k].site.name: torch.nonzero(v == 0).flatten().tolist() for k, v in heads.items()},
+        {by_layer[k].ffn.name: torch.nonzero(v == 0).flatten().tolist() for k, v in neurons.items()})
     pruned.eval()
     info |= {"heads_kept": int(sum((v != 0).sum() for v in heads.values())),
              "neurons_kept": int(sum((v != 0).sum() for v in neurons.values())),

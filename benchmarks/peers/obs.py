@@ -149,7 +149,7 @@ def layerwise(model: nn.Module, batches, ledger: Ledger, shares: list[float], he
     ``int(share x H)``) of the layer by
     ``heads`` (more where even all but one neuron would not reach the share), then neurons by ``neurons`` until the layer has lost ``share`` of :meth:`Ledger.layer_pool` (to
     the next whole neuron). Units go into ``ledger``; returns {o_proj / down_proj path: W' [d_out, C] at the
-    unpruned width}, the weights :func:`peers.plan.apply_plan` sets before surgery.
+    unpruned width}, the weights :func:`peers.plan.peer_plan` sets before surgery.
 
     The calibration inputs of each layer's block are kept (:class:`BlockInputs`, as SparseGPT's sequential
     driver): a projection's inputs come from running its block alone on them, and the pruned block's outputs

@@ -141,6 +141,6 @@ def osscar_plan(model: nn.Module, batches, budget: float, *, damping: float = DA
                                        "swaps_per_consumer": swaps,
                                        "steps": "greedy Schur-complement removal, best-swap local search, "
                                                 "least-squares refit", "sequential": True,
-                                       "seconds": time.perf_counter() - start})
-    plan.weights = {k: v.to(torch.float32) for k, v in weights.items()}
+                                       "seconds": time.perf_counter() - start},
+                       weights={k: v.to(torch.float32) for k, v in weights.items()})
     return plan

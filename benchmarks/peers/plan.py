@@ -1,11 +1,12 @@
-"""What every peer produces -- a :class:`Plan` -- and the one way it is applied and priced.
+"""What every peer produces -- headprune's :class:`~headprune.compression.replay.Plan` -- and how it is priced.
 
-A plan drops query heads per attention site and neurons per FFN (indices among the unpruned model's units,
-headprune's site and FFN names) and may add biases to output projections (FLAP). :func:`apply_plan` applies
-it with headprune's surgery (``headprune.prune_heads`` / ``headprune.prune_neurons``: a key/value head goes
-when its last query head goes; a site without heads leaves its output bias), so every method shares one
-mechanism. Second-order methods (SlimGPT, OSSCAR) also replace output / down projection weights (their
-refit kept columns) before the cut. A whole block goes as every head and every neuron of its layer
+A peer drops query heads per attention site and neurons per FFN (indices among the unpruned model's units,
+headprune's site and FFN names) and may add biases to output projections (FLAP); second-order methods (SlimGPT,
+OSSCAR) also replace output / down projection weights (their refit kept columns) before the cut.
+:func:`peer_plan` turns that into headprune's plan (the cut with headprune's surgery, :func:`cut`: a key/value
+head goes when its last query head goes; a site without heads leaves its output bias, plus the tensors the
+peer rewrote), and ``headprune.compression.replay.apply_plan`` replays it, as ``headprune apply`` does a
+compression's: every method shares one mechanism. A whole block goes as every head and every neuron of its layer
 (:meth:`Ledger.take_block`): the attention and the FFN then add nothing to the residual stream, which is the
 block removed (SLEB, ShortGPT); only its two norm vectors stay, counted as kept.
 
@@ -19,33 +20,19 @@ target by less than one unit (uniform methods: less than one neuron per layer).
 
 from __future__ import annotations
 
+import copy
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
 from headprune import find_ffns, find_sites, prune_heads, prune_neurons
+from headprune.compression.fingerprint import fingerprint
+from headprune.compression.replay import Plan, plan_of
+from headprune.core.biases import output_projections, shift_biases
 from headprune.core.sites import kv_of_heads
 from headprune.core.verify import verify_surgery
 from headprune.errors import ConfigError, UnsupportedModelError
-
-
-@dataclass
-class Plan:
-    """Units a method removes, and the biases it adds (module path -> [d_out] tensor)."""
-
-    method: str
-    heads: dict[str, list[int]]  # {site: query heads dropped, indices among the unpruned site's heads}
-    neurons: dict[str, list[int]]  # {ffn: neurons dropped, indices among the unpruned FFN's neurons}
-    biases: dict[str, torch.Tensor] = field(default_factory=dict)  # {o_proj / down_proj path: bias added}
-    info: dict = field(default_factory=dict)  # method settings and budget bookkeeping (JSON-ready)
-    # {o_proj / down_proj path: [d_out, C] weight at the unpruned width, set before surgery} (SlimGPT, OSSCAR)
-    weights: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def counts(self) -> dict:
-        return {"heads": sum(map(len, self.heads.values())), "neurons": sum(map(len, self.neurons.values())),
-                "biases": len(self.biases), "weights": len(self.weights)}
 
 
 def nonembedding_params(model: nn.Module) -> int:
@@ -71,28 +58,39 @@ def check_llama_like(model: nn.Module) -> None:
         raise UnsupportedModelError("the peers need one self-attention site and one FFN per layer")
 
 
-def apply_plan(model: nn.Module, plan: Plan, *, verify: bool = True) -> nn.Module:
-    """Apply ``plan`` to ``model`` in place: biases first (so a site left without heads keeps its bias),
-    then headprune's surgery. ``verify`` runs headprune's trial of the model's class before any change."""
-    if verify:
-        verify_surgery(model, ("heads", "neurons"))
-    for path, weight in plan.weights.items():  # checked before anything changes
+def peer_plan(model: nn.Module, method: str, heads: dict[str, list[int]], neurons: dict[str, list[int]], *,
+              biases: dict[str, torch.Tensor] | None = None, weights: dict[str, torch.Tensor] | None = None,
+              info: dict | None = None) -> Plan:
+    """headprune's :class:`~headprune.compression.replay.Plan` of a peer: on a copy of ``model``, ``weights``
+    ({o_proj / down_proj path: [d_out, C] weight at the unpruned width}) set, ``biases`` ({path: [d_out]}) added
+    (a projection without one gets one), then ``heads`` and ``neurons`` cut (indices among the unpruned units); the
+    plan holds what that copy differs in from ``model`` only cut. ``model`` is not changed; a weight of another
+    shape, or a bias for a projection no unit feeds, is refused before any work."""
+    weights, biases = weights or {}, biases or {}
+    for path, weight in weights.items():
         shape = tuple(model.get_submodule(path).weight.shape)
         if tuple(weight.shape) != shape:
             raise ConfigError(f"plan weight for {path!r} has shape {tuple(weight.shape)}; allowed: the unpruned {shape}")
+    paths = {id(m): n for n, m in model.named_modules()}
+    names = {paths[id(m)]: name for name, m in output_projections(model).items()}
+    if unknown := [p for p in biases if p not in names]:
+        raise ConfigError(f"plan bias for {unknown[0]!r}; allowed: an output projection ({', '.join(names)})")
+    made_on = fingerprint(model)
+    pruned = copy.deepcopy(model)
     with torch.no_grad():
-        for path, weight in plan.weights.items():
-            linear = model.get_submodule(path)
+        for path, weight in weights.items():
+            linear = pruned.get_submodule(path)
             linear.weight.copy_(weight.to(linear.weight.dtype).to(linear.weight.device))
-        for path, bias in plan.biases.items():
-            linear = model.get_submodule(path)
-            value = bias.to(linear.weight.dtype).to(linear.weight.device)
-            if linear.bias is None:
-                linear.bias = nn.Parameter(value.clone())
-            else:
-                linear.bias += value
-    heads = {k: v for k, v in plan.heads.items() if v}
-    neurons = {k: v for k, v in plan.neurons.items() if v}
+    shift_biases(pruned, {names[p]: b.to(pruned.get_submodule(p).weight.dtype) for p, b in biases.items()})
+    cut(pruned, heads, neurons)
+    return plan_of(model, pruned, heads, neurons, made_on=made_on, info={"method": method, **(info or {})})
+
+
+def cut(model: nn.Module, heads: dict[str, list[int]], neurons: dict[str, list[int]]) -> nn.Module:
+    """headprune's surgery on ``model`` in place (verified for its class first): the heads, then the neurons (a
+    key/value head goes when its last query head goes; a site without heads leaves its output bias)."""
+    heads, neurons = {k: v for k, v in heads.items() if v}, {k: v for k, v in neurons.items() if v}
+    verify_surgery(model, ("heads", "neurons"))
     if heads:
         prune_heads(model, heads, verify=False)  # verified above
     if neurons:
@@ -111,6 +109,7 @@ class Ledger:
         if not 0 < share < 1:
             raise ConfigError(f"budget={share!r}; allowed: a share of non-embedding parameters in (0, 1)")
         check_llama_like(model)
+        self.model = model
         self.total = nonembedding_params(model)
         self.share = share
         self.target = math.ceil(share * self.total)
@@ -207,11 +206,13 @@ class Ledger:
             raise ConfigError(f"budget={self.share}: removing every unit offered removes {self.removed} of the "
                               f"{self.target} parameters asked for")
 
-    def plan(self, method: str, biases: dict[str, torch.Tensor] | None = None, info: dict | None = None) -> Plan:
-        return Plan(method, {k: sorted(v) for k, v in self.heads.items() if v},
-                    {k: sorted(v) for k, v in self.neurons.items() if v}, biases or {},
-                    {**(info or {}), "budget": self.share, "nonembedding_params": self.total, "target_removed": self.target,
-                     "planned_removed": self.removed})
+    def plan(self, method: str, biases: dict[str, torch.Tensor] | None = None, info: dict | None = None, *,
+             weights: dict[str, torch.Tensor] | None = None) -> Plan:
+        """The units taken, with ``biases`` and ``weights`` (:func:`peer_plan`), as headprune's plan."""
+        return peer_plan(self.model, method, {k: sorted(v) for k, v in self.heads.items() if v},
+                         {k: sorted(v) for k, v in self.neurons.items() if v}, biases=biases, weights=weights,
+                         info={**(info or {}), "budget": self.share, "nonembedding_params": self.total,
+                               "target_removed": self.target, "planned_removed": self.removed})
 
 
 def uniform_layer(ledger: Ledger, layer: int, share: float, attention: list[tuple[float, list[int]]],

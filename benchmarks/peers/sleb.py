@@ -8,7 +8,7 @@ perplexity of the calibration text, and remove for good the block whose removal 
 until enough blocks are gone. Each candidate is evaluated on the model with the block's every head and
 neuron masked (headprune's masks), which is that block removed: its attention and FFN add nothing to the
 residual stream (no output biases in the Llama family; a bias would be the only difference, and
-:func:`peers.plan.apply_plan` keeps a removed site's output bias exactly as the mask does). The blocks below a
+:func:`peers.plan.cut` keeps a removed site's output bias exactly as the mask does). The blocks below a
 candidate give the same outputs whichever candidate is tried, so each step records them once and each
 candidate's pass replays them (about half the compute of a full pass per candidate, the same numbers).
 

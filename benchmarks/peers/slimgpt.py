@@ -104,6 +104,6 @@ def slimgpt_plan(model: nn.Module, batches, budget: float, *, damping: float = D
     plan = ledger.plan("slimgpt", info={"ratio": ratio, "ratios_per_layer": shares, "damping": damping,
                                         "first_layer_share": first, "heads": "round(r x H), one at a time, OBS update after each",
                                         "ffn": "batches min(left, max(b, 64), 1024), b shrinking, OBS update after each",
-                                        "sequential": True, "seconds": time.perf_counter() - start})
-    plan.weights = {k: v.to(torch.float32) for k, v in weights.items()}
+                                        "sequential": True, "seconds": time.perf_counter() - start},
+                       weights={k: v.to(torch.float32) for k, v in weights.items()})
     return plan

@@ -26,7 +26,7 @@ CHUNK = 1 << 20
 # files of a model directory that do not change what the model computes (training state, run outputs)
 NOT_MODEL = {"optimizer.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json",
              "training_args.bin", "train_log.jsonl", "run.json", "units.jsonl", "compress.json", "results.json",
-             "report.html", "heads.csv", "README.md", "run.lock"}
+             "report.html", "heads.csv", "README.md", "run.lock", "plan.json", "plan.safetensors"}
 NOT_MODEL_SUFFIXES = (".png", ".html", ".md", ".tmp", ".lock", ".csv")
 
 

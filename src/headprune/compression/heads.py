@@ -21,9 +21,10 @@ from ..core.surgery import DroppedHeads, KeptHeads, kept_heads
 from ..core.verify import verify_surgery
 from ..errors import ConfigError
 from ..scoring.gradients import LossFn
+from .fingerprint import fingerprint
 from .plan import plan_heads
 from .pool import sizes
-from .replay import Plan, floats
+from .replay import Plan, plan_of
 from .settings import PruneSettings
 
 
@@ -42,7 +43,7 @@ class CompressResult:
     calib_loss: dict[str, float]  # measured mean calibration loss after each stage (the guard's)
     rejected: list[str]  # stages the guard turned down
     seconds: dict[str, float]
-    plan: Plan | None = None  # what was removed and folded in (plan.json; headprune apply replays it)
+    plan: Plan | None = None  # what was removed and rewritten (plan.json + plan.safetensors; headprune apply)
 
     def to_dict(self) -> dict:
         out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("model", "plan")}
@@ -76,6 +77,7 @@ def compress_heads(
     if verify:  # refuse a model surgery cannot prune exactly before spending the calibration time
         verify_surgery(model)
     start = time.perf_counter()
+    made_on = fingerprint(model)  # before any change (``inplace`` cuts ``model`` itself)
     before = sizes(model, settings)
     plan = plan_heads(model, batches, settings, sites=sites, loss_fn=loss_fn, progress=progress)
     pruned = model if inplace else copy.deepcopy(model)
@@ -95,8 +97,9 @@ def compress_heads(
                           scales=scales, sizes={"before": before, "after": after},
                           loss_estimate=plan.loss_estimate, tuning=plan.tuning, calib_loss=plan.calib_loss,
                           rejected=plan.rejected, seconds=seconds,
-                          plan=Plan(dropped_heads=plan.drop, scales=floats(plan.scales),
-                                    sizes={"before": before, "after": after}))
+                          plan=plan_of(None if inplace else model, pruned, plan.drop, {}, made_on=made_on,
+                                       sizes={"before": before, "after": after},
+                                       info={"settings": settings.to_dict(), "rejected": plan.rejected}))
 
 
 def check_head_count(model: nn.Module, n_keep: int | None, sites: list[str] | None) -> None:

@@ -67,7 +67,8 @@ from ..selection.gqa import kv_groups
 from ..selection.units import select_units
 from .blockwise import blockwise_standins
 from .distill import distill
-from .replay import Plan, floats
+from .fingerprint import fingerprint
+from .replay import Plan, plan_of
 from .settings import PruneSettings
 
 
@@ -89,7 +90,7 @@ class UnitResult:
     distillation: dict = field(default_factory=dict)  # steps, seconds, lr, first and last training loss
     split: dict[str, int] = field(default_factory=dict)  # calibration / validation batches and examples
     seconds: dict[str, float] = field(default_factory=dict)
-    plan: Plan | None = None  # what was removed and folded in (plan.json; headprune apply replays it)
+    plan: Plan | None = None  # what was removed and rewritten (plan.json + plan.safetensors; headprune apply)
 
     def to_dict(self) -> dict:
         out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("model", "plan")}
@@ -153,20 +154,19 @@ def compress_pool(
     if verify:
         verify_surgery(model)
     start = time.perf_counter()
+    made_on = fingerprint(model)  # before any change (``low_memory`` cuts ``model`` itself)
     seconds: dict[str, float] = {}
     before = sizes(model, settings)
     costs = prices if prices is not None else unit_costs(model, settings.price, seq_len=settings.seq_len,
                                                           tgt_len=settings.tgt_len)
     run = _Run(model, settings, loss_fn, verify, progress, seconds=seconds)
-    pruned, shifts, drop_h, drop_n, selection = _rounds(run, calib, costs)
+    pruned, drop_h, drop_n, selection = _rounds(run, calib, costs)
     pruned, rows, distilled = _compensate(run, pruned, fit, val)
     seconds["total"] = time.perf_counter() - start
     after = sizes(pruned, settings)
     stages = run.stages
-    unreplayable = list(dict.fromkeys(run.unreplayable)) + [
-        k for k in (*(r.name for r in settings.refits), "distill") if stages.get(k, "").startswith("kept")]
-    plan = Plan(dropped_heads=drop_h, dropped_neurons=drop_n, biases=floats(shifts),
-                sizes={"before": before, "after": after}, not_replayable=unreplayable)
+    plan = plan_of(None if settings.low_memory else model, pruned, drop_h, drop_n, made_on=made_on,
+                   sizes={"before": before, "after": after}, info={"settings": settings.to_dict(), "stages": stages})
     return UnitResult(model=pruned, plan=plan, settings=settings.to_dict(), dropped_heads=drop_h,
                       dropped_neurons=drop_n, kept_heads=kept_heads(pruned),
                       kept_neurons=kept_neurons(pruned) if find_ffns(pruned, skip_moe=True) else {},
@@ -189,7 +189,6 @@ class _Run:
     seconds: dict = field(default_factory=dict)
     stages: dict = field(default_factory=lambda: {"select": "kept"})
     val_loss: dict = field(default_factory=dict)  # the validation loss per stage key, measured once each
-    unreplayable: list = field(default_factory=list)  # kept stages whose weight updates the plan lacks
 
     def loss(self, key: str, m: nn.Module, val: list) -> float:
         if key not in self.val_loss:
@@ -207,9 +206,8 @@ class _Run:
         return current, current_key, f"rejected (validation loss {new:.4f} > {old:.4f} without it)"
 
 
-def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict | None, dict, dict, dict]:
-    """(the pruned model, the stand-ins' bias shifts or None, heads dropped, neurons dropped, the selection's
-    record) after ``settings.steps`` rounds of score, select, stand-in and cut. Round ``i`` of ``k`` brings the
+def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict, dict, dict]:
+    """(the pruned model, heads dropped, neurons dropped, the selection's record) after ``settings.steps`` rounds of score, select, stand-in and cut. Round ``i`` of ``k`` brings the
     pool's price down to ``1 - i/k`` of the way to the budget, scored on the model the rounds before left (each
     round's scores see the units already gone and the stand-ins already folded); the units dropped are given as
     indices of the model passed. With ``step_standin`` the rounds fold that stand-in and only choose the units: the
@@ -221,10 +219,9 @@ def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict |
     # read before any cut: with low_memory the first round cuts ``model`` itself
     heads_before = kept_heads(model) if settings.steps > 1 else {}
     neurons_before = kept_neurons(model) if settings.steps > 1 and find_ffns(model, skip_moe=True) else {}
-    shifts: dict | None = {}
     total, kept_share = costs.total(), 1.0 if settings.share is None else settings.share  # None: refused by _select
     once = settings.step_standin is not None  # the rounds fold step_standin; settings' own stand-in runs once, after
-    rounds = replace(run, settings=_step_settings(settings), unreplayable=[]) if once else run
+    rounds = replace(run, settings=_step_settings(settings)) if once else run
     for i in range(1, settings.steps + 1):
         t = time.perf_counter()
         if i > 1:
@@ -241,20 +238,19 @@ def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict |
         records.append(selection)
         if last_choice:
             break
-        current, added, drop_h, drop_n = _cut(rounds, current, calib, stats, drop_h, drop_n, inplace=i > 1)
-        shifts = None if added is None or shifts is None else _add_shifts(shifts, added)
+        current, drop_h, drop_n = _cut(rounds, current, calib, stats, drop_h, drop_n, inplace=i > 1)
     if settings.steps == 1:
-        return current, shifts, drop_h, drop_n, records[0]
+        return current, drop_h, drop_n, records[0]
     after_h, after_n = kept_heads(current), kept_neurons(current) if neurons_before else {}
     if once:  # the last round's choice, as indices of ``current``, taken out of what it keeps
         after_h, after_n = _without(after_h, drop_h), _without(after_n, drop_n)
     drop_h = _dropped(heads_before, after_h)
     drop_n = _dropped(neurons_before, after_n) if neurons_before else {}
     if not once:
-        return current, shifts, drop_h, drop_n, {"steps": records}
+        return current, drop_h, drop_n, {"steps": records}
     del current  # the rounds chose the units; the stand-in now runs once on the model passed (its indices)
-    pruned, shifts, drop_h, drop_n = _cut(run, model, calib, None, drop_h, drop_n)
-    return pruned, shifts, drop_h, drop_n, {"steps": records, "step_standin": settings.step_standin}
+    pruned, drop_h, drop_n = _cut(run, model, calib, None, drop_h, drop_n)
+    return pruned, drop_h, drop_n, {"steps": records, "step_standin": settings.step_standin}
 
 
 def _step_settings(settings: PruneSettings) -> PruneSettings:
@@ -270,11 +266,6 @@ def _scoring_batches(calib: list, k: int) -> list:
     if not k or k >= len(calib):
         return calib
     return [calib[int(i * len(calib) / k)] for i in range(k)]
-
-
-def _add_shifts(total: dict, added: dict) -> dict:
-    """{name: bias shift} summed over rounds (a projection's output width does not change)."""
-    return {**total, **{k: total[k] + v if k in total else v for k, v in added.items()}}
 
 
 def _without(kept: Mapping[str, list[int]], drop: Mapping[str, Sequence[int]]) -> dict[str, list[int]]:
@@ -310,14 +301,13 @@ def _select(model: nn.Module, settings: PruneSettings, costs: UnitCosts, head_sc
 
 
 def _cut(run: _Run, model: nn.Module, calib: list, stats, drop_h: dict, drop_n: dict,
-         inplace: bool = False) -> tuple[nn.Module, dict | None, dict, dict]:
-    """(a pruned copy of ``model`` (``inplace``: ``model``), the bias shifts of the stand-in or None, the heads and
+         inplace: bool = False) -> tuple[nn.Module, dict, dict]:
+    """(a pruned copy of ``model`` (``inplace``: ``model``), the heads and
     neurons dropped): the stand-in (which may re-choose the units within each site / FFN: ``obs-seq``), the cut."""
     t = time.perf_counter()
     settings = run.settings
     # low_memory: no stage after reads the original; a later round: ``model`` is the rounds' own copy
     pruned = model if settings.low_memory or inplace else copy.deepcopy(model)
-    shifts = None
     standin: Any = settings.standin  # a stand-in compensation: gram, apply (compensation.check_compensation)
     if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
         if _block_by_block(settings):  # one block's moments at a time
@@ -331,9 +321,7 @@ def _cut(run: _Run, model: nn.Module, calib: list, stats, drop_h: dict, drop_n: 
                 stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
                                       gram=standin.gram, progress=run.progress)
             done = standin.apply(pruned, model, stats, drop_h, drop_n, settings)
-        run.stages[standin.name], shifts = done if isinstance(done, tuple) else (done, None)
-        if shifts is None:
-            run.unreplayable.append(standin.name)
+        run.stages[standin.name] = done[0] if isinstance(done, tuple) else done
     heads, neurons = {k: v for k, v in drop_h.items() if v}, {k: v for k, v in drop_n.items() if v}
     # low_memory: one site / FFN per cut, so the snapshot that makes a cut atomic holds the old weights of one, not
     # of all (at 1B, all FFNs' old and new weights at once were 2.4 GB beside the model)
@@ -345,7 +333,7 @@ def _cut(run: _Run, model: nn.Module, calib: list, stats, drop_h: dict, drop_n: 
     pruned.eval()
     run.seconds["select+remove"] = run.seconds.get("select+remove", 0.0) + time.perf_counter() - t
     run.stages["remove"] = "kept"
-    return pruned, shifts, drop_h, drop_n
+    return pruned, drop_h, drop_n
 
 
 def _compensate(run: _Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.Module, list, dict]:

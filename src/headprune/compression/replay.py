@@ -1,82 +1,171 @@
-"""The pruning ``Plan`` as data: what a compression removed and folded, stored as ``plan.json`` and replayed.
+"""The pruning ``Plan`` as data: everything a compression did, stored as ``plan.json`` + ``plan.safetensors`` and
+replayed bit for bit on the model it was made on.
 
-Selection makes it, compensation refines it, surgery applies it: the heads dropped per site (indices among the
-heads the model had), the FFN neurons dropped, the tuned head scales folded into the output projections (the
-head plan's ``tune``) and the bias shifts of the ``bias`` stand-in, with the sizes before and after.
-:func:`apply_plan` applies it to the model it was made on -- scales folded, biases shifted, heads then neurons
-cut, in the order :func:`headprune.compression.compress` applies them -- so ``headprune apply MODEL plan.json``
-rebuilds the compressed model bit for bit. Compensations that rewrite weights (linear stand-ins, the
-least-squares refit, distillation, a registered refit) are not in the plan: it records their names under
-``not_replayable`` and :func:`apply_plan` refuses it, naming them.
+A plan holds the heads dropped per site and the FFN neurons dropped (indices among the units the model had), the
+sites and FFNs whose output projection gained a bias, and the final value of every tensor a stage rewrote: the
+compressed model's tensors that differ from the same model only cut (linear stand-ins, the bias shifts, obs-seq,
+the head plan's tuned scales, the least-squares refit, distillation -- whatever a stage wrote, the plan holds its
+result, after the cut, at the kept width). It also holds the :func:`~.fingerprint.fingerprint` of the model it was
+made on, so :func:`apply_plan` refuses another model, or the same config with other weights, before any change.
+
+:func:`plan_of` makes it from the model before and after: with the unpruned model still at hand it cuts a copy of
+it and keeps the tensors that differ; when the model was cut in place (``low_memory``, ``inplace``) it keeps every
+tensor whose bytes are not the unpruned model's (the fingerprint's per-tensor hashes), so every tensor surgery
+sliced is stored too. Both replay exactly: :func:`apply_plan` gives the biases, cuts the heads, then the neurons,
+and sets the stored tensors.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
 from torch import nn
 
-from ..core.biases import shift_biases
-from ..core.folding import fold_scales
+from ..core.biases import add_zero_biases, added_biases
 from ..core.prune import prune_heads, prune_neurons
-from ..errors import ConfigError, PlanError
+from ..core.records import ADDED_BIASES_KEY
+from ..core.verify import verify_surgery
+from ..errors import ConfigError, PlanError, VerificationError
+from ..safefiles import read_bytes, write_atomic
+from .fingerprint import check_fingerprint, tensor_digest
 
-FORMAT = "headprune-plan/1"
+FORMAT = "headprune-plan/2"
 
 
 @dataclass
 class Plan:
-    """What compression removes and folds in, JSON-ready (plain lists and floats)."""
+    """What compression removed and rewrote: JSON-ready lists plus the rewritten tensors."""
 
     dropped_heads: dict[str, list[int]]  # {site: heads removed, indices among the heads it had}
     dropped_neurons: dict[str, list[int]] = field(default_factory=dict)  # {ffn: neurons removed}
-    scales: dict[str, list[float]] | None = None  # {site: [H] tuned mask values}, folded before the cut
-    biases: dict[str, list[float]] | None = None  # {site or ffn: [d_out] bias shift}, added before the cut
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)  # {state-dict key: value after the cut}
+    added_biases: list[str] = field(default_factory=list)  # sites / FFNs whose output projection gained a bias
+    fingerprint: dict = field(default_factory=dict)  # of the model it was made on (.fingerprint)
     sizes: dict = field(default_factory=dict)  # before / after: heads, neurons, params, flops, KV bytes per token
-    not_replayable: list[str] = field(default_factory=list)  # kept stages whose weight updates the plan lacks
+    info: dict = field(default_factory=dict)  # how it was made (JSON-ready): settings, stages, a peer's method
+
+    def counts(self) -> dict:
+        return {"heads": sum(map(len, self.dropped_heads.values())),
+                "neurons": sum(map(len, self.dropped_neurons.values())), "added_biases": len(self.added_biases),
+                "tensors": len(self.tensors)}
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, **asdict(self)}
+        """plan.json: everything but the tensors' values (their keys, dtypes and shapes)."""
+        return {"format": FORMAT, "dropped_heads": self.dropped_heads, "dropped_neurons": self.dropped_neurons,
+                "added_biases": self.added_biases,
+                "tensors": {k: {"dtype": str(v.dtype).removeprefix("torch."), "shape": list(v.shape)}
+                            for k, v in self.tensors.items()},
+                "fingerprint": self.fingerprint, "sizes": self.sizes, "info": self.info}
 
     def save(self, path: str | Path) -> Path:
+        """Write ``path`` (plan.json) and the tensors beside it (same name, ``.safetensors``); returns ``path``."""
         path = Path(path)
-        path.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        data = save_tensors({k: v.detach().to("cpu").contiguous() for k, v in self.tensors.items()})
+        weights = path.with_suffix(".safetensors")
+        record = self.to_dict() | {"weights": {"file": weights.name, "sha256": hashlib.sha256(data).hexdigest()}}
+        write_atomic(weights, data)
+        write_atomic(path, json.dumps(record, indent=1) + "\n")
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> Plan:
         """A plan written by :meth:`save`; anything else is refused in one line naming the file."""
+        path = Path(path)
         try:
-            data = json.loads(Path(path).read_text())
+            data = json.loads(path.read_text())
         except (OSError, ValueError) as err:
             raise ConfigError(f"plan {str(path)!r}: {err}; allowed: a plan.json written by headprune compress") from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ConfigError(f"plan {str(path)!r}: format {data.get('format') if isinstance(data, dict) else None!r}; "
                               f"allowed: {FORMAT!r} (a plan.json written by headprune compress)")
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+        try:
+            weights = path.with_name(data["weights"]["file"])
+            raw = read_bytes(weights)
+        except (OSError, KeyError, TypeError, ValueError) as err:
+            raise ConfigError(f"plan {str(path)!r}: its tensors {str(weights)!r}: {err}; allowed: the "
+                              ".safetensors file written beside it") from None
+        if hashlib.sha256(raw).hexdigest() != data["weights"]["sha256"]:
+            raise PlanError(f"plan {str(path)!r}: {weights.name} is not the file written with it (SHA-256 differs); "
+                            "allowed: the pair headprune compress wrote")
+        tensors = load_tensors(raw)
+        if sorted(tensors) != sorted(data["tensors"]):
+            raise PlanError(f"plan {str(path)!r}: {weights.name} holds other tensors than plan.json lists")
+        return cls(dropped_heads=data["dropped_heads"], dropped_neurons=data["dropped_neurons"],
+                   tensors={k: tensors[k] for k in data["tensors"]}, added_biases=data["added_biases"],
+                   fingerprint=data["fingerprint"], sizes=data["sizes"], info=data["info"])
 
 
-def floats(tensors: dict[str, torch.Tensor] | None) -> dict[str, list[float]] | None:
-    """{name: tensor} as {name: [float]} (exact: a Python float holds a float32 or float64 value)."""
-    return None if tensors is None else {k: [float(x) for x in v.detach().cpu().flatten()] for k, v in tensors.items()}
+def plan_of(original: nn.Module | None, compressed: nn.Module, dropped_heads: dict, dropped_neurons: dict, *,
+            made_on: dict, sizes: dict | None = None, info: dict | None = None) -> Plan:
+    """The :class:`Plan` that turns the model ``made_on`` fingerprints (:func:`~.fingerprint.fingerprint`, taken
+    before any change) into ``compressed`` by dropping ``dropped_heads`` / ``dropped_neurons`` (original indices).
+
+    ``original``: that model, unchanged (a copy of it is cut to tell which tensors a stage rewrote); None when it
+    was cut in place: every tensor whose bytes the fingerprint does not hold under its key is then stored."""
+    heads = {k: [int(i) for i in v] for k, v in dropped_heads.items() if len(v)}
+    neurons = {k: [int(i) for i in v] for k, v in dropped_neurons.items() if len(v)}
+    before = set((made_on.get("config") or {}).get(ADDED_BIASES_KEY) or [])
+    plan = Plan(heads, neurons, added_biases=sorted(set(added_biases(compressed)) - before), fingerprint=made_on,
+                sizes=sizes or {}, info=info or {})
+    final = compressed.state_dict()
+    if original is not None:
+        reference = cut(copy.deepcopy(original), plan, verify=False).state_dict()
+        if reference.keys() != final.keys():
+            odd = sorted(reference.keys() ^ final.keys())
+            raise VerificationError(f"the compressed model's tensors are not those of the plan's cut: {odd[:3]}")
+        changed = [k for k, v in final.items() if not _same(reference[k], v)]
+        del reference
+    else:
+        digests = made_on["tensors"]
+        changed = [k for k, v in final.items() if digests.get(k) != tensor_digest(k, v)]
+    stored: set[tuple] = set()
+    for key in changed:
+        tensor = final[key]
+        shared = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape))
+        if tensor.data_ptr() and shared in stored:  # tied to a tensor already stored: set with it
+            continue
+        stored.add(shared)
+        plan.tensors[key] = tensor.detach().to("cpu", copy=True)
+    return plan
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b.to(a.device))
+
+
+def cut(model: nn.Module, plan: Plan, *, verify: bool = True) -> nn.Module:
+    """The plan's structure on ``model`` in place: the added biases (zero), then the heads, then the neurons cut."""
+    add_zero_biases(model, plan.added_biases)  # before the cut, as the stages gave them: a site losing every head
+    heads = {k: v for k, v in plan.dropped_heads.items() if v}  # keeps its bias as its output
+    neurons = {k: v for k, v in plan.dropped_neurons.items() if v}
+    if verify and (heads or neurons):
+        verify_surgery(model, ("heads", "neurons") if neurons else ("heads",))
+    prune_heads(model, heads, verify=False)
+    if neurons:
+        prune_neurons(model, neurons, verify=False)
+    return model
 
 
 def apply_plan(model: nn.Module, plan: Plan, *, verify: bool = True) -> nn.Module:
-    """Apply ``plan`` to ``model`` in place (the model it was made on): fold the scales, shift the biases, cut the
-    heads, then the neurons. ``verify=False`` skips the check that surgery is exact for the model's class."""
-    if plan.not_replayable:
-        raise PlanError(f"plan: the stages {', '.join(plan.not_replayable)} rewrote weights the plan does not hold; "
-                        "allowed: a plan without them (the compressed model directory itself holds their result)")
-    if plan.scales:
-        fold_scales(model, {k: torch.tensor(v, dtype=torch.float64) for k, v in plan.scales.items()})
-    if plan.biases:
-        shift_biases(model, {k: torch.tensor(v, dtype=torch.float64) for k, v in plan.biases.items()})
-    prune_heads(model, {k: v for k, v in plan.dropped_heads.items() if v}, verify=verify)
-    if any(plan.dropped_neurons.values()):
-        prune_neurons(model, {k: v for k, v in plan.dropped_neurons.items() if v}, verify=verify)
+    """Replay ``plan`` on ``model`` in place: refuse a model whose fingerprint is not the plan's (nothing changes),
+    give the added biases, cut the heads, then the neurons, and set the tensors the stages rewrote. ``verify=False``
+    skips the check that surgery is exact for the model's class."""
+    check_fingerprint(model, plan.fingerprint)
+    cut(model, plan, verify=verify)
+    state = model.state_dict()
+    for key, value in plan.tensors.items():
+        if key not in state or state[key].shape != value.shape or state[key].dtype != value.dtype:
+            found = f"{state[key].dtype} {tuple(state[key].shape)}" if key in state else "no such tensor"
+            raise PlanError(f"plan tensor {key!r} is {value.dtype} {tuple(value.shape)}; the cut model has {found}")
+    with torch.no_grad():
+        for key, value in plan.tensors.items():
+            state[key].copy_(value)
     model.eval()
     return model

@@ -103,7 +103,7 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     if inputs.latency_table is not None:
         record["latency_table"] = inputs.latency_table
     run.write_json("compress.json", record)
-    run.write_json("plan.json", result.plan.to_dict())  # headprune apply MODEL plan.json replays it
+    result.plan.save(out / "plan.json")  # + plan.safetensors: headprune apply MODEL plan.json replays it
     run.write_text("compress.toml", settings.to_toml())  # headprune compress ... --config compress.toml repeats it
     write = _heads_results if settings.head_plan else _units_results
     write(_Done(run, out, settings, sites, result, before, after, speed, bench_batch, model))
