@@ -27,10 +27,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import families  # noqa: E402
-from peers.plan import apply_plan, check_llama_like, nonembedding_params  # noqa: E402
+import peers.plan  # noqa: E402
+from peers.plan import check_llama_like, nonembedding_params  # noqa: E402
 from recorded import command  # noqa: E402
 
 import headprune as hp  # noqa: E402
+from headprune.compression.replay import apply_plan  # noqa: E402
+from headprune.core.masking import neuron_mask_from  # noqa: E402
 from headprune.errors import HeadpruneError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +41,8 @@ RESULTS = ROOT / "benchmarks" / "results" / "peer_families.json"
 BUDGET = 0.2
 TOLERANCE = 1e-4  # of the largest |logit|
 QUICK = ("llama", "qwen3", "gemma3_text", "phi3", "gpt_neox", "granite")
+LAYERS = 6  # the tiny models' layers: LLM-Pruner keeps the first 3 and the last, so it needs more than 4
+HEADPRUNE = "headprune-fisher+linear"  # the configuration the SmolLM2 table selects at 10-30%
 
 
 def decoder_families() -> list[str]:
@@ -49,10 +54,11 @@ def decoder_families() -> list[str]:
 
 
 def peer_plans() -> dict:
-    """{method: plan function} of the harness (imported late: llm_peers imports the whole harness)."""
+    """{method: (plan function, its settings)} of the harness, and headprune's configuration (imported late:
+    llm_peers imports the whole harness)."""
     import llm_peers
 
-    return {m: (fn, llm_peers.PEER_SETTINGS.get(m, {})) for m, fn in llm_peers.PLANS.items()}
+    return {**{m: (fn, llm_peers.PEER_SETTINGS.get(m, {})) for m, fn in llm_peers.PLANS.items()}, HEADPRUNE: (None, {})}
 
 
 def calibration(model, seed: int = 0) -> list[dict]:
@@ -71,42 +77,84 @@ def _logits(model, ids: torch.Tensor) -> torch.Tensor:
         return model(input_ids=ids, use_cache=False).logits.float()
 
 
-def reference(model, plan, ids: torch.Tensor) -> torch.Tensor:
-    """The plan by masking: rewritten weights and added biases set on a copy, dropped units masked, nothing cut."""
+def reference(model, made: dict, ids: torch.Tensor) -> torch.Tensor:
+    """What the peer asked for, by masking: its rewritten weights and added biases set on a copy, its dropped units
+    masked, nothing cut."""
     ref = copy.deepcopy(model)
     with torch.no_grad():
-        for path, weight in plan.weights.items():
+        for path, weight in made["weights"].items():
             ref.get_submodule(path).weight.copy_(weight)
-        for path, bias in plan.biases.items():
+        for path, bias in made["biases"].items():
             linear = ref.get_submodule(path)
             if linear.bias is None:
                 linear.bias = torch.nn.Parameter(bias.clone().to(linear.weight.dtype))
             else:
                 linear.bias.add_(bias.to(linear.bias.dtype))
-    with hp.masked(ref, hp.mask_from_heads(ref, plan.heads)), \
-            hp.masked_neurons(ref, hp.neuron_mask_from(ref, plan.neurons)):
+    with hp.masked(ref, hp.mask_from_heads(ref, made["heads"])), \
+            hp.masked_neurons(ref, neuron_mask_from(ref, made["neurons"])):
         return _logits(ref, ids)
+
+
+def planned(plan_fn, model, batches, settings: dict) -> tuple:
+    """(headprune plan, what the peer handed to ``peer_plan``: heads, neurons, biases, weights)."""
+    made, original = {}, peers.plan.peer_plan
+
+    def capture(model, method, heads, neurons, *, biases=None, weights=None, info=None):
+        made.update(heads=heads, neurons=neurons, biases=biases or {}, weights=weights or {})
+        return original(model, method, heads, neurons, biases=biases, weights=weights, info=info)
+
+    peers.plan.peer_plan = capture
+    try:
+        return plan_fn(model, batches, BUDGET, **settings), made
+    finally:
+        peers.plan.peer_plan = original
 
 
 def one(model, method: str, plan_fn, settings: dict, batches) -> dict:
     """The row of ``method`` on ``model``: ok / not run / failed, with what was measured."""
     start = time.perf_counter()
+    if plan_fn is None:
+        return headprune_one(model, method, batches, start)
     try:
         check_llama_like(model)
-        plan = plan_fn(model, batches, BUDGET, **settings)
+        plan, made = planned(plan_fn, model, batches, settings)
         pruned = apply_plan(copy.deepcopy(model), plan)
     except (HeadpruneError, ValueError, RuntimeError, NotImplementedError) as e:
         line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return {"method": method, "status": "not run", "reason": f"{type(e).__name__}: {line}"[:300]}
     ids = batches[0]["input_ids"]
-    want, got = reference(model, plan, ids), _logits(pruned, ids)
+    want, got = reference(model, made, ids), _logits(pruned, ids)
     diff = float((got - want).abs().max())
     scale = float(want.abs().max())
     removed = 1 - nonembedding_params(pruned) / nonembedding_params(model)
-    ok = diff <= TOLERANCE * scale and removed >= 0.1 and bool(torch.isfinite(got).all())
+    moved = float((got - _logits(model, ids)).abs().max())  # the plan changed the model
+    ok = diff <= TOLERANCE * scale and removed >= 0.1 and moved > 0 and bool(torch.isfinite(got).all())
+    units = {"heads": sum(map(len, made["heads"].values())), "neurons": sum(map(len, made["neurons"].values())),
+             "biases": len(made["biases"]), "weights": len(made["weights"])}
     return {"method": method, "status": "ok" if ok else "failed", "removed_share": round(removed, 4),
-            "max_abs_diff": diff, "max_abs_logit": scale, "units": plan.counts(),
+            "max_abs_diff": diff, "max_abs_logit": scale, "moved_from_unpruned": moved, "units": units,
             "seconds": round(time.perf_counter() - start, 2)}
+
+
+def headprune_one(model, method: str, batches, start: float) -> dict:
+    """headprune's configuration on ``model``: its replayed plan equals the compressed model (every tensor), and it
+    removes at least 10% of the non-embedding parameters; "not run" with compress's one-line refusal otherwise."""
+    from peers.headprune_rows import settings_for
+
+    from headprune.compression import compress
+
+    try:
+        result = compress(model, batches, settings_for(method, model, BUDGET))
+    except (HeadpruneError, ValueError, RuntimeError, NotImplementedError) as e:
+        line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return {"method": method, "status": "not run", "reason": f"{type(e).__name__}: {line}"[:300]}
+    replayed = apply_plan(copy.deepcopy(model), result.plan)
+    mine, theirs = result.model.state_dict(), replayed.state_dict()
+    same = mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+    removed = 1 - nonembedding_params(result.model) / nonembedding_params(model)
+    ok = same and removed >= 0.1 and bool(torch.isfinite(_logits(result.model, batches[0]["input_ids"])).all())
+    return {"method": method, "status": "ok" if ok else "failed", "removed_share": round(removed, 4),
+            "replay_equal": same, "seconds": round(time.perf_counter() - start, 2)}
 
 
 def survey(model_type: str, plans: dict) -> dict:
@@ -138,13 +186,14 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--families {','.join(unknown)}: not an exact decoder family installed here; allowed: "
                          + ", ".join(every))
     torch.set_num_threads(1)
+    families.tiny_configs.LAYERS = LAYERS
     plans = peer_plans()
-    out = {"name": "peer_families", "command": command(__file__, argv), "budget": BUDGET, "tolerance": TOLERANCE,
+    out = {"name": "peer_families", "command": command(__file__, argv), "budget": BUDGET, "tolerance": TOLERANCE, "layers": LAYERS,
            "methods": list(plans), "transformers": __import__("transformers").__version__, "families": []}
     for name in names:
         out["families"].append(survey(name, plans))
         statuses = [r["status"] for r in out["families"][-1]["rows"]]
-        print(f"{name}: " + ", ".join(f"{m} {s}" for m, s in zip(plans, statuses)), flush=True)
+        print(f"{name}: " + ", ".join(f"{m} {s}" for m, s in zip(plans, statuses, strict=True)), flush=True)
     target = args.output or RESULTS
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(out, indent=1) + "\n")
