@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from ..core.chunked import token_outputs
 from ..core.devices import input_device, to_device
-from ..core.inputs import token_cross_entropy
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
 from .base import EvalResult, check_finite, check_trained, check_unbatched, mask_context
@@ -120,8 +120,8 @@ class LanguageModelling:
         with mask_context(model, mask):
             for i, batch in tqdm(list(shard(enumerate(batches))), desc="perplexity", unit="batch", disable=not progress):
                 batch = to_device(batch, input_device(model))
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                token_nll = token_cross_entropy(logits[:, :-1], batch["input_ids"][:, 1:])  # [B, T-1]
+                out = token_outputs(model, {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]})
+                token_nll = out.shifted().token_nll(batch["input_ids"][:, 1:])  # [B, T-1], chunk by chunk
                 check_finite(token_nll, "token losses")
                 rows = slice(first[i], first[i] + token_nll.shape[0])
                 nll_sum[rows] = token_nll.sum(-1).double().cpu().numpy()

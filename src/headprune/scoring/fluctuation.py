@@ -28,6 +28,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..core.chunked import forward_few_logits
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.inputs import model_inputs, real_rows
@@ -166,7 +167,7 @@ def channel_stats(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]
         for batch in tqdm(batches, desc="fluctuation", unit="batch", disable=not progress):
             batch = to_device(batch, input_device(model))
             collector.batch(batch)
-            model(**model_inputs(model, batch, cache=False))
+            forward_few_logits(model, model_inputs(model, batch, cache=False))  # logits unread
     return collector.finish()
 
 
