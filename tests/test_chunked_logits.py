@@ -18,13 +18,13 @@ import transformers as T
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 import headprune as hp
+import tiny
 from headprune.compression.distill import distill_loss
 from headprune.core import chunked
 from headprune.core.inputs import model_inputs
 from headprune.core.masking import masked, ones_mask
 from headprune.evaluation.lm import LanguageModelling
 from headprune.scoring.gradients import mask_gradients, scoring_mode
-from tiny import word_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("families", ROOT / "benchmarks" / "families.py")
@@ -139,7 +139,7 @@ def test_the_head_never_produces_more_than_a_chunk(family, monkeypatch):
 
 def test_perplexity_is_chunked_and_equals_the_full_logits(monkeypatch):
     texts = ["the cat sat on the mat and the dog sat on the log " * 3, "a bird flew over the house " * 4]
-    tok = word_tokenizer(texts)
+    tok = tiny.word_tokenizer(texts)
     model = _model("gemma3_text")
     _small_chunks(monkeypatch, model)
     task = LanguageModelling(tok, texts, block_size=8, batch_size=4)
@@ -200,3 +200,20 @@ def test_a_forward_that_changes_the_logits_after_the_head_falls_back_to_them(mon
     assert model.__dict__.get(chunked._UNCHUNKED) is True
     for name in want:
         assert _relative(got[name], want[name]) < 1e-5, name
+
+
+def test_an_encoder_decoder_is_chunked_with_the_decoder_inputs_it_builds_from_labels(monkeypatch):
+    model = tiny.marian().eval()
+    _small_chunks(monkeypatch, model)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, model.config.vocab_size, (2, 6), generator=g)
+    labels = torch.randint(3, model.config.vocab_size, (2, 5), generator=g)
+    labels[1, 3:] = -100
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": labels}
+    with torch.no_grad():
+        out = chunked.token_outputs(model, batch)
+        logits = model(**batch).logits  # [B, T, V]: the model builds its decoder inputs from the labels
+    assert out.chunked
+    logp = torch.log_softmax(logits.double(), -1)
+    want = -logp.gather(-1, labels.clamp_min(0).unsqueeze(-1)).squeeze(-1) * (labels != -100)
+    assert _relative(out.token_nll(labels), want) < 1e-5
