@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..core.chunked import forward_few_logits
 from ..core.devices import input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.inputs import model_inputs
@@ -267,7 +268,7 @@ def _execution_order(model: nn.Module, batch: Mapping[str, torch.Tensor], target
     calls: list[str] = []
     handles = [m.register_forward_pre_hook(lambda _m, _a, name=name: calls.append(name)) for name, m in targets.items()]
     try:
-        model(**model_inputs(model, batch, cache=False))
+        forward_few_logits(model, model_inputs(model, batch, cache=False))  # logits unread
     finally:
         for h in handles:
             h.remove()

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..checks import check_int, check_number
+from ..core.chunked import TokenOutputs, chunked_kl, kl_rows, token_outputs
 from ..core.devices import input_device, to_device
 from ..core.inputs import model_inputs
 from ..errors import ConfigError
@@ -98,28 +99,27 @@ def distill_loss(student: nn.Module, teacher: nn.Module, batch: Mapping[str, tor
     with torch.no_grad():
         t_out = _outputs(teacher, to_device(batch, input_device(teacher)), hidden)
     s_out = _outputs(student, s_batch, hidden)
-    t_logits, s_logits = t_out.logits.to(s_out.logits.device), s_out.logits
-    if t_logits.shape != s_logits.shape:
-        raise ConfigError(f"the pruned model's logits {tuple(s_logits.shape)} do not match the unpruned model's "
-                          f"{tuple(t_logits.shape)}")
-    t = torch.log_softmax(t_logits.float(), -1)
-    s = torch.log_softmax(s_logits.float(), -1)
-    per = (t.exp() * (t - s)).sum(-1)  # [B] or [B, T]
-    keep = positions(student, s_batch, per.shape)
-    if keep is not None:
-        keep = keep.to(per.device)
-        if not bool(keep.any()):
-            raise ConfigError("a distillation batch has no real positions (all padding)")
-    loss = per.mean() if keep is None else per[keep].mean()
+    t_shape, s_shape = _logits_shape(t_out), _logits_shape(s_out)
+    if t_shape != s_shape:
+        raise ConfigError(f"the pruned model's logits {s_shape} do not match the unpruned model's {t_shape}")
+    keep = positions(student, s_batch, s_shape[:-1])
+    if keep is not None and not bool(keep.any()):
+        raise ConfigError("a distillation batch has no real positions (all padding)")
+    if len(s_shape) == 2:  # a classifier's [B, C]
+        per = kl_rows(t_out.features.to(s_out.features.device), s_out.features)  # [B]
+        loss = per.mean()
+    else:  # [B, T, V]: chunk by chunk, never all the logits at once
+        per = chunked_kl(t_out, s_out, keep)  # [B, T], 0 outside keep
+        loss = per.mean() if keep is None else per.sum() / keep.sum().to(per.device)
     if hidden:
         loss = loss + hidden_weight * _hidden_mismatch(s_out, t_out, keep)
     return loss
 
 
-def _hidden_mismatch(s_out, t_out, keep: torch.Tensor | None) -> torch.Tensor:
+def _hidden_mismatch(s_out: TokenOutputs, t_out: TokenOutputs, keep: torch.Tensor | None) -> torch.Tensor:
     """Mean over the layers of matching shape of ``||h_s - h_t||^2 / ||h_t||^2`` at real positions."""
-    s_states = getattr(s_out, "hidden_states", None) or ()
-    t_states = getattr(t_out, "hidden_states", None) or ()
+    s_states = getattr(s_out.outputs, "hidden_states", None) or ()
+    t_states = getattr(t_out.outputs, "hidden_states", None) or ()
     pairs = [(hs, ht.to(hs.device)) for hs, ht in zip(s_states, t_states, strict=False) if hs.shape == ht.shape]
     if len(s_states) != len(t_states) or not pairs:
         raise ConfigError(f"hidden_weight > 0, but the pruned model's {len(s_states)} hidden states and the unpruned "
@@ -179,10 +179,19 @@ def positions(model: nn.Module, batch: Mapping[str, torch.Tensor], shape: torch.
     return amask.bool() if amask is not None and tuple(amask.shape) == tuple(shape) else None
 
 
-def _outputs(model: nn.Module, batch: Mapping[str, torch.Tensor], hidden: bool = False):
+def _outputs(model: nn.Module, batch: Mapping[str, torch.Tensor], hidden: bool = False) -> TokenOutputs:
+    """The model's forward on ``batch`` as :func:`headprune.core.chunked.token_outputs` gives it (hidden states
+    and the checked head, or the full logits), with all hidden states in ``outputs`` when ``hidden``."""
     inputs = model_inputs(model, batch, labels=False, cache=False)
-    out = model(**inputs, output_hidden_states=True) if hidden else model(**inputs)
-    if getattr(out, "logits", None) is None:
+    if hidden:
+        inputs["output_hidden_states"] = True
+    out = token_outputs(model, inputs)
+    if getattr(out.outputs, "logits", None) is None:
         raise ConfigError(f"{type(model).__name__} returns no logits; distillation needs a model with an output "
                           "head (a classifier, a language model or a seq2seq model)")
     return out
+
+
+def _logits_shape(out: TokenOutputs) -> tuple[int, ...]:
+    """The shape of the model's logits: ``[B, C]`` or ``[B, T, V]`` (whether or not they were all computed)."""
+    return (*out.features.shape[:-1], out.vocab)

@@ -38,8 +38,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..checks import check_int, check_number, is_number
+from ..core.chunked import token_outputs
 from ..core.devices import input_device
-from ..core.inputs import token_cross_entropy
 from ..errors import ConfigError, DataError
 from ..safefiles import read_text, write_atomic
 from ..train.checkpoint import load_optimizer, save_optimizer
@@ -211,8 +211,8 @@ class _Run:
         for i in range(0, self.held_blocks.shape[0], self.s.batch_size):
             x = self.held_blocks[i: i + self.s.batch_size].to(input_device(model))
             with self.autocast():
-                logits = model(input_ids=x, attention_mask=torch.ones_like(x)).logits
-            nll = token_cross_entropy(logits[:, :-1], x[:, 1:])  # [B, T-1]
+                out = token_outputs(model, {"input_ids": x, "attention_mask": torch.ones_like(x)})
+                nll = out.shifted().token_nll(x[:, 1:])  # [B, T-1], chunk by chunk
             total, count = total + float(nll.double().sum()), count + nll.numel()
         return total / count
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..core.chunked import forward_few_logits
 from ..core.devices import accumulator_device, input_device, module_device, to_device
 from ..core.inputs import model_inputs, real_rows
 from ..core.masking import HeadMask, masked, validate_mask
@@ -297,7 +298,7 @@ def _run_hooked(model: nn.Module, batch: Mapping[str, torch.Tensor], handles: li
     a hook may end it early by raising :class:`_Stop`."""
     try:
         with torch.no_grad(), (masked(model, mask) if mask else nullcontext()):
-            model(**model_inputs(model, batch, cache=False))
+            forward_few_logits(model, model_inputs(model, batch, cache=False))  # logits unread
     except _Stop:
         pass
     finally:

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from ..core.chunked import token_outputs
 from ..core.devices import input_device, to_device
 from ..core.finite import check_finite, check_finite_weights
-from ..core.inputs import token_cross_entropy
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
 from ..progress import progress_bar
@@ -122,8 +122,8 @@ class LanguageModelling:
         with mask_context(model, mask):
             for i, batch in progress_bar(list(shard(enumerate(batches))), desc="perplexity", unit="batch", show=progress):
                 batch = to_device(batch, input_device(model))
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-                token_nll = token_cross_entropy(logits[:, :-1], batch["input_ids"][:, 1:])  # [B, T-1]
+                out = token_outputs(model, {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]})
+                token_nll = out.shifted().token_nll(batch["input_ids"][:, 1:])  # [B, T-1], chunk by chunk
                 check_finite(token_nll, f"the token losses of batch {i}")
                 rows = slice(first[i], first[i] + token_nll.shape[0])
                 nll_sum[rows] = token_nll.sum(-1).double().cpu().numpy()

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from ..checks import check_int
+from ..core.chunked import token_outputs
 from ..core.devices import input_device, to_device
 from ..core.finite import check_finite_weights
-from ..core.inputs import token_cross_entropy
 from ..distributed import gather, reduce_arrays, shard, spread
 from ..errors import ConfigError, DataError
 from ..extras import require
@@ -157,9 +157,9 @@ class Translation:
             for idx, batch in progress_bar(list(shard(zip(buckets, self.batches(limit=limit), strict=True))),
                                           desc="nll", unit="batch", show=progress):
                 batch = to_device(batch, input_device(model))
-                logits = model(**batch).logits  # [B, T, V]
-                labels = batch["labels"].to(logits.device)
-                token = token_cross_entropy(logits, labels)  # [B, T], 0 where not scored
+                labels = batch["labels"]
+                token = token_outputs(model, batch).token_nll(labels)  # [B, T], 0 where not scored; chunk by chunk
+                labels = labels.to(token.device)
                 nll[idx] = token.sum(-1).double().cpu().numpy()
                 count[idx] = (labels != -100).sum(-1).cpu().numpy()
         nll, count = reduce_arrays(nll, count)  # under torchrun: each rank's examples

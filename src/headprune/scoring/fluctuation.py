@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..core.chunked import forward_few_logits
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.finite import check_finite, check_finite_weights
@@ -168,7 +169,7 @@ def channel_stats(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]
         for batch in progress_bar(batches, desc="fluctuation", unit="batch", show=progress):
             batch = to_device(batch, input_device(model))
             collector.batch(batch)
-            model(**model_inputs(model, batch, cache=False))
+            forward_few_logits(model, model_inputs(model, batch, cache=False))  # logits unread
     return collector.finish()
 
 

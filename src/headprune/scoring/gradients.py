@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..core.chunked import token_outputs
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.finite import check_finite, check_finite_scores, check_finite_weights, nonfinite_losses
 from ..core.inputs import batch_size, model_inputs, rows_with_tokens, token_cross_entropy, unwrap
@@ -99,8 +100,7 @@ def _batch_gradients(model: nn.Module, batch: Mapping[str, torch.Tensor], loss_f
     for t in xi.values():
         t.requires_grad_(True)
     with scoring_mode(model), masked(model, xi), torch.enable_grad():
-        outputs = model(**model_inputs(model, batch, labels=loss_fn is not None, cache=False))
-        losses, valid = example_losses(model, batch, outputs, loss_fn)
+        losses, valid = batch_losses(model, batch, loss_fn)
         names = list(xi)
         grads = torch.autograd.grad((losses * valid).sum(), [xi[n] for n in names], allow_unused=True)
     out = {n: (g if g is not None else torch.zeros_like(xi[n])).detach() for n, g in zip(names, grads, strict=True)}
@@ -115,14 +115,58 @@ def mean_loss(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], *
     total, n = 0.0, 0
     with scoring_mode(model), torch.no_grad(), (masked(model, mask) if mask else nullcontext()):
         for i, batch in enumerate(batches):
-            batch = to_device(batch, input_device(model))
-            losses, valid = example_losses(model, batch, model(**model_inputs(model, batch, labels=loss_fn is not None, cache=False)), loss_fn)
+            losses, valid = batch_losses(model, to_device(batch, input_device(model)), loss_fn)
             check_finite(losses[valid], f"the losses of batch {i} (one per example)")
             total += float(losses[valid].sum())
             n += int(valid.sum())
     if n == 0:
         raise ConfigError("batches: no example had a loss (empty input or all padding)")
     return total / n
+
+
+def batch_losses(model: nn.Module, batch: Mapping[str, torch.Tensor],
+                 loss_fn: LossFn | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B] losses, [B] valid) of one forward of ``model`` on ``batch`` (on the model's input device), as
+    :func:`example_losses` gives them. The model's own loss of a model with outputs per token (not an
+    encoder-decoder) is computed from its hidden states chunk by chunk (:mod:`headprune.core.chunked`), never
+    from all its ``[B, T, V]`` logits at once; only the first batch's check of the shift
+    (:func:`own_loss_check`) runs the batch's row with the most targets with its full logits, ``[1, T, V]``."""
+    if loss_fn is None and _token_model(model, batch):
+        shift = _checked_shift(model, batch)
+        out = token_outputs(model, model_inputs(model, batch, cache=False))
+        if out.chunked:
+            labels = _shifted_labels(_labels(batch, shift), shift, batch.get("attention_mask"))
+            token = (out.shifted() if shift else out).token_nll(labels)  # [B, T'] 0 where not scored
+            n_tokens = (labels != -100).sum(-1).to(token.device)
+            return token.sum(-1) / n_tokens.clamp_min(1), (n_tokens > 0) & rows_with_tokens(batch).to(token.device)
+        return example_losses(model, batch, out.outputs, None)
+    outputs = model(**model_inputs(model, batch, labels=loss_fn is not None, cache=False))
+    return example_losses(model, batch, outputs, loss_fn)
+
+
+def _token_model(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``model`` may have outputs per token that the chunked loss covers: an output head
+    (``get_output_embeddings()``), not an encoder-decoder, ``input_ids [B, T]`` and labels absent or ``[B, T]``."""
+    base = unwrap(model)
+    get = getattr(base, "get_output_embeddings", None)
+    ids, labels = batch.get("input_ids"), batch.get("labels")
+    return (callable(get) and isinstance(get(), nn.Module) and not getattr(base.config, "is_encoder_decoder", False)
+            and isinstance(ids, torch.Tensor) and ids.dim() == 2 and (labels is None or labels.dim() == 2))
+
+
+def _checked_shift(model: nn.Module, batch: Mapping[str, torch.Tensor]) -> bool:
+    """:func:`own_loss_check` for the chunked loss, on the batch's row with the most targets alone (with any
+    batched mask cut to that row), so that the check's full logits are one row's; the whole batch where an
+    input is not one row per example."""
+    known = unwrap(model).__dict__.get(_CHECKED)
+    if known is not None:
+        return known
+    n = batch_size(batch)
+    if any(not isinstance(v, torch.Tensor) or not v.dim() or v.shape[0] != n for v in batch.values()):
+        return own_loss_check(model, batch, None)
+    r = int((_labels(batch, True) != -100).sum(-1).argmax())
+    with row_of_masks(model, r):
+        return own_loss_check(model, {k: v[r:r + 1] for k, v in batch.items()}, None)
 
 
 def example_losses(model: nn.Module, batch: Mapping[str, torch.Tensor], outputs,
@@ -302,13 +346,21 @@ def _example_losses(logits: torch.Tensor, labels: torch.Tensor, shift: bool,
             return losses, torch.ones_like(losses, dtype=torch.long)
         valid = labels != -100
         return F.cross_entropy(logits, labels.clamp_min(0), reduction="none") * valid, valid.long()
-    if shift:
-        logits, labels = logits[:, :-1], labels[:, 1:]
-        if attention_mask is not None:  # a target predicted from a padding position (left padding) means nothing
-            labels = labels.masked_fill(attention_mask[:, :-1].to(labels.device) == 0, -100)
+    logits, labels = (logits[:, :-1] if shift else logits), _shifted_labels(labels, shift, attention_mask)
     token = token_cross_entropy(logits, labels)  # [B, T], 0 where not scored
     n_tokens = (labels != -100).sum(-1)
     return token.sum(-1) / n_tokens.clamp_min(1), n_tokens
+
+
+def _shifted_labels(labels: torch.Tensor, shift: bool, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """The targets of positions ``0 .. T-2`` (``labels[:, 1:]``) where ``shift``, else ``labels``; a target
+    predicted from a padding position (left padding) means nothing and is not scored (-100)."""
+    if not shift:
+        return labels
+    labels = labels[:, 1:]
+    if attention_mask is not None:
+        labels = labels.masked_fill(attention_mask[:, :-1].to(labels.device) == 0, -100)
+    return labels
 
 
 def _mean_loss(logits: torch.Tensor, labels: torch.Tensor, shift: bool,
@@ -320,10 +372,7 @@ def _mean_loss(logits: torch.Tensor, labels: torch.Tensor, shift: bool,
     if logits.dim() == 2:
         losses, n = _example_losses(logits, labels, shift, attention_mask)
         return float(losses.sum() / n.sum().clamp_min(1)), int(n.sum())
-    if shift:
-        logits, labels = logits[:, :-1], labels[:, 1:]
-        if attention_mask is not None:
-            labels = labels.masked_fill(attention_mask[:, :-1].to(labels.device) == 0, -100)
+    logits, labels = (logits[:, :-1] if shift else logits), _shifted_labels(labels, shift, attention_mask)
     n = int((labels != -100).sum())
     return float(token_cross_entropy(logits, labels).sum() / max(n, 1)), n
 

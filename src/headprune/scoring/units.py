@@ -20,12 +20,12 @@ from torch import nn
 from ..core.devices import accumulator_device, input_device, to_device
 from ..core.ffn import find_ffns
 from ..core.finite import check_finite, check_finite_scores, check_finite_weights, nonfinite_losses
-from ..core.inputs import batch_size, model_inputs
+from ..core.inputs import batch_size
 from ..core.masking import masked, masked_neurons, neuron_ones, ones_mask
 from ..errors import ConfigError, NonFiniteError
 from ..progress import progress_bar
 from .fluctuation import StatsCollector
-from .gradients import LossFn, example_losses, scoring_mode
+from .gradients import LossFn, batch_losses, scoring_mode
 
 
 def unit_gradients(
@@ -49,8 +49,7 @@ def _batch_gradients(model: nn.Module, batch: Mapping[str, torch.Tensor], loss_f
     m = neuron_ones(model, n, requires_grad=True) if neurons else {}
     with scoring_mode(model), masked(model, xi), (masked_neurons(model, m) if neurons else nullcontext()), \
             torch.enable_grad():
-        outputs = model(**model_inputs(model, batch, labels=loss_fn is not None, cache=False))
-        losses, valid = example_losses(model, batch, outputs, loss_fn)
+        losses, valid = batch_losses(model, batch, loss_fn)
         leaves = [*xi.values(), *m.values()]
         grads = torch.autograd.grad((losses * valid).sum(), leaves, allow_unused=True)
     grads = [(g if g is not None else torch.zeros_like(t)).detach() for g, t in zip(grads, leaves, strict=True)]
