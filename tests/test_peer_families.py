@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from scripts import benchmark_script
 
 peer_families = benchmark_script("peer_families")
