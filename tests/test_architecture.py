@@ -333,7 +333,7 @@ def test_no_private_names_imported_across_modules():
 # function-level imports alike). Every module of headprune.core must be in exactly one layer.
 CORE_LAYERS = (
     ("records", {"records", "devices", "calls", "inputs", "gguf", "quiet", "finite"}),
-    ("model", {"runtime", "layouts", "sites", "ffn", "kept", "cost", "unit_cost", "kvcache"}),
+    ("model", {"families", "runtime", "layouts", "sites", "ffn", "kept", "cost", "unit_cost", "kvcache"}),
     ("masks", {"masking", "folding"}),
     ("surgery", {"snapshot", "surgery", "neurons", "biases", "standins", "obs"}),
     ("io", {"loading", "checkpoint", "stock", "saving"}),
@@ -383,6 +383,7 @@ MUTABLE_STATE = {
     "core.verify._VERDICTS": "verdicts per class and shrunk config, cached for the process",
     "core.runtime.SWAPPED_CLASSES": "one swapped class per (mixin, base), written once per key",
     "core.sites._FIXED": "sites and FFNs found once per model inside structure_fixed(), forgotten when it ends",
+    "core.families._TABLE": "the family table: register_family adds an entry",
 }
 _MUTATORS = {"append", "extend", "update", "add", "pop", "clear", "setdefault", "remove", "insert", "popitem",
              "discard"}

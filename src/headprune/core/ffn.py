@@ -6,7 +6,8 @@ of the down projection, and neurons never mix before the down projection (the ac
 elementwise). Masking a neuron scales the down projection's input feature; removing it drops those
 rows and that column (:mod:`.neurons`).
 
-FFNs are found by child names under one module, as sites are (:mod:`.sites`)::
+FFNs are found by child names under one module, as sites are (:mod:`.sites`), the names of the family
+table (:mod:`.families`)::
 
     BERT, RoBERTa, ELECTRA        intermediate.dense -> output.dense
     DistilBERT                    lin1 -> lin2
@@ -28,25 +29,12 @@ from dataclasses import dataclass
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from .families import known_names
 from .records import ORIGINAL_KEY, config_record
 from .sites import find_sites, found_once, is_conv1d
 
-# (up/gate child names, down child name) under one container module, most specific first.
-_PATTERNS = (
-    (("gate_proj", "up_proj"), "down_proj"),
-    (("wi_0", "wi_1"), "wo"),
-    (("wi",), "wo"),
-    (("c_fc",), "c_proj"),
-    (("lin1",), "lin2"),
-    (("fc1",), "fc2"),
-    (("intermediate.dense",), "output.dense"),
-)
 _MOE_HINTS = ("experts", "block_sparse_moe", "moe")
 
-
-# config keys that name an FFN width (verify shrinks them for its trial; stock sets them to the kept width)
-FFN_KEYS = ("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
-            "moe_intermediate_size", "shared_expert_intermediate_size")
 
 @dataclass(eq=False)
 class FFN:
@@ -93,8 +81,9 @@ def _find_ffns(model: nn.Module, *, skip_moe: bool) -> list[FFN]:
         raise
     stacks = {_prefix(s.path): s.name.split(".")[0] for s in find_sites(model) if s.kind != "cross"}
     found: list[FFN] = []
+    names = known_names()  # (up/gate child names, down child name) in table order: names.ffns
     for path, module in model.named_modules():
-        for ups, down in _PATTERNS:
+        for ups, down in names.ffns:
             parts = [_child(module, n) for n in (*ups, down)]
             if any(p is None for p in parts):
                 continue
@@ -102,7 +91,7 @@ def _find_ffns(model: nn.Module, *, skip_moe: bool) -> list[FFN]:
                 continue
             if any(out_features(u) != in_features(parts[-1]) for u in parts[:-1]):
                 continue
-            if down == "c_proj" and _child(module, "c_attn") is not None:  # GPT-2's attention, not its MLP
+            if any(o == down and _child(module, f) is not None for f, o in names.fused):  # GPT-2's attention
                 continue
             layer = _layer(path)
             if layer is None:

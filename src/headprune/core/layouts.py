@@ -1,8 +1,10 @@
 """How a fused q/k/v projection orders its rows by head: one description (:class:`FusedLayout`) for the
-layouts transformers' families use, read by site finding (:mod:`.sites`) and by surgery (:mod:`.surgery`)."""
+layouts transformers' families use, read by site finding (:mod:`.sites`) and by surgery (:mod:`.surgery`);
+which family uses which is in the family table (:mod:`.families`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from torch import nn
@@ -38,12 +40,13 @@ class FusedLayout:
                 [*parts["q"][j * size:(j + 1) * size], parts["k"][j], parts["v"][j]]]
 
 
-def fused_order(module: nn.Module, name: str) -> str:
+def fused_order(module: nn.Module, name: str, orders: Mapping[str, str]) -> str:
     """The row order of a fused projection: the module's own flags first (Falcon's new decoder
     architecture groups per key/value head; ``multi_query`` packs [q | k | v] with one k and v head,
-    otherwise per head), then the projection's name."""
+    otherwise per head), then its family's order for the projection's name (``orders``: fused name ->
+    order, :attr:`.families.KnownNames.fused_order`), else ``"blocks"``."""
     if getattr(module, "new_decoder_architecture", False) is True:
         return "groups"
     if isinstance(getattr(module, "multi_query", None), bool):
         return "blocks" if module.multi_query else "heads"
-    return "heads" if name == "query_key_value" else "blocks"
+    return orders.get(name, "blocks")

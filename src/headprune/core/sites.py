@@ -5,12 +5,12 @@ A *site* is one multi-head attention block: its query/key/value projections writ
 output projection reads the concatenation of the heads' outputs, ``[..., num_heads * head_dim]``.
 
 Sites are found by shape, not by a list of classes: any module that owns query/key/value/output
-projections under one of the known name sets below, plus a head size, is a site. The families
-transformers 5 ships that follow these names (BERT, RoBERTa, ELECTRA, DistilBERT, GPT-2, Llama,
-Qwen2, Mistral, BART, Marian, T5, and many more) need no entry of their own. A fused q/k/v projection
-(GPT-2's ``c_attn``, Phi-3's ``qkv_proj``, Falcon's ``query_key_value``, ModernBERT's ``Wqkv``) is described
-by its row layout (:class:`~.layouts.FusedLayout`), not by family. A module that holds q/k/v-like
-projections no site holds is refused by its path (:func:`unfound_attention`), never silently skipped.
+projections under the names of an entry of the family table (:mod:`.families`), plus a head size, is a
+site. Families that name theirs alike (Llama, Qwen2, Mistral, Gemma ...; BART, Marian, mBART, Whisper ...)
+are found through any one entry. A fused q/k/v projection (GPT-2's ``c_attn``, Phi-3's ``qkv_proj``,
+Falcon's ``query_key_value``, ModernBERT's ``Wqkv``) is described by its row layout
+(:class:`~.layouts.FusedLayout`). A module that holds q/k/v-like projections no site holds is refused by
+its path (:func:`unfound_attention`), never silently skipped.
 
 Names are stable and used everywhere (files, plots, CLI): ``{stack}.{layer}.{self|cross}`` where
 ``stack`` is ``encoder`` for bidirectional self-attention and ``decoder`` for causal self-attention
@@ -28,41 +28,13 @@ from dataclasses import dataclass, field
 from torch import nn
 
 from ..errors import UnsupportedModelError
+from .families import ALIBI, HEAD_DIM_ATTRS, KV_HEAD_ATTRS, KnownNames, known_names, listed_names, refusal
 from .layouts import FusedLayout, fused_order
 from .runtime import RepeatHeads, shares_t5_bias
 
 KINDS = ("encoder", "decoder", "cross")
-SUPPORTED_FAMILIES = (
-    "BERT", "RoBERTa", "ELECTRA", "DistilBERT", "GPT-2", "Llama", "Qwen2", "Mistral", "BART", "Marian", "T5",
-    "Phi-3", "Falcon", "ModernBERT", "GPT-BigCode", "GPT-NeoX", "Persimmon",
-    "and other models whose attention modules expose q/k/v/o projections and a head size (surgery is verified "
-    "on a shrunk copy first; README: Families)",
-)
-
-# (query, key, value, output) child names of an attention module that holds all four projections.
-_QKVO_NAMES = (
-    ("q_proj", "k_proj", "v_proj", "o_proj"),  # Llama, Qwen2, Mistral, Gemma, Phi-3 ...
-    ("q_proj", "k_proj", "v_proj", "dense"),  # Phi-1 / Phi-2
-    ("q_proj", "k_proj", "v_proj", "Wo"),  # ModernBERT decoder
-    ("q_proj", "k_proj", "v_proj", "out_proj"),  # BART, Marian, mBART, Pegasus, Whisper, OPT ...
-    ("q_lin", "k_lin", "v_lin", "out_lin"),  # DistilBERT
-    ("q", "k", "v", "o"),  # T5, mT5, LongT5
-)
-_HEAD_DIM_ATTRS = ("head_dim", "attention_head_size", "key_value_proj_dim", "head_size")
-_BERT_QKV = (("query", "key", "value"), ("query_proj", "key_proj", "value_proj"))  # BERT, ViT / DeBERTa
-_PER_HEAD_EXTRAS = ("pos_key_proj", "pos_query_proj",  # DeBERTa's relative-position projections
-                    "query_global", "key_global", "value_global")  # Longformer's projections for global tokens
-# Families whose heads meet biases built outside the attention module (ALiBi) or whose fused layout
-# differs from the names: refused rather than silently pruned wrong.
-_REFUSED = {"bloom": "ALiBi biases are built for all heads outside the attention modules",
-            "mpt": "ALiBi biases are built for all heads outside the attention modules",
-            "albert": "one attention module is shared by every layer"}
-# (fused q/k/v, output) child names: GPT-2 / GPT-BigCode, Phi-3 / Phi-4, ModernBERT, GPT-NeoX / Falcon / Persimmon.
-_FUSED_NAMES = (("c_attn", "c_proj"), ("qkv_proj", "o_proj"), ("Wqkv", "Wo"), ("query_key_value", "dense"))
-_KV_HEAD_ATTRS = ("num_key_value_heads", "num_kv_heads", "kv_heads")  # key/value heads an attention module reads
-_Q_NAMES = {"q_proj", "query", "q", "q_lin", "query_proj", "wq", "Wq"}  # query projections, to find attention
-_K_NAMES = {"k_proj", "key", "k", "k_lin", "key_proj", "wk", "Wk"}  # no site holds (:func:`unfound_attention`)
-_FUSED_QKV = {"qkv_proj", "query_key_value", "Wqkv", "c_attn", "qkv", "wqkv"}  # not in_proj: Mamba's mixer
+SUPPORTED_TAIL = ("and other models whose attention modules expose q/k/v/o projections and a head size (surgery is "
+                  "verified on a shrunk copy first; README: Families)")
 _CROSS_NAMES = ("encoder_attn", "EncDecAttention", "crossattention", "cross_attn", "crossattn")
 
 
@@ -247,12 +219,12 @@ def find_sites(model: nn.Module) -> list[Site]:
 
 def _find_sites(model: nn.Module) -> list[Site]:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type in _REFUSED:
+    if refused := refusal(model_type):
         raise UnsupportedModelError(f"model of class {type(model).__name__} ({model_type}) is not supported: "
-                                    f"{_REFUSED[model_type]}; supported families: {', '.join(SUPPORTED_FAMILIES)}")
+                                    f"{refused}; supported families: {supported_families()}")
     if getattr(getattr(model, "config", None), "alibi", None) is True:  # Falcon built with ALiBi
         raise UnsupportedModelError(f"model of class {type(model).__name__} ({model_type}) with alibi=True is not "
-                                    f"supported: {_REFUSED['bloom']}")
+                                    f"supported: {ALIBI}")
     quantized = sorted({type(m).__name__ for m in model.modules() if "quantiz" in type(m).__module__})
     if quantized or getattr(getattr(model, "config", None), "quantization_config", None):
         what = ", ".join(quantized) or "quantization_config"
@@ -260,17 +232,18 @@ def _find_sites(model: nn.Module) -> list[Site]:
                                     "float models: prune first, then quantize")
     sites: list[Site] = []
     seen: set[int] = set()
+    names = known_names()  # the family table (:mod:`.families`), read once per search
     for path, module in model.named_modules():
         if id(module) in seen:
             continue
-        site = _match(model, path, module)
+        site = _match(model, path, module, names)
         if site is not None:
             seen.add(id(module))
             sites.append(site)
     if not sites and not _has_removed_sites(model):
         raise UnsupportedModelError(
             f"model of class {type(model).__name__} has no attention sites headprune can find; "
-            f"supported families: {', '.join(SUPPORTED_FAMILIES)}"
+            f"supported families: {supported_families()}"
         )
     if unfound := unfound_attention(model, sites):
         raise UnsupportedModelError(
@@ -283,18 +256,24 @@ def _find_sites(model: nn.Module) -> list[Site]:
     return sites
 
 
+def supported_families() -> str:
+    """The families error messages name (:func:`.families.listed_names`), and what else is found."""
+    return ", ".join((*listed_names(), SUPPORTED_TAIL))
+
+
 def unfound_attention(model: nn.Module, sites: list[Site]) -> list[str]:
     """Paths of modules that look like attention (a query projection beside a key projection, or a fused
-    q/k/v projection: :data:`_Q_NAMES`, :data:`_K_NAMES`, :data:`_FUSED_QKV`) whose projections belong to no
-    site in ``sites``: attention that would run unpruned, unscored and unnamed."""
+    q/k/v projection: the names of :class:`.families.KnownNames`) whose projections belong to no site in
+    ``sites``: attention that would run unpruned, unscored and unnamed."""
+    names = known_names()
     covered = {id(m) for s in sites for m in (s.q.module, s.k.module, s.v.module, s.o, *s.meta.get("extras", []))}
     covered |= {id(getattr(s.k.module, "base", None)) for s in sites}
     found = []
     for path, module in model.named_modules():
         linear = {n: c for n, c in module.named_children() if isinstance(c, nn.Linear) or is_conv1d(c)}
-        fused = [c for n, c in linear.items() if n in _FUSED_QKV]
-        q = [c for n, c in linear.items() if n in _Q_NAMES]
-        k = [c for n, c in linear.items() if n in _K_NAMES]
+        fused = [c for n, c in linear.items() if n in names.fused_qkv]
+        q = [c for n, c in linear.items() if n in names.queries]
+        k = [c for n, c in linear.items() if n in names.keys]
         if any(id(c) not in covered for c in fused) or (q and k and any(id(c) not in covered for c in q + k)):
             found.append(path)
     return found
@@ -306,14 +285,14 @@ def _has_removed_sites(model: nn.Module) -> bool:
 
 
 def _head_dim(module: nn.Module, model: nn.Module) -> int | None:
-    for attr in _HEAD_DIM_ATTRS:
+    for attr in HEAD_DIM_ATTRS:
         value = getattr(module, attr, None)
         if isinstance(value, int) and value > 0:
             return value
     return None
 
 
-def _match(model: nn.Module, path: str, module: nn.Module) -> Site | None:
+def _match(model: nn.Module, path: str, module: nn.Module, names: KnownNames) -> Site | None:
     children = dict(module.named_children())
     # BERT family: attention.self holds q/k/v, attention.output.dense is the output projection; LED and
     # BigBird-Pegasus: the core is another child (longformer_self_attn, self) and ``output`` is the Linear.
@@ -322,28 +301,28 @@ def _match(model: nn.Module, path: str, module: nn.Module) -> Site | None:
                 else "output" if isinstance(output, nn.Linear) else None)
     for core_name, core in children.items() if out_name else ():
         hd = _head_dim(core, model)
-        for names in _BERT_QKV:
-            qkv = [getattr(core, n, None) for n in names]
+        for qkv_names in names.bert_qkv:
+            qkv = [getattr(core, n, None) for n in qkv_names]
             if core_name != "output" and all(isinstance(m, nn.Linear) for m in qkv) and hd:
-                extras = [getattr(core, n) for n in _PER_HEAD_EXTRAS if isinstance(getattr(core, n, None), nn.Linear)]
+                extras = [getattr(core, n) for n in names.extras if isinstance(getattr(core, n, None), nn.Linear)]
                 return _make_site(model, path, core, f"{path}.{core_name}", hd, *[_proj(m) for m in qkv],
                                   module.get_submodule(out_name), meta={"bert_style": out_name, "extras": extras})
-    for names in _QKVO_NAMES:
-        mods = [children.get(n) for n in names]
+    for qkvo in names.qkvo:
+        mods = [children.get(n) for n in qkvo]
         if all(isinstance(m, (nn.Linear, RepeatHeads)) for m in mods):
             hd = _head_dim(module, model)
             if hd:
                 return _make_site(model, path, module, path, hd, *[_proj(m) for m in mods[:3]], mods[3])
-    fused = _fused_site(model, path, module, children)
+    fused = _fused_site(model, path, module, children, names)
     if fused is not None:
         return fused
     return None
 
 
-def _fused_site(model: nn.Module, path: str, module: nn.Module, children: dict) -> Site | None:
+def _fused_site(model: nn.Module, path: str, module: nn.Module, children: dict, known: KnownNames) -> Site | None:
     """A site whose q/k/v are head slices of one fused projection (:class:`FusedLayout`), e.g. GPT-2's
     ``c_attn`` or Phi-3's ``qkv_proj``; ``None`` when the widths do not fit one layout."""
-    names = next(((f, o) for f, o in _FUSED_NAMES if f in children and o in children), None)
+    names = next(((f, o) for f, o in known.fused if f in children and o in children), None)
     hd = _head_dim(module, model)
     if names is None or not hd:
         return None
@@ -351,13 +330,14 @@ def _fused_site(model: nn.Module, path: str, module: nn.Module, children: dict) 
     if not all(isinstance(m, nn.Linear) or is_conv1d(m) for m in (fused, o)) or out_features(fused) % hd:
         return None
     blocks = out_features(fused) // hd
-    separate_q = children.get("q_attn")  # GPT-2 / GPT-BigCode cross-attention: q apart, fused [k | v]
+    # GPT-2 / GPT-BigCode cross-attention: q apart (q_attn), fused [k | v]
+    separate_q = next((children[n] for n in known.cross_query if n in children), None)
     if separate_q is not None:
         layout, kv = FusedLayout("blocks", ("k", "v")), blocks // 2
         heads = out_features(separate_q) // hd
     else:
-        layout = FusedLayout(fused_order(module, names[0]))
-        kv = next((v for a in _KV_HEAD_ATTRS if isinstance(v := getattr(module, a, None), int) and v > 0), None)
+        layout = FusedLayout(fused_order(module, names[0], known.fused_order))
+        kv = next((v for a in KV_HEAD_ATTRS if isinstance(v := getattr(module, a, None), int) and v > 0), None)
         if getattr(module, "multi_query", False) is True and not layout.order == "groups":
             kv = 1
         if layout.order == "heads" or kv is None:

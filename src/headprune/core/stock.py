@@ -2,7 +2,7 @@
 
 transformers has no per-layer head counts, but a model pruned to the same heads in every layer (and, where
 FFN neurons went, the same FFN width in every layer: the config's ``intermediate_size`` or its family's name for
-it) is an ordinary model of its family with fewer heads: ``num_attention_heads``, ``num_key_value_heads``
+it, :attr:`.families.Family.ffn_keys`) is an ordinary model of its family with fewer heads: ``num_attention_heads``, ``num_key_value_heads``
 and ``head_dim`` (GQA families such as Llama, Qwen2 and Mistral read ``head_dim`` from the config, so
 fewer heads do not change the head size; Qwen2 reads it when present). :func:`stock_config` builds that config and accepts it
 only if a model built from it (on the meta device, no memory) has exactly the pruned model's
@@ -32,7 +32,8 @@ import torch
 import transformers
 from torch import nn
 
-from .ffn import FFN_KEYS, find_ffns
+from .families import ffn_keys, stock_targets
+from .ffn import find_ffns
 from .inputs import example_inputs
 from .kept import original_heads, original_neurons
 from .records import (
@@ -155,7 +156,7 @@ def _stock_source(model: nn.Module):
     ffns = find_ffns(model, skip_moe=True)
     if kept_n and ffns:  # FFN neurons pruned to one width everywhere: the config's FFN size(s) that were the original
         original = set(original_neurons(model).values())
-        for key in FFN_KEYS:
+        for key in ffn_keys():
             if getattr(config, key, None) in original:
                 setattr(config, key, ffns[0].width)
         record |= {"kept_neurons": kept_n, "original_neurons": original_neurons(model)}
@@ -230,9 +231,9 @@ def _base_class(model: nn.Module) -> type:
     return getattr(type(model), "_hp_base", type(model))
 
 
-# Decoder families whose configs read head_dim, tried in this order when a family's own config refuses a pruned
-# shape; a candidate is kept only by behaviour: the same parameter names and shapes, then equal logits on reload.
-EQUIVALENT_TYPES = ("mistral", "qwen2", "qwen3", "llama")
+# Decoder families whose configs read head_dim (Family.stock_target in the family table, :mod:`.families`) are
+# tried in table order when a family's own config refuses a pruned shape; a candidate is kept only by behaviour:
+# the same parameter names and shapes, then equal logits on reload.
 NOT_COPIED = ("model_type", "architectures", "transformers_version", "_name_or_path", "auto_map")
 
 
@@ -247,7 +248,7 @@ def equivalent_configs(model: nn.Module) -> list[tuple[object, type]]:
         return []
     raw = {k: v for k, v in source.to_dict().items() if k not in NOT_COPIED}
     out = []
-    for model_type in EQUIVALENT_TYPES:
+    for model_type in stock_targets():
         if model_type == source.model_type:
             continue
         try:

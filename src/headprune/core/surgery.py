@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 from ..errors import PlanError
+from .families import HEAD_COUNT_ATTRS, HEADS_WIDTH_ATTRS, KV_HEAD_ATTRS, SPLIT_WIDTH_ATTRS
 from .kept import kept_heads, original_heads
 from .layouts import FusedLayout
 from .masking import HEADS, masked_kinds, unit_indices
@@ -205,18 +206,18 @@ def _slice_site(model: nn.Module, site: Site, keep: list[int], kept_original: li
     _slice_head_lists(site, keep, seen_kv)
     _slice_head_tensors(site, keep, seen_kv)
     n = len(keep)
-    for attr in ("num_heads", "num_attention_heads", "n_heads"):
+    for attr in HEAD_COUNT_ATTRS:  # the family table's names for sizes (:mod:`.families`)
         if isinstance(getattr(attn, attr, None), int):
             setattr(attn, attr, n)
-    for attr in ("all_head_size", "inner_dim"):
+    for attr in HEADS_WIDTH_ATTRS:
         if isinstance(getattr(attn, attr, None), int):
             setattr(attn, attr, n * hd)
-    for attr in ("embed_dim", "split_size"):  # the heads' width: some families split or reshape by it (XGLM, GPT-2)
+    for attr in SPLIT_WIDTH_ATTRS:  # the heads' width: some families split or reshape by it (XGLM, GPT-2)
         if getattr(attn, attr, None) == site.num_heads * hd:
             setattr(attn, attr, n * hd)
     if isinstance(getattr(attn, "num_key_value_groups", None), int):
         attn.num_key_value_groups = group
-    for attr in ("num_key_value_heads", "num_kv_heads", "kv_heads"):  # key/value heads the attention now sees
+    for attr in KV_HEAD_ATTRS:  # key/value heads the attention now sees
         if isinstance(getattr(attn, attr, None), int):
             setattr(attn, attr, n // group)
     if getattr(attn, "kv_dim", None) == site.num_kv_heads * hd:

@@ -40,7 +40,7 @@ from torch import nn
 
 from ..errors import UnsupportedModelError
 from .calls import TEMPLATES, CallTemplate, template_from_record, template_record
-from .ffn import FFN_KEYS
+from .families import ffn_keys
 from .records import CALLS_KEY, RECORD_KEYS, VERSION_KEY, config_record
 from .runtime import RepeatHeads, give_calls, removed_attention_classes, shares_t5_bias
 from .sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_axes, head_lists, head_tensors
@@ -204,7 +204,7 @@ def shrunk_config(config):
         value = getattr(small, key, None)
         if isinstance(value, list) and len(value) > SMALL_LAYERS:
             setattr(small, key, _keep_kinds(value, SMALL_LAYERS))
-    for key in FFN_KEYS:
+    for key in ffn_keys():
         value = getattr(small, key, None)
         if isinstance(value, int) and not isinstance(value, bool) and value > SMALL_FFN:
             setattr(small, key, SMALL_FFN)

@@ -275,9 +275,7 @@ def _with_weights(model: nn.Module, layout: Layout, arrays: dict[str, np.ndarray
     twin = copy.deepcopy(model)
     params = dict(twin.named_parameters(remove_duplicate=False))
     with torch.no_grad():
-        for tname, pname in _parameter_names(layout).items():
-            if tname in layout.padded:  # zeros standing for an FFN with no neurons: the model has no such weight
-                continue
+        for tname, pname in layout.parameters.items():  # not the zeros standing for an FFN with no neurons
             a = arrays[tname]
             if tname in layout.permuted:
                 a = rope_unpermute(a, layout.permuted[tname])
@@ -285,21 +283,6 @@ def _with_weights(model: nn.Module, layout: Layout, arrays: dict[str, np.ndarray
             p = params[pname]
             p.copy_(torch.from_numpy(np.ascontiguousarray(a)).to(p.dtype))
     return twin.eval()
-
-
-def _parameter_names(layout: Layout) -> dict[str, str]:
-    names = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight"}
-    if not layout.tied:
-        names["output.weight"] = "lm_head.weight"
-    parts = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
-             "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-             "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm", "ffn_gate": "mlp.gate_proj",
-             "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
-    for tname in layout.tensors:
-        if tname.startswith("blk."):
-            _, i, part, kind = tname.split(".")
-            names[tname] = f"model.layers.{i}.{parts[part]}.{kind}"
-    return names
 
 
 def _transformers_check(path: Path, layout: Layout, twin: nn.Module, want: torch.Tensor, ids: torch.Tensor,

@@ -6,7 +6,8 @@ llama.cpp reads and every tensor under llama.cpp's name, in PyTorch's ``[out, in
 writer reverses the axes as llama.cpp expects). Anything llama.cpp cannot run exactly is refused here,
 before a byte is written (:class:`GGUFShapeError`).
 
-Families (``config.model_type`` -> llama.cpp architecture):
+Families (``config.model_type`` -> llama.cpp architecture, and the module behind each tensor name: the
+family table's :class:`~headprune.core.families.GGUFNames`):
 
 - ``llama``, ``mistral`` -> ``llama`` when every layer has the same heads and FFN width, else ``deci``
   (llama.cpp's Llama variant whose loader and graph read ``head_count``, ``head_count_kv`` and
@@ -43,13 +44,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..core.families import GGUFNames, gguf_names, gguf_types
 from ..core.records import ADDED_BIASES_KEY
 from ..errors import ConfigError, UnsupportedModelError
 
-FAMILIES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma"}
-# the FFN activation llama.cpp's architecture applies, by family (gemma: GELU, tanh approximation)
-ACTIVATIONS = {"gemma": ("gelu_pytorch_tanh",)}
-NORM_PLUS_ONE = {"gemma"}  # RMSNorm computes x * (1 + w): llama.cpp multiplies by the stored weight, so w + 1
 PER_LAYER_ARCH = {"llama": "deci"}  # the architecture that reads per-layer shapes, by uniform architecture
 # llama.cpp architectures whose loaders read optional attn_output.bias and ffn_down.bias (bias compensation)
 BIASED_ARCHS = {"llama", "deci"}
@@ -84,7 +82,9 @@ class Layout:
     rope_theta: float
     vocab_size: int
     tied: bool
+    names: GGUFNames  # the family's tensor names and llama.cpp's rules for it (the family table)
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    parameters: dict[str, str] = field(default_factory=dict)  # {gguf name: the model's parameter} (not padded ones)
     permuted: dict[str, int] = field(default_factory=dict)  # {gguf name: heads} of rows permuted for rope
     shifted: dict[str, float] = field(default_factory=dict)  # {gguf name: constant added} (gemma's norms: + 1)
     padded: set[str] = field(default_factory=set)  # gguf names of the zero FFNs written for layers with no neurons
@@ -109,29 +109,32 @@ def gguf_layout(model: nn.Module, *, zero_ffn: int = ZERO_FFN) -> Layout:
 
     config = getattr(model, "config", None)
     family = getattr(config, "model_type", None)
-    if family not in FAMILIES:
-        raise GGUFShapeError(f"model_type {family!r}: GGUF export supports {', '.join(sorted(FAMILIES))} "
+    names = gguf_names(family)
+    if names is None:
+        raise GGUFShapeError(f"model_type {family!r}: GGUF export supports {', '.join(gguf_types())} "
                              "(decoder families llama.cpp runs and headprune prunes exactly)")
     if is_masked(model):
         raise GGUFShapeError("model has masked heads; unmask it or prune them physically before exporting")
-    body = getattr(model, "model", None)
-    layers = list(getattr(body, "layers", None) or [])
-    if not layers or not hasattr(body, "embed_tokens") or not hasattr(model, "lm_head"):
-        raise GGUFShapeError(f"{type(model).__name__} is not a causal LM with model.layers, model.embed_tokens "
-                             "and lm_head")
-    _check_config(config, family)
-    hidden = int(body.embed_tokens.weight.shape[1])
+    top = dict(names.model_tensors)
+    layers = list(_module(model, names.layers) or [])
+    embed, head = _module(model, top["token_embd"]), _module(model, top["output"])
+    if not layers or embed is None or head is None:
+        raise GGUFShapeError(f"{type(model).__name__} is not a causal LM with {names.layers}, {top['token_embd']} "
+                             f"and {top['output']}")
+    _check_config(config, family, names)
+    hidden = int(embed.weight.shape[1])
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     if not isinstance(zero_ffn, int) or zero_ffn < 1:
         raise ConfigError(f"zero_ffn={zero_ffn!r}; allowed: an integer >= 1 (32 for Q8_0/Q4_0, 256 for K-quants)")
-    shapes = [_layer_shape(i, layer, head_dim, family) for i, layer in enumerate(layers)]
+    shapes = [_layer_shape(i, layer, head_dim, family, names) for i, layer in enumerate(layers)]
     for shape in shapes:
         shape.n_ff = shape.n_ff or zero_ffn  # deci would skip a width-0 layer whole (its attention output too)
     uniform = len({(s.n_head, s.n_head_kv, s.n_ff) for s in shapes}) == 1
-    arch = FAMILIES[family]
-    if family == "qwen2" and shapes[0].n_head * head_dim != hidden:  # llama.cpp sizes qwen2's q bias by the hidden size
-        raise GGUFShapeError(f"qwen2 with {shapes[0].n_head} query heads x head_dim {head_dim} != hidden {hidden}: "
-                             "llama.cpp's qwen2 loader sizes the query bias by the hidden size; prune FFN neurons only")
+    arch = names.arch
+    if names.query_is_hidden and shapes[0].n_head * head_dim != hidden:  # llama.cpp sizes qwen2's q bias by it
+        raise GGUFShapeError(f"{arch} with {shapes[0].n_head} query heads x head_dim {head_dim} != hidden {hidden}: "
+                             f"llama.cpp's {arch} loader sizes the query bias by the hidden size; prune FFN neurons "
+                             "only")
     if not uniform:
         if arch not in PER_LAYER_ARCH:
             raise GGUFShapeError(f"{family} with different head counts or FFN widths per layer: llama.cpp's {arch} "
@@ -139,49 +142,60 @@ def gguf_layout(model: nn.Module, *, zero_ffn: int = ZERO_FFN) -> Layout:
                                  "same number of heads and neurons in every layer (compress --same-per-site) or "
                                  f"export a llama-family model; layers: {_describe(shapes)}")
         arch = PER_LAYER_ARCH[arch]
-    emb = body.embed_tokens.weight
-    tied = model.lm_head.weight is emb or model.lm_head.weight.data_ptr() == emb.data_ptr()
-    if family == "gemma" and not tied:  # the tensors decide, not the config's flag
-        raise GGUFShapeError("gemma whose output layer is not its token embeddings: llama.cpp's gemma reads the output "
-                             "layer from the token embeddings; allowed: tied")
+    emb = embed.weight
+    tied = head.weight is emb or head.weight.data_ptr() == emb.data_ptr()
+    if names.tied and not tied:  # the tensors decide, not the config's flag
+        raise GGUFShapeError(f"{family} whose output layer is not its token embeddings: llama.cpp's {names.arch} reads "
+                             "the output layer from the token embeddings; allowed: tied")
     layout = Layout(arch=arch, family=family, hidden=hidden, head_dim=head_dim, layers=shapes,
                     context_length=int(getattr(config, "max_position_embeddings", 2048)),
                     rms_eps=float(config.rms_norm_eps), rope_theta=_rope_theta(config),
-                    vocab_size=int(emb.shape[0]), tied=bool(tied), zero_ffn=zero_ffn)
+                    vocab_size=int(emb.shape[0]), tied=bool(tied), names=names, zero_ffn=zero_ffn)
     _fill_tensors(layout, model, layers)
     return layout
 
 
-def _check_config(config, family: str) -> None:
+def _module(root: nn.Module, path: str) -> nn.Module | None:
+    """The submodule at the dotted ``path`` of ``root``, or None."""
+    module = root
+    for part in path.split("."):
+        module = getattr(module, part, None)
+        if module is None:
+            return None
+    return module
+
+
+def _check_config(config, family: str, names: GGUFNames) -> None:
     rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
     if kind not in (None, "default"):
         raise GGUFShapeError(f"rope scaling {kind!r}: the GGUF exporter writes plain rope only (rope_type 'default')")
-    if family == "mistral" and getattr(config, "sliding_window", None):
-        raise GGUFShapeError(f"mistral with sliding_window={config.sliding_window}: llama.cpp's llama architecture "
-                             "attends to the whole context; allowed: sliding_window None")
-    if family in ("qwen2", "qwen3") and getattr(config, "use_sliding_window", False):
-        raise GGUFShapeError(f"{family} with use_sliding_window=True: not written to GGUF; allowed: False")
+    window = getattr(config, names.window, None) if names.window else None
+    if window is True:  # a flag (qwen's use_sliding_window)
+        raise GGUFShapeError(f"{family} with {names.window}=True: not written to GGUF; allowed: False")
+    if window:  # a window size (mistral's sliding_window)
+        raise GGUFShapeError(f"{family} with {names.window}={window}: llama.cpp's {names.arch} architecture attends "
+                             f"to the whole context; allowed: {names.window} None")
     act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", "silu")
-    allowed = ACTIVATIONS.get(family, ("silu",))
-    if act not in allowed:
-        raise GGUFShapeError(f"hidden_act {act!r}: llama.cpp's {FAMILIES[family]} FFN applies {allowed[0]}; "
-                             f"allowed: {', '.join(allowed)}")
-    if getattr(config, "attention_bias", False) and family in ("llama", "mistral", "gemma"):
+    if act not in names.activations:
+        raise GGUFShapeError(f"hidden_act {act!r}: llama.cpp's {names.arch} FFN applies {names.activations[0]}; "
+                             f"allowed: {', '.join(names.activations)}")
+    if getattr(config, "attention_bias", False) and not names.qkv_bias:
         raise GGUFShapeError(f"{family} with attention_bias=True: not written to GGUF; allowed: False")
     if getattr(config, "mlp_bias", False):
         raise GGUFShapeError(f"{family} with mlp_bias=True: not written to GGUF; allowed: False")
     biased = list(getattr(config, ADDED_BIASES_KEY, None) or [])
-    if biased and FAMILIES[family] not in BIASED_ARCHS:  # llama.cpp's loader would find tensors it does not read
+    if biased and names.arch not in BIASED_ARCHS:  # llama.cpp's loader would find tensors it does not read
         raise GGUFShapeError(f"output projection biases added by bias compensation ({', '.join(biased[:3])}"
-                             f"{' ...' if len(biased) > 3 else ''}): llama.cpp's {FAMILIES[family]} reads no "
+                             f"{' ...' if len(biased) > 3 else ''}): llama.cpp's {names.arch} reads no "
                              f"attn_output / ffn_down bias; allowed: {', '.join(sorted(BIASED_ARCHS))} families, or a "
                              "model compressed without compensate='bias' (e.g. --compensate reconstruct or none)")
 
 
-def _layer_shape(i: int, layer: nn.Module, head_dim: int, family: str) -> LayerShape:
-    attn = getattr(layer, "self_attn", None)
-    q = getattr(attn, "q_proj", None)
+def _layer_shape(i: int, layer: nn.Module, head_dim: int, family: str, names: GGUFNames) -> LayerShape:
+    parts = dict(names.layer_tensors)
+    attn = _module(layer, parts["attn_q"].rpartition(".")[0])
+    q = _module(layer, parts["attn_q"])
     if not isinstance(q, nn.Linear) or q.out_features == 0:
         if family not in PER_LAYER_ARCH:
             raise GGUFShapeError(f"layer {i} has no attention heads left: llama.cpp's {family} layers always attend; "
@@ -190,8 +204,8 @@ def _layer_shape(i: int, layer: nn.Module, head_dim: int, family: str) -> LayerS
             raise GGUFShapeError(f"layer {i} has no attention heads left but adds a bias (bias compensation): deci's "
                                  "attention-free layer adds nothing, so the file would differ; allowed: at least one "
                                  "head (group) kept in that layer, or compensate without 'bias'")
-        return LayerShape(n_head=0, n_head_kv=0, n_ff=_ffn_width(i, layer))
-    k, v = getattr(attn, "k_proj", None), getattr(attn, "v_proj", None)
+        return LayerShape(n_head=0, n_head_kv=0, n_ff=_ffn_width(i, layer, names))
+    k, v = _module(layer, parts["attn_k"]), _module(layer, parts["attn_v"])
     if not (isinstance(k, nn.Linear) and isinstance(v, nn.Linear)):
         raise GGUFShapeError(f"layer {i} repeats key/value heads ({type(k).__name__}): its query heads were pruned "
                              "unevenly across key/value groups, which a GGUF layer (one group size) cannot hold; "
@@ -199,14 +213,18 @@ def _layer_shape(i: int, layer: nn.Module, head_dim: int, family: str) -> LayerS
     n_head, n_kv = q.out_features // head_dim, k.out_features // head_dim
     if n_kv == 0 or n_head % n_kv or v.out_features != k.out_features:
         raise GGUFShapeError(f"layer {i}: {n_head} query heads over {n_kv} key/value heads; allowed: a multiple")
-    return LayerShape(n_head=n_head, n_head_kv=n_kv, n_ff=_ffn_width(i, layer))
+    return LayerShape(n_head=n_head, n_head_kv=n_kv, n_ff=_ffn_width(i, layer, names))
 
 
-def _ffn_width(i: int, layer: nn.Module) -> int:
-    mlp = getattr(layer, "mlp", None)
-    gate, up, down = (getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj"))
+FFN_PARTS = ("ffn_gate", "ffn_up", "ffn_down")
+
+
+def _ffn_width(i: int, layer: nn.Module, names: GGUFNames) -> int:
+    paths = [dict(names.layer_tensors)[p] for p in FFN_PARTS]
+    gate, up, down = (_module(layer, path) for path in paths)
     if not all(isinstance(m, nn.Linear) for m in (gate, up, down)):
-        raise GGUFShapeError(f"layer {i}: the FFN is not gate_proj/up_proj/down_proj Linear layers")
+        raise GGUFShapeError(f"layer {i}: the FFN is not {'/'.join(p.rpartition('.')[2] for p in paths)} Linear "
+                             "layers")
     return gate.out_features  # 0: written as zero_ffn neurons of zeros (gguf_layout)
 
 
@@ -239,54 +257,64 @@ def _array(t: torch.Tensor) -> np.ndarray:
 
 
 def _fill_tensors(layout: Layout, model: nn.Module, layers: list[nn.Module]) -> None:
-    body, out = model.model, layout.tensors
-    out["token_embd.weight"] = _array(body.embed_tokens.weight)
+    """Every tensor under llama.cpp's name, in the order llama.cpp's converter writes them, and the model
+    parameter each one is (``layout.parameters``); the modules are the family's (``layout.names``)."""
+    top, parts = dict(layout.names.model_tensors), dict(layout.names.layer_tensors)
+    _put(layout, "token_embd.weight", model, f"{top['token_embd']}.weight")
+    heads = {"attn_q": "n_head", "attn_k": "n_head_kv", "attn_v": None, "attn_output": None}
     for i, (layer, shape) in enumerate(zip(layers, layout.layers, strict=True)):
-        attn, p = layer.self_attn, f"blk.{i}."
+        p, at = f"blk.{i}.", f"{layout.names.layers}.{i}."
         if shape.n_head == 0:  # no heads left: deci runs no attention (and reads no attention tensors) here
-            _fill_ffn(layout, p, layer)
+            _fill_ffn(layout, model, p, at, layer)
             continue
-        _norm(layout, p + "attn_norm.weight", layer.input_layernorm.weight)
-        for src, dst, heads in (("q_proj", "attn_q", shape.n_head), ("k_proj", "attn_k", shape.n_head_kv),
-                                ("v_proj", "attn_v", None), ("o_proj", "attn_output", None)):
-            lin = getattr(attn, src)
+        _norm(layout, p + "attn_norm.weight", model, at + parts["attn_norm"] + ".weight")
+        for dst, key in heads.items():
+            lin = _module(layer, parts[dst])
             for kind in ("weight", "bias"):
-                t = getattr(lin, kind, None)
-                if t is None:
+                if getattr(lin, kind, None) is None:
                     continue
-                a = _array(t)
-                if heads is not None and layout.arch in PERMUTED:
-                    a = rope_permute(a, heads)
-                    layout.permuted[f"{p}{dst}.{kind}"] = heads
-                out[f"{p}{dst}.{kind}"] = a
-        if layout.family == "qwen3":
-            out[p + "attn_q_norm.weight"] = _array(attn.q_norm.weight)
-            out[p + "attn_k_norm.weight"] = _array(attn.k_norm.weight)
-        _fill_ffn(layout, p, layer)
-    _norm(layout, "output_norm.weight", body.norm.weight)
+                a = _put(layout, f"{p}{dst}.{kind}", model, f"{at}{parts[dst]}.{kind}")
+                if key is not None and layout.arch in PERMUTED:
+                    layout.tensors[f"{p}{dst}.{kind}"] = rope_permute(a, getattr(shape, key))
+                    layout.permuted[f"{p}{dst}.{kind}"] = getattr(shape, key)
+        for dst in ("attn_q_norm", "attn_k_norm"):  # per-head q/k norms (qwen3), where the family has them
+            if dst in parts:
+                _put(layout, f"{p}{dst}.weight", model, f"{at}{parts[dst]}.weight")
+        _fill_ffn(layout, model, p, at, layer)
+    _norm(layout, "output_norm.weight", model, f"{top['output_norm']}.weight")
     if not layout.tied:
-        out["output.weight"] = _array(model.lm_head.weight)
+        _put(layout, "output.weight", model, f"{top['output']}.weight")
 
 
-def _norm(layout: Layout, name: str, weight: torch.Tensor) -> None:
+def _put(layout: Layout, name: str, model: nn.Module, parameter: str) -> np.ndarray:
+    """Write the model's ``parameter`` as the tensor ``name``; returns the array."""
+    layout.parameters[name] = parameter
+    layout.tensors[name] = _array(model.get_parameter(parameter))
+    return layout.tensors[name]
+
+
+def _norm(layout: Layout, name: str, model: nn.Module, parameter: str) -> None:
     """An RMSNorm weight as llama.cpp multiplies by it (gemma's ``1 + w``, recorded in ``layout.shifted``)."""
-    if layout.family in NORM_PLUS_ONE:
+    if layout.names.norm_plus_one:
         layout.shifted[name] = 1.0
-    layout.tensors[name] = _array(weight) + layout.shifted.get(name, 0.0)
+    _put(layout, name, model, parameter)
+    layout.tensors[name] = layout.tensors[name] + layout.shifted.get(name, 0.0)
 
 
-def _fill_ffn(layout: Layout, p: str, layer: nn.Module) -> None:
-    out = layout.tensors
-    _norm(layout, p + "ffn_norm.weight", layer.post_attention_layernorm.weight)
-    names = [p + "ffn_gate.weight", p + "ffn_up.weight", p + "ffn_down.weight"]
-    if layer.mlp.gate_proj.out_features == 0:  # no neurons left: ZERO_FFN of zeros, which add exactly nothing
+def _fill_ffn(layout: Layout, model: nn.Module, p: str, at: str, layer: nn.Module) -> None:
+    """The FFN tensors of the layer ``layer`` (``p``: its GGUF prefix ``blk.{i}.``, ``at``: its module path)."""
+    parts = dict(layout.names.layer_tensors)
+    _norm(layout, p + "ffn_norm.weight", model, at + parts["ffn_norm"] + ".weight")
+    gate, down = _module(layer, parts["ffn_gate"]), _module(layer, parts["ffn_down"])
+    if gate.out_features == 0:  # no neurons left: ZERO_FFN of zeros, which add exactly nothing
+        names = [f"{p}{part}.weight" for part in FFN_PARTS]
         for name in names:
             width = layout.zero_ffn
-            out[name] = np.zeros((width, layout.hidden) if "down" not in name else (layout.hidden, width),
-                                 dtype=np.float32)
+            layout.tensors[name] = np.zeros((width, layout.hidden) if "down" not in name else (layout.hidden, width),
+                                            dtype=np.float32)
         layout.padded.update(names)
     else:
-        for name, lin in zip(names, (layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj), strict=True):
-            out[name] = _array(lin.weight)
-    if layer.mlp.down_proj.bias is not None:  # added by bias compensation (_check_config allows it per arch)
-        out[p + "ffn_down.bias"] = _array(layer.mlp.down_proj.bias)
+        for part in FFN_PARTS:
+            _put(layout, f"{p}{part}.weight", model, f"{at}{parts[part]}.weight")
+    if down.bias is not None:  # added by bias compensation (_check_config allows it per arch)
+        _put(layout, p + "ffn_down.bias", model, f"{at}{parts['ffn_down']}.bias")
