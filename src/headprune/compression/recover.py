@@ -22,6 +22,7 @@ beside them is the log (evaluations, losses, the learning rate's choice), rewrit
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 import random
@@ -258,7 +259,7 @@ class _Run:
         """A copy of the student trained ``lr_steps`` steps at ``lr`` (decaying to 0): its losses, held-out loss."""
         model, steps = copy.deepcopy(self.student), self.s.lr_steps
         opt = torch.optim.AdamW([p for p in model.parameters() if p.is_floating_point()], lr=lr, weight_decay=0.0)
-        losses = [train_step(opt, lambda i=i: self.loss(model, i), lr * (1 - i / steps)) for i in range(steps)]
+        losses = [train_step(opt, functools.partial(self.loss, model, i), lr * (1 - i / steps)) for i in range(steps)]
         held = self.held_out(model) if all(map(math.isfinite, losses)) else math.inf
         return {"losses": losses, **_loss_record(held)}
 
@@ -270,7 +271,7 @@ class _Run:
         s, log = self.s, self.log
         earlier, last_report, last_saved = log["seconds"], start, time.perf_counter()
         for step in range(first, s.steps):
-            loss = train_step(self.opt, lambda i=step: self.loss(self.student, i), log["lr"] * (1 - step / s.steps))
+            loss = train_step(self.opt, functools.partial(self.loss, self.student, step), log["lr"] * (1 - step / s.steps))
             if not math.isfinite(loss):
                 raise ConfigError(f"recovery diverged (loss {loss}) at step {step + 1} with lr={log['lr']:g}; allowed: "
                                   "a smaller lr")
@@ -300,6 +301,8 @@ class _Run:
 
     def save_checkpoint(self, step: int) -> None:
         """``checkpoint-<step>/``, written under ``.tmp`` and renamed; older checkpoints removed after."""
+        if self.directory is None:
+            raise ConfigError("save_checkpoint: this recovery has no directory; allowed: recover(..., directory=DIR)")
         tmp = self.directory / f"checkpoint-{step}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -324,7 +327,9 @@ class _Run:
 
     def resume(self) -> dict | None:
         """The newest checkpoint's state, loaded into the student, the optimizer and the generators (None: none)."""
-        found = [] if self.directory is None or not self.directory.is_dir() else _checkpoints(self.directory)
+        if self.directory is None or not self.directory.is_dir():
+            return None
+        found = _checkpoints(self.directory)
         if not found:
             return None
         where = self.directory / f"checkpoint-{max(found)}"

@@ -19,6 +19,7 @@ marked so that later forwards go straight there.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
@@ -197,18 +198,26 @@ def _candidates(model: nn.Module) -> list[Callable[[torch.Tensor], torch.Tensor]
     """Maps a family may apply to the head's output: none; soft-capping ``c * tanh(z / c)`` by the config's
     ``final_logit_softcapping``; multiplying by a ``logit_scale``; dividing by a ``logits_scaling``. Only the
     ones whose value the model's config (or text config) or the model holds are offered."""
-    found = [lambda z: z]
+    found: list[Callable[[torch.Tensor], torch.Tensor]] = [_unchanged]
     cap = _setting(model, "final_logit_softcapping")
     if cap:
-        found.append(lambda z, c=cap: torch.tanh(z / c) * c)
+        found.append(functools.partial(_softcap, cap=cap))
     scale = getattr(model, "logit_scale", None)
     scale = scale if scale is not None else _setting(model, "logit_scale")
     if scale is not None:
-        found.append(lambda z, s=scale: z * s)
+        found.append(functools.partial(torch.mul, other=scale))
     divide = _setting(model, "logits_scaling")
     if divide:
-        found.append(lambda z, d=divide: z / d)
+        found.append(functools.partial(torch.div, other=divide))
     return found
+
+
+def _softcap(z: torch.Tensor, cap: float) -> torch.Tensor:
+    return torch.tanh(z / cap) * cap
+
+
+def _unchanged(z: torch.Tensor) -> torch.Tensor:
+    return z
 
 
 def _setting(model: nn.Module, name: str):

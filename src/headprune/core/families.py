@@ -17,6 +17,7 @@ family is one entry and its tests (``tests/test_family_table.py`` adds one at te
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import ConfigError
 
@@ -122,12 +123,12 @@ class Family:
                 raise ConfigError(f"Family {self.name!r} {what}={names!r}; allowed: {n} child names")
 
 
-_DECODER = {"qkvo": ("q_proj", "k_proj", "v_proj", "o_proj"), "ffns": (FFNNames(("gate_proj", "up_proj"), "down_proj"),),
+_DECODER: dict[str, Any] = {"qkvo": ("q_proj", "k_proj", "v_proj", "o_proj"), "ffns": (FFNNames(("gate_proj", "up_proj"), "down_proj"),),
             "ffn_keys": ("intermediate_size",)}
-_SEQ2SEQ = {"qkvo": ("q_proj", "k_proj", "v_proj", "out_proj"), "ffns": (FFNNames(("fc1",), "fc2"),)}
-_BERT = {"bert_qkv": ("query", "key", "value"), "ffns": (FFNNames(("intermediate.dense",), "output.dense"),),
+_SEQ2SEQ: dict[str, Any] = {"qkvo": ("q_proj", "k_proj", "v_proj", "out_proj"), "ffns": (FFNNames(("fc1",), "fc2"),)}
+_BERT: dict[str, Any] = {"bert_qkv": ("query", "key", "value"), "ffns": (FFNNames(("intermediate.dense",), "output.dense"),),
          "ffn_keys": ("intermediate_size",)}
-_QWEN = {"qkv_bias": True, "window": "use_sliding_window"}
+_QWEN: dict[str, Any] = {"qkv_bias": True, "window": "use_sliding_window"}
 
 # The built-in table, in matching order (see the module docstring).
 BUILT_IN: tuple[Family, ...] = (

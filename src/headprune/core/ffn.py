@@ -99,9 +99,9 @@ def _find_ffns(model: nn.Module, *, skip_moe: bool) -> list[FFN]:
             stack = stacks.get(_prefix(path)) or _stack(model, path, layer)
             found.append(FFN(f"{stack}.{layer}.ffn", layer, path, parts[:-1], parts[-1]))
             break
-    names = [f.name for f in found]
-    if len(set(names)) != len(names):
-        raise UnsupportedModelError(f"more than one feed-forward block per layer ({names}); neurons of this model "
+    found_names = [f.name for f in found]
+    if len(set(found_names)) != len(found_names):
+        raise UnsupportedModelError(f"more than one feed-forward block per layer ({found_names}); neurons of this model "
                                     "cannot be named per layer")
     return found
 

@@ -40,8 +40,7 @@ def lm_blocks(tokenizer, config, data: str, block_size: int) -> torch.Tensor:
 
 def run_recover(pruned_dir: str | Path, teacher_dir: str | Path, data: str, out: str | Path,
                 settings: RecoverSettings, *, device: str | None = None, fresh: bool = False,
-                report: Callable[[str], None] | None = None,
-                on_checkpoint: Callable[[int], None] | None = None) -> tuple[Path, RecoverResult | None]:
+                report: Callable[[str], None] | None = None) -> tuple[Path, RecoverResult | None]:
     """Recover the pruned model in ``pruned_dir`` from the unpruned one in ``teacher_dir`` on the text ``data``,
     into the run directory ``out`` (new, or this run's to resume; ``fresh``: start over in it). Returns (the recovered model's directory,
     the result; None when ``out`` already held the finished run)."""
@@ -71,8 +70,7 @@ def run_recover(pruned_dir: str | Path, teacher_dir: str | Path, data: str, out:
         elif (out / MODEL).is_dir():  # finished earlier: the model is there
             return out / MODEL, None
         run.write_json("signature.json", signature)  # the run's first file (run.json is written with it)
-        result = recover(student, teacher, train, held, settings, directory=out, report=report,
-                         on_checkpoint=on_checkpoint)
+        result = recover(student, teacher, train, held, settings, directory=out, report=report)
         save_pruned(student.eval(), out / MODEL, tokenizer=tokenizer)
     finally:
         run.close()
