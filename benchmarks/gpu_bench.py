@@ -259,7 +259,8 @@ def _llm_plan(model, fraction: float, align: int, seed: int) -> tuple[dict, dict
     plan's do)."""
     import headprune as hp
     from headprune.core.unit_cost import unit_costs
-    from headprune.selection.aligned import select_aligned
+    from headprune.selection.aligned import Widths, select_aligned
+    from headprune.selection.budgets import Budget, HeadRule
     from headprune.selection.gqa import kv_groups
 
     g = torch.Generator().manual_seed(seed)
@@ -268,9 +269,10 @@ def _llm_plan(model, fraction: float, align: int, seed: int) -> tuple[dict, dict
     def draw(prices):
         return {k: v * torch.rand(v.shape, generator=g, dtype=torch.float64) for k, v in prices.items()}
 
-    heads, neurons, _ = select_aligned(draw(costs.heads), draw(costs.neurons), costs, 1 - fraction,
-                                       multiple_of=align, head_dims={s.name: s.head_dim for s in hp.find_sites(model)},
-                                       units="both", groups=kv_groups(model), gqa="uniform", min_per_site=1)
+    widths = Widths(align, {s.name: s.head_dim for s in hp.find_sites(model)})
+    heads, neurons, _ = select_aligned(draw(costs.heads), draw(costs.neurons), costs, Budget.of(share=1 - fraction),
+                                       widths, units="both", groups=kv_groups(model),
+                                       rule=HeadRule(gqa="uniform", min_per_site=1))
     return {k: v for k, v in heads.items() if v}, {k: v for k, v in neurons.items() if v}
 
 

@@ -36,6 +36,7 @@ from headprune.core.cost import HeadCosts
 from headprune.provenance import versions
 from headprune.selection import select_heads
 from headprune.selection.budget import budget_heads
+from headprune.selection.budgets import Budget, HeadRule
 
 ROOT = Path(__file__).resolve().parent
 RESULTS = ROOT / "results" / "selection_speed.json"
@@ -65,8 +66,8 @@ def plan(layers: int, heads: int, kv_heads: int, seed: int = 0):
 
 def select(case: str, scores, costs: HeadCosts, share: float):
     if case == "free":
-        return budget_heads(scores, flops=share, costs=costs)
-    return select_heads(scores, costs.group, flops=share, costs=costs)
+        return budget_heads(scores, Budget.of(flops=share), costs)
+    return select_heads(scores, costs.group, Budget.of(flops=share), HeadRule(), costs)
 
 
 def select_old(case: str, scores, costs: HeadCosts, share: float):

@@ -35,6 +35,7 @@ from headprune.evaluation.data import load_classification
 from headprune.provenance import versions
 from headprune.scoring.gradients import mean_loss
 from headprune.selection.budget import budget_heads
+from headprune.selection.budgets import Budget
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from recorded import repo_path  # noqa: E402
@@ -95,7 +96,7 @@ def main(argv=None):
     rows = []
     base = {"calib": mean_loss(model, calib), "val": mean_loss(model, val)}
     for keep in [float(k) for k in args.keep.split(",")]:
-        drop = budget_heads(fisher.diag, keep=keep)
+        drop = budget_heads(fisher.diag, Budget.of(keep=keep))
         variants = {}
 
         def masked_losses(mask):

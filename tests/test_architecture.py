@@ -24,18 +24,14 @@ LONG_FUNCTIONS = {
     "train.translation.train_translation": "as finetune_classifier",
     "cli.bench.bench": "one command's flags and output; its library half is headprune.bench",
     "experiments.curves.pruning_curves": "the curve's resumable step loop and its closures",
-    "selection.units.select_units": "one knapsack with its GQA modes, kept in one piece to read as one",
 }
 # More than MAX_PARAMETERS (CLI commands, whose parameters are their flags, are not counted):
 MANY_PARAMETERS = {
-    "selection.aligned.select_aligned": "select_units' keyword options (GQA mode, units, per-site minimum) plus the block",
     "compression.entry.compress": "the entry point: its data (val_batches, fit_batches, prices, sites, loss_fn) "
                                   "are keywords beside the settings object",
     "compression.plan.plan_heads": "reused scores, prices and sites for several budgets on one model",
     "compression.pool.compress_pool": "compress()'s keywords for the budget over heads and neurons",
     "compression.reconstruct._refit": "one layer's least-squares system",
-    "selection.select.select_heads": "the README's selection call: one keyword per budget (a Budget type is open)",
-    "selection.gqa.select_gqa": "as select_heads",
     "evaluation.build.build_task": "every task flag of the CLI, by name",
     "evaluation.harness.evaluate_harness": "lm-evaluation-harness's own options",
     "train.classifier.finetune_classifier": "the trainer's options (a settings object is open)",

@@ -46,8 +46,9 @@ def test_a_count_above_the_pool_is_refused_when_the_pool_is_known():
 def test_every_selection_function_refuses_a_bad_share_in_the_same_words():
     scores = {"a": torch.tensor([1.0, 2.0]), "b": torch.tensor([3.0, 0.5])}
     costs = {"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([1.0, 1.0])}
-    calls = [lambda: select_gqa(scores, None, keep=1.5), lambda: budget_heads(scores, keep=1.5),
-             lambda: budget_heads(scores, flops=1.5, costs=costs)]
+    calls = [lambda: select_gqa(scores, None, Budget.of(keep=1.5)),
+                                lambda: budget_heads(scores, Budget.of(keep=1.5)),
+             lambda: budget_heads(scores, Budget.of(flops=1.5), costs)]
     for call in calls:
         with pytest.raises(ConfigError, match=r"=1.5; allowed: a number 0.0..1.0"):
             call()
@@ -55,7 +56,7 @@ def test_every_selection_function_refuses_a_bad_share_in_the_same_words():
 
     unit_costs = UnitCosts({k: v for k, v in costs.items()}, {}, "flops")
     with pytest.raises(ConfigError, match=r"share=1.5; allowed: a number 0.0..1.0"):
-        select_units(scores, {}, unit_costs, 1.5, units="heads")
+        select_units(scores, {}, unit_costs, Budget.of(share=1.5), units="heads")
     with pytest.raises(ConfigError, match=r"share=1.5; allowed: a number 0.0..1.0"):
         PruneSettings(share=1.5)
 

@@ -23,6 +23,7 @@ from headprune.errors import ConfigError, KVCacheWarning
 from headprune.scoring.fisher import fisher_information, quadratic
 from headprune.scoring.gradients import per_example_loss
 from headprune.selection.budget import budget_heads
+from headprune.selection.budgets import Budget
 from headprune.selection.rearrange import rearrange, rearrange_site
 from tiny import build, inputs, labels, word_tokenizer
 
@@ -109,30 +110,30 @@ def test_selection_honours_head_and_flop_budgets_exactly():
     costs = {k: torch.full((4,), 3.0 if "cross" in k else 1.0) for k in scores}
     total_heads, total_cost = 16, sum(float(c.sum()) for c in costs.values())
     for keep in (0.0, 0.25, 0.5, 0.75, 1.0):
-        drop = budget_heads(scores, keep=keep)
+        drop = budget_heads(scores, Budget.of(keep=keep))
         assert total_heads - sum(map(len, drop.values())) == round(keep * total_heads)
     for n_keep in (5, 9):
-        drop = budget_heads(scores, n_keep=n_keep, min_per_site=1)
+        drop = budget_heads(scores, Budget.of(n_keep=n_keep), min_per_site=1)
         assert total_heads - sum(map(len, drop.values())) == n_keep
         assert all(len(drop.get(k, [])) <= 3 for k in scores)  # one head left in every site
     for share, least in ((0.1, 0), (0.3, 1), (0.5, 1), (0.9, 2)):
-        drop = budget_heads(scores, flops=share, costs=costs, min_per_site=least)
+        drop = budget_heads(scores, Budget.of(flops=share), costs, min_per_site=least)
         kept_cost = sum(float(c.sum()) - sum(float(c[h]) for h in drop.get(k, [])) for k, c in costs.items())
         assert kept_cost <= share * total_cost + 1e-9
         for k, heads in drop.items():  # maximal: no dropped head would still fit
             assert all(kept_cost + float(costs[k][h]) > share * total_cost for h in heads)
             assert len(heads) <= 4 - least
-    cheap = budget_heads({"a": torch.tensor([1.0, 0.9]), "b": torch.tensor([1.5])}, flops=0.5,
-                         costs={"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([2.0])})
+    cheap = budget_heads({"a": torch.tensor([1.0, 0.9]), "b": torch.tensor([1.5])}, Budget.of(flops=0.5),
+                         {"a": torch.tensor([1.0, 1.0]), "b": torch.tensor([2.0])})
     assert cheap == {"b": [0]}  # score per FLOP: the two cheap heads beat the better, dearer one
-    with pytest.raises(ConfigError, match="n_keep=2 is below"):
-        budget_heads(scores, n_keep=2, min_per_site=1)
+    with pytest.raises(ConfigError, match="n_keep=2 keeps 2 heads, below"):
+        budget_heads(scores, Budget.of(n_keep=2), min_per_site=1)
     with pytest.raises(ConfigError, match="min_per_site"):
-        budget_heads(scores, flops=0.2, costs=costs, min_per_site=1)  # one head per site costs 25%
+        budget_heads(scores, Budget.of(flops=0.2), costs, min_per_site=1)  # one head per site costs 25%
     with pytest.raises(ConfigError, match="exactly one budget"):
-        budget_heads(scores, keep=0.5, flops=0.5, costs=costs)
+        budget_heads(scores, Budget.of(keep=0.5, flops=0.5), costs)
     with pytest.raises(ConfigError, match="flops= needs costs"):
-        budget_heads(scores, flops=0.5)
+        budget_heads(scores, Budget.of(flops=0.5))
     with pytest.raises(ConfigError, match=r"share=1.5; allowed"):
         PruneSettings(share=1.5)
     with pytest.raises(ConfigError, match="scores='magic'; allowed"):
@@ -157,7 +158,7 @@ def test_rearrangement_never_increases_the_objective_and_keeps_counts():
     assert improved > 20  # the off-diagonal terms matter
     model = build("bert")
     fisher = fisher_information(model, _batches("bert"))
-    drop = budget_heads(fisher.diag, keep=0.5)
+    drop = budget_heads(fisher.diag, Budget.of(keep=0.5))
     new = rearrange(drop, fisher)
     assert {k: len(v) for k, v in new.items()} == {k: len(v) for k, v in drop.items()}
     assert fisher.loss_increase(new) <= fisher.loss_increase(drop) + 1e-15

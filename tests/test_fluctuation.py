@@ -18,6 +18,7 @@ from headprune.core.biases import mean_shifts, shift_biases
 from headprune.core.unit_cost import unit_costs
 from headprune.errors import ConfigError
 from headprune.scoring.fluctuation import fluctuation_scores
+from headprune.selection.budgets import Budget
 from headprune.selection.gqa import kv_groups
 from tiny import SEQ2SEQ, build, inputs, labels
 
@@ -318,7 +319,8 @@ def test_raw_fluctuation_is_ranked_per_price_without_standardising():
     found = fluctuation_scores(model, batches)
     heads = {k: found.raw[k] for k in found.heads}
     neurons = {k: found.raw[k] for k in found.neurons}
-    drop_h, drop_n, _ = select_units(heads, neurons, unit_costs(model, "params"), 0.7, groups=kv_groups(model))
+    drop_h, drop_n, _ = select_units(heads, neurons, unit_costs(model, "params"), Budget.of(share=0.7),
+                                     groups=kv_groups(model))
     assert result.dropped_heads == drop_h and result.dropped_neurons == drop_n
 
 

@@ -16,6 +16,7 @@ from headprune.compression import PruneSettings, compress
 from headprune.core.cost import head_costs
 from headprune.core.kvcache import kv_cache_bytes
 from headprune.errors import ConfigError, KVCacheWarning
+from headprune.selection.budgets import Budget, HeadRule
 from headprune.selection.gqa import kv_groups, select_gqa
 from tiny import build, inputs, labels
 
@@ -54,7 +55,7 @@ def test_uniform_keeps_the_same_heads_per_group_and_drops_each_groups_lowest(fam
     model = build(family)
     scores, groups = _scores(model), kv_groups(model)
     total = sum(len(g) for g in groups.values())
-    drop = select_gqa(scores, groups, mode="uniform", fraction=fraction)
+    drop = select_gqa(scores, groups, Budget.of(fraction=fraction), HeadRule(gqa="uniform"))
     n = sum(len(v) for v in drop.values())
     assert n <= round(fraction * total)
     step = min(len(set(g)) for g in groups.values())  # heads one uniform step drops in a site
@@ -71,7 +72,7 @@ def test_uniform_keeps_the_same_heads_per_group_and_drops_each_groups_lowest(fam
 def test_groups_mode_drops_whole_groups(family):
     model = build(family)
     scores, groups = _scores(model, seed=3), kv_groups(model)
-    drop = select_gqa(scores, groups, mode="groups", fraction=0.5)
+    drop = select_gqa(scores, groups, Budget.of(fraction=0.5), HeadRule(gqa="groups"))
     assert drop
     for name, heads in drop.items():
         g = groups[name]
@@ -86,7 +87,7 @@ def test_mha_sites_are_unaffected_by_the_mode():
     for mode in ("uniform", "groups", "free"):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            assert select_gqa(scores, groups, mode=mode, n_drop=5) == want
+            assert select_gqa(scores, groups, Budget.of(n_drop=5), HeadRule(gqa=mode)) == want
 
 
 @pytest.mark.parametrize("family", GQA_FAMILIES)
@@ -97,7 +98,8 @@ def test_cache_after_generate_never_grows(family, mode):
     before, steps = _cache_bytes(model, x)
     with warnings.catch_warnings():
         warnings.simplefilter("error", KVCacheWarning)
-        drop = select_gqa(_scores(model, seed=5), kv_groups(model), mode=mode, fraction=0.4)
+        drop = select_gqa(_scores(model, seed=5), kv_groups(model), Budget.of(fraction=0.4),
+                          HeadRule(gqa=mode))
     assert drop
     hp.prune_heads(model, drop)
     after, steps_after = _cache_bytes(model, x)
@@ -114,7 +116,8 @@ def test_free_warns_with_the_factor_the_cache_grows_by(family):
     before, _ = _cache_bytes(model, x)
     scores = {name: torch.arange(len(g), dtype=torch.float64) for name, g in kv_groups(model).items()}
     with pytest.warns(KVCacheWarning) as record:
-        drop = select_gqa(scores, kv_groups(model), mode="free", n_drop=1)  # one head: groups left uneven
+        drop = select_gqa(scores, kv_groups(model), Budget.of(n_drop=1),
+                          HeadRule(gqa="free"))  # one head: groups left uneven
     hp.prune_heads(model, drop)
     after, _ = _cache_bytes(model, x)
     assert after > before
@@ -151,12 +154,16 @@ def test_compress_default_never_enlarges_the_cache(scores, compensate):
 def test_select_refuses_bad_input():
     model = build("llama")
     scores, groups = _scores(model), kv_groups(model)
-    with pytest.raises(ConfigError, match="mode='even'"):
-        select_gqa(scores, groups, mode="even", n_drop=1)
+    with pytest.raises(ConfigError, match="gqa='even'"):
+        select_gqa(scores, groups, Budget.of(n_drop=1), HeadRule(gqa="even"))
+    with pytest.raises(ConfigError, match="budget=0.5; allowed: a Budget"):
+        select_gqa(scores, groups, 0.5)
+    with pytest.raises(ConfigError, match="a share of params; allowed here: a budget in count or flops or kv"):
+        select_gqa(scores, groups, Budget.of(price="params", share=0.5))
     with pytest.raises(ConfigError, match="exactly one budget"):
-        select_gqa(scores, groups, n_drop=1, fraction=0.5)
-    with pytest.raises(ConfigError, match="kv= needs kv_bytes"):
-        select_gqa(scores, groups, kv=0.5)
+        select_gqa(scores, groups, Budget.of(n_drop=1, fraction=0.5))
+    with pytest.raises(ConfigError, match="kv= needs costs="):
+        select_gqa(scores, groups, Budget.of(kv=0.5))
 
 
 def test_cli_refuses_unknown_gqa_mode(tmp_path):
@@ -172,7 +179,7 @@ def test_flop_budget_under_a_gqa_mode_is_met_without_growing_the_cache(mode, sha
     model = build("llama")
     costs = head_costs(model, 8)
     groups = kv_groups(model)
-    drop = select_gqa(_scores(model), groups, mode=mode, flops=share, costs=costs)
+    drop = select_gqa(_scores(model), groups, Budget.of(flops=share), HeadRule(gqa=mode), costs)
     kept = {k: [h for h in range(len(g)) if h not in drop.get(k, [])] for k, g in groups.items()}
     assert costs.cost(kept) <= share * costs.total() + 1e-6
     before = kv_cache_bytes(model)["per_token"]
@@ -217,7 +224,7 @@ def test_cli_compress_a_gqa_lm_on_text_files(tmp_path):
 def test_same_per_site_drops_the_same_count_everywhere(mode, n):
     model = build("qwen2")  # 6 query heads over 3 key/value heads
     scores, groups = _scores(model, seed=9), kv_groups(model)
-    drop = select_gqa(scores, groups, mode=mode, n_drop=n, same_per_site=True)
+    drop = select_gqa(scores, groups, Budget.of(n_drop=n), HeadRule(gqa=mode, same_per_site=True))
     counts = [len(drop.get(name, [])) for name in groups]
     step = len(groups) * 2 if mode == "groups" else len(groups) * 3  # one group of 2 / one head of 3 groups per site
     assert len(set(counts)) == 1 and sum(counts) <= n and sum(counts) > n - step

@@ -218,10 +218,10 @@ def test_training_a_head_refuses_a_body_the_weights_do_not_hold(dirs, tmp_path):
 def test_select_heads_refuses_non_finite_scores():
     nan = {"encoder.0.self": torch.full((4,), float("nan")), "encoder.1.self": torch.rand(4)}
     with pytest.raises(ConfigError, match=r"scores\['encoder.0.self'\] holds 4 non-finite values"):
-        hp.select_heads(nan, None, n_drop=2)
+        hp.select_heads(nan, None, hp.Budget.of(n_drop=2))
     inf = {"encoder.0.self": torch.tensor([1.0, float("inf"), 2.0, 3.0])}
     with pytest.raises(ConfigError, match=r"head 1: inf"):
-        hp.select_heads(inf, None, fraction=0.5)
+        hp.select_heads(inf, None, hp.Budget.of(fraction=0.5))
 
 
 @pytest.mark.parametrize("mode, min_per_site", [("uniform", 0), ("groups", 0), ("uniform", 3), ("free", 3)])
@@ -242,13 +242,15 @@ def test_n_keep_keeps_exactly_n_or_names_the_nearest_feasible_counts(mode, min_p
         if n in feasible:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", hp.errors.KVCacheWarning)  # free: uneven groups are its choice
-                drop = hp.select_heads(scores, groups, gqa=mode, n_keep=n, min_per_site=min_per_site)
+                drop = hp.select_heads(scores, groups, hp.Budget.of(n_keep=n),
+                                       hp.HeadRule(gqa=mode, min_per_site=min_per_site))
             assert 12 - sum(len(v) for v in drop.values()) == n
         else:
             near = " or ".join(str(k) for k in (max((k for k in feasible if k < n), default=None),
                                                min(k for k in feasible if k > n)) if k is not None)
             with pytest.raises(ConfigError, match=rf"n_keep={n}: cannot keep exactly {n} heads .*allowed: {near} \("):
-                hp.select_heads(scores, groups, gqa=mode, n_keep=n, min_per_site=min_per_site)
+                hp.select_heads(scores, groups, hp.Budget.of(n_keep=n),
+                                hp.HeadRule(gqa=mode, min_per_site=min_per_site))
 
 
 def test_n_keep_with_the_same_heads_per_site_keeps_a_multiple_of_the_sites():
@@ -257,11 +259,11 @@ def test_n_keep_with_the_same_heads_per_site_keeps_a_multiple_of_the_sites():
     scores = {s.name: torch.rand(s.num_heads, generator=g) for s in hp.find_sites(model)}
     groups = hp.kv_groups(model)
     for n in (2, 4, 6):
-        drop = hp.select_heads(scores, groups, n_keep=n, same_per_site=True)
+        drop = hp.select_heads(scores, groups, hp.Budget.of(n_keep=n), hp.HeadRule(same_per_site=True))
         assert {4 - len(drop.get(site, [])) for site in scores} == {n // 2}
     with pytest.raises(ConfigError, match=r"n_keep=3: .*same_per_site=True keeps the same number in each of the 2 "
                                           r"sites\); allowed: 2 or 4 \("):
-        hp.select_heads(scores, groups, n_keep=3, same_per_site=True)
+        hp.select_heads(scores, groups, hp.Budget.of(n_keep=3), hp.HeadRule(same_per_site=True))
 
 
 def test_compress_n_keep_on_gqa_refuses_a_count_it_cannot_keep(tmp_path):

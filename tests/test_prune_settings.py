@@ -91,8 +91,12 @@ def test_bad_settings_are_refused_on_creation(kwargs, pattern):
 
 
 def test_same_per_site_takes_a_head_count_whatever_the_price_says():
-    assert PruneSettings(n_keep=4, same_per_site=True).head_budget() == {"n_keep": 4}  # price keeps its default
-    assert PruneSettings(share=0.5, price="count", same_per_site=True).head_budget() == {"keep": 0.5}
+    counted = PruneSettings(n_keep=4, same_per_site=True)
+    assert counted.budget == hp.Budget.of(n_keep=4)  # price keeps its default
+    assert counted.head_rule() == hp.HeadRule(same_per_site=True)
+    shared = PruneSettings(share=0.5, price="count", same_per_site=True, gqa="groups", min_per_site=1)
+    assert shared.budget.count_removed(10) == 5  # half of 10 heads kept
+    assert shared.head_rule(["encoder.0.self"]) == hp.HeadRule("groups", 1, ("encoder.0.self",), True)
 
 
 def test_a_count_above_the_model_heads_is_refused_before_reading_the_batches():
@@ -140,7 +144,8 @@ def test_the_readme_selection_never_grows_a_gqa_kv_cache():
     for _ in range(20):
         scores = {name: torch.rand(len(v), generator=g) for name, v in groups.items()}
         for fraction in (0.25, 0.4, 0.5, 0.75):
-            drop = hp.select_heads(scores, groups, fraction=fraction, min_per_site=1)
+            drop = hp.select_heads(scores, groups, hp.Budget.of(fraction=fraction),
+                                   hp.HeadRule(min_per_site=1))
             assert kv_growth(drop, groups)[0] <= 1.0
             for name, heads in drop.items():
                 per_group = [sum(1 for h in heads if groups[name][h] == j) for j in set(groups[name])]

@@ -21,7 +21,7 @@ PUBLIC = [
     "mask_heads", "unmask_heads", "is_masked", "masked", "ones_mask", "mask_from_heads", "masked_neurons",
     "head_importance", "importance_sums", "mask_gradients", "normalize_per_site", "fisher_information", "Fisher",
     "fluctuation_scores",
-    "select_heads", "kv_groups", "lowest_heads",
+    "select_heads", "Budget", "HeadRule", "kv_groups", "lowest_heads",
     "DroppedHeads", "KeptHeads", "prune_heads", "replay_kept_heads", "kept_heads", "original_heads", "fold_scales",
     "prune_neurons", "kept_neurons", "save_pruned", "load_pruned", "load_model",
     "compress", "PruneSettings", "CompressResult", "UnitResult", "score_heads", "Scores", "plan_heads", "CompressPlan",

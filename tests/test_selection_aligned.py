@@ -11,7 +11,8 @@ import torch
 import headprune as hp
 from headprune.core.unit_cost import UnitCosts
 from headprune.errors import ConfigError
-from headprune.selection.aligned import aligned_blocks, select_aligned
+from headprune.selection.aligned import Widths, aligned_blocks, select_aligned
+from headprune.selection.budgets import Budget, HeadRule
 
 
 def test_blocks_leave_a_multiple_after_each():
@@ -59,7 +60,8 @@ def test_neurons_against_brute_force(seed, share):
     prices = {"a": torch.full((8,), 1.0, dtype=torch.float64), "b": torch.full((6,), 2.5, dtype=torch.float64),
               "c": torch.full((5,), 0.7, dtype=torch.float64)}
     costs = UnitCosts({}, prices, "params")
-    _, dropped, summary = select_aligned({}, scores, costs, share, multiple_of=multiple, head_dims={}, units="neurons")
+    _, dropped, summary = select_aligned({}, scores, costs, Budget.of(share=share), Widths(multiple, {}),
+                                         units="neurons")
     total = sum(float(p.sum()) for p in prices.values())
     got, spent = _kept_score(scores, prices, dropped)
     assert spent <= share * total * (1 + 1e-12) and spent == pytest.approx(summary["price_kept"])
@@ -78,8 +80,8 @@ def test_one_price_and_whole_blocks_is_exact(seed):
     scores = {n: torch.rand(8, generator=g, dtype=torch.float64) for n in ("a", "b")}
     prices = {n: torch.ones(8, dtype=torch.float64) for n in scores}
     for share in (0.25, 0.5, 0.75):
-        _, dropped, _ = select_aligned({}, scores, UnitCosts({}, prices, "params"), share, multiple_of=4,
-                                       head_dims={}, units="neurons")
+        _, dropped, _ = select_aligned({}, scores, UnitCosts({}, prices, "params"), Budget.of(share=share),
+                                       Widths(4, {}), units="neurons")
         got, _ = _kept_score(scores, prices, dropped)
         assert got == pytest.approx(_brute(scores, prices, share * 16, 4))
 
@@ -89,8 +91,9 @@ def test_heads_aligned_to_the_width_and_min_per_site():
     # 9 heads of 64 (SmolLM2's attention), N = 128: kept heads even (or all 9); min 4 heads per site
     scores = {f"decoder.{i}.self": torch.rand(9, generator=g, dtype=torch.float64) for i in range(3)}
     prices = {k: torch.ones(9, dtype=torch.float64) for k in scores}
-    drop, _, summary = select_aligned(scores, {}, UnitCosts(prices, {}, "params"), 0.5, multiple_of=128,
-                                      head_dims=dict.fromkeys(scores, 64), units="heads", min_per_site=4)
+    drop, _, summary = select_aligned(scores, {}, UnitCosts(prices, {}, "params"), Budget.of(share=0.5),
+                                      Widths(128, dict.fromkeys(scores, 64)), units="heads",
+                                      rule=HeadRule(min_per_site=4))
     for site, d in drop.items():
         kept = 9 - len(d)
         assert (kept * 64) % 128 == 0 or kept == 9
@@ -109,8 +112,8 @@ def test_gqa_steps_keep_groups_even_and_widths_aligned():
     scores = {k: torch.rand(12, generator=g, dtype=torch.float64) for k in groups}
     prices = {k: torch.ones(12, dtype=torch.float64) for k in groups}
     for share in (0.3, 0.6, 0.9):
-        drop, _, _ = select_aligned(scores, {}, UnitCosts(prices, {}, "params"), share, multiple_of=64,
-                                    head_dims=dict.fromkeys(groups, 32), units="heads", groups=groups)
+        drop, _, _ = select_aligned(scores, {}, UnitCosts(prices, {}, "params"), Budget.of(share=share),
+                                    Widths(64, dict.fromkeys(groups, 32)), units="heads", groups=groups)
         for site, d in drop.items():
             kept = [h for h in range(12) if h not in d]
             assert (len(kept) * 32) % 64 == 0
@@ -120,8 +123,8 @@ def test_gqa_steps_keep_groups_even_and_widths_aligned():
 
 def test_bad_multiple_is_refused_with_its_name():
     with pytest.raises(ConfigError, match="multiple_of=0"):
-        select_aligned({}, {"a": torch.ones(4)}, UnitCosts({}, {"a": torch.ones(4)}, "params"), 0.5, multiple_of=0,
-                       head_dims={}, units="neurons")
+        select_aligned({}, {"a": torch.ones(4)}, UnitCosts({}, {"a": torch.ones(4)}, "params"),
+                       Budget.of(share=0.5), Widths(0, {}), units="neurons")
     with pytest.raises(ConfigError, match="multiple_of"):
         hp.PruneSettings(units="both", share=0.5, multiple_of=-2)
     # the head plan (a count budget) cannot align widths: refused, naming the setting that needs the other path

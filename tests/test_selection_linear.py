@@ -14,6 +14,7 @@ import torch
 from headprune.core.cost import HeadCosts
 from headprune.errors import ConfigError
 from headprune.selection.budget import budget_heads
+from headprune.selection.budgets import Budget, HeadRule
 from headprune.selection.gqa import select_gqa
 
 
@@ -131,9 +132,9 @@ def test_knapsack_matches_rescanning_reference(gqa):
         expected = reference_knapsack(pool, costs, share, floor)
         if expected is None:
             with pytest.raises(ConfigError, match="min_per_site"):
-                budget_heads(pool, flops=share, costs=costs, min_per_site=floor)
+                budget_heads(pool, Budget.of(flops=share), costs, min_per_site=floor)
             continue
-        assert budget_heads(pool, flops=share, costs=costs, min_per_site=floor) == expected
+        assert budget_heads(pool, Budget.of(flops=share), costs, min_per_site=floor) == expected
 
 
 @pytest.mark.parametrize("mode", ["uniform", "groups"])
@@ -146,9 +147,11 @@ def test_gqa_flop_steps_match_rescanning_reference(mode):
         expected = reference_by_flops(pool, costs.group, mode, share, costs, floor)
         if expected is None:  # min_per_site keeps more than the budget: both refuse
             with pytest.raises(ConfigError, match="min_per_site"):
-                select_gqa(pool, costs.group, mode=mode, flops=share, costs=costs, min_per_site=floor)
+                select_gqa(pool, costs.group, Budget.of(flops=share), HeadRule(gqa=mode, min_per_site=floor),
+                           costs)
             continue
-        got = select_gqa(pool, costs.group, mode=mode, flops=share, costs=costs, min_per_site=floor)
+        got = select_gqa(pool, costs.group, Budget.of(flops=share), HeadRule(gqa=mode, min_per_site=floor),
+                         costs)
         assert got == expected
         compared += bool(expected)
     assert compared > 50  # most instances drop something
@@ -158,5 +161,5 @@ def test_one_site_without_gqa_drops_lowest_scores_first():
     """A hand-checked case: one site, equal prices, keep half of the FLOPs -> the two lowest heads go."""
     pool = {"encoder.0.self": torch.tensor([0.4, 0.1, 0.9, 0.2], dtype=torch.float64)}
     costs = HeadCosts.additive({"encoder.0.self": torch.ones(4)})
-    assert budget_heads(pool, flops=0.5, costs=costs) == {"encoder.0.self": [1, 3]}
-    assert select_gqa(pool, None, flops=0.5, costs=costs) == {"encoder.0.self": [1, 3]}
+    assert budget_heads(pool, Budget.of(flops=0.5), costs) == {"encoder.0.self": [1, 3]}
+    assert select_gqa(pool, None, Budget.of(flops=0.5), HeadRule(), costs) == {"encoder.0.self": [1, 3]}

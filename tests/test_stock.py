@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 import headprune as hp
 from headprune.cli import app
 from headprune.core.stock import stock_config
+from headprune.selection.budgets import Budget, HeadRule
 from headprune.selection.gqa import kv_groups, select_gqa
 from tiny import build, inputs
 
@@ -26,7 +27,8 @@ def _even_uniform_plan(model, seed=0):
     groups = kv_groups(model)
     one = torch.rand(len(next(iter(groups.values()))), generator=g, dtype=torch.float64)
     n_groups = len(set(next(iter(groups.values()))))  # one uniform step per site
-    return select_gqa({name: one for name in groups}, groups, mode="uniform", n_drop=n_groups * len(groups))
+    return select_gqa({name: one for name in groups}, groups, Budget.of(n_drop=n_groups * len(groups)),
+                      HeadRule(gqa="uniform"))
 
 
 @pytest.mark.parametrize("family", GQA_FAMILIES)

@@ -19,6 +19,7 @@ from headprune.core.masking import masked_neurons, neuron_mask_from
 from headprune.core.prune import prune_neurons
 from headprune.core.unit_cost import UnitCosts, unit_costs
 from headprune.errors import ConfigError
+from headprune.selection.budgets import Budget, HeadRule
 from headprune.selection.units import select_units
 from tiny import build, inputs, labels
 
@@ -69,7 +70,7 @@ def test_search_is_exact_for_one_price_per_kind_against_brute_force():
     for share in (0.2, 0.45, 0.7):
         best = max(sum(u[3] for u in keep) for r in range(len(units) + 1)
                    for keep in itertools.combinations(units, r) if sum(u[4] for u in keep) <= share * total)
-        dh, dn, summary = select_units(hs, ns, costs, share)
+        dh, dn, summary = select_units(hs, ns, costs, Budget.of(share=share))
         kept = sum(float(v.sum()) for v in hs.values()) + sum(float(v.sum()) for v in ns.values()) - \
             sum(float(hs[k][v].sum()) for k, v in dh.items()) - sum(float(ns[k][v].sum()) for k, v in dn.items())
         assert abs(kept - best) <= 1e-9 and summary["price_kept"] <= share * total + 1e-9
@@ -79,10 +80,10 @@ def test_units_pool_leaves_the_other_kind_alone_and_bad_settings_are_refused():
     hs = {"a": torch.tensor([1.0, 2.0])}
     ns = {"f": torch.tensor([3.0, 1.0, 2.0])}
     costs = UnitCosts({"a": torch.tensor([1.0, 1.0])}, {"f": torch.tensor([1.0, 1.0, 1.0])}, "flops")
-    dh, dn, _ = select_units(hs, ns, costs, 1 / 3, units="neurons")
+    dh, dn, _ = select_units(hs, ns, costs, Budget.of(share=1 / 3), units="neurons")
     assert dh == {} and dn == {"f": [1, 2]}
     with pytest.raises(ConfigError, match="units"):
-        select_units(hs, ns, costs, 0.5, units="layers")
+        select_units(hs, ns, costs, Budget.of(share=0.5), units="layers")
     with pytest.raises(ConfigError, match="share"):
         PruneSettings(units="both", share=1.5)
 
@@ -228,16 +229,16 @@ def test_min_per_site_equals_brute_force_over_plans_keeping_a_head_everywhere():
         best = max(sum(u[3] for u in keep) for r in range(len(units) + 1)
                    for keep in itertools.combinations(units, r) if sum(u[4] for u in keep) <= share * total
                    and all(any(u[0] == "h" and u[1] == site for u in keep) for site in hs))
-        dh, dn, summary = select_units(hs, ns, costs, share, min_per_site=1)
+        dh, dn, summary = select_units(hs, ns, costs, Budget.of(share=share), rule=HeadRule(min_per_site=1))
         kept = sum(float(v.sum()) for v in hs.values()) + sum(float(v.sum()) for v in ns.values()) - \
             sum(float(hs[k][v].sum()) for k, v in dh.items()) - sum(float(ns[k][v].sum()) for k, v in dn.items())
         assert abs(kept - best) <= 1e-9 and summary["price_kept"] <= share * total + 1e-9
         assert all(len(dh.get(site, [])) < hs[site].numel() for site in hs)
-        plain, _, _ = select_units(hs, ns, costs, share)
+        plain, _, _ = select_units(hs, ns, costs, Budget.of(share=share))
         emptied_without |= any(len(plain.get(site, [])) == hs[site].numel() for site in hs)
     assert emptied_without  # the constraint was binding somewhere
     with pytest.raises(ConfigError, match="min_per_site=2"):  # two heads per site cost 20 of 59
-        select_units(hs, ns, costs, 0.3, min_per_site=2)
+        select_units(hs, ns, costs, Budget.of(share=0.3), rule=HeadRule(min_per_site=2))
 
 
 def test_min_per_site_on_grouped_query_attention_keeps_whole_steps_and_the_pool_path_accepts_it():
@@ -252,11 +253,12 @@ def test_min_per_site_on_grouped_query_attention_keeps_whole_steps_and_the_pool_
     heads[first] = heads[first] * 1e-6  # without the floor, this site goes first
     neurons = {k: torch.rand(v.numel(), generator=gen, dtype=torch.float64) for k, v in costs.neurons.items()}
     n_kv = {s: len(set(gr)) for s, gr in groups.items()}
-    dh, _, summary = select_units(heads, neurons, costs, 0.3, groups=groups, min_per_site=1)
+    dh, _, summary = select_units(heads, neurons, costs, Budget.of(share=0.3), groups=groups,
+                                  rule=HeadRule(min_per_site=1))
     for site, gr in groups.items():
         left = len(gr) - len(dh.get(site, []))
         assert left >= n_kv[site] and left % n_kv[site] == 0  # whole steps: one head of every group at least
-    plain, _, _ = select_units(heads, neurons, costs, 0.3, groups=groups)
+    plain, _, _ = select_units(heads, neurons, costs, Budget.of(share=0.3), groups=groups)
     assert len(plain.get(first, [])) == len(groups[first])  # the floor was binding
     assert summary["kept"]["heads"] == sum(len(gr) - len(dh.get(s, [])) for s, gr in groups.items())
     settings = hp.PruneSettings(units="both", price="params", share=0.3, scores="fluctuation", compensate="bias",

@@ -12,6 +12,7 @@ import headprune as hp
 from headprune.compression import PruneSettings, compress
 from headprune.core.unit_cost import unit_costs
 from headprune.errors import KVCacheWarning
+from headprune.selection.budgets import Budget, HeadRule
 from headprune.selection.gqa import kv_groups
 from headprune.selection.units import select_units
 from tiny import build, inputs, labels
@@ -42,7 +43,7 @@ def test_uniform_units_keep_heads_even_over_key_value_groups(share):
     heads = {s: torch.rand(len(g), generator=gen, dtype=torch.float64) for s, g in groups.items()}
     costs = unit_costs(model, "flops", seq_len=16)
     neurons = {k: torch.rand(v.numel(), generator=gen, dtype=torch.float64) for k, v in costs.neurons.items()}
-    drop_h, _, _ = select_units(heads, neurons, costs, share, units="both", groups=groups)
+    drop_h, _, _ = select_units(heads, neurons, costs, Budget.of(share=share), units="both", groups=groups)
     assert any(drop_h.values())
     for site, d in drop_h.items():
         counts = set(_kept_per_group(groups[site], d).values())
@@ -72,7 +73,8 @@ def test_compress_both_on_gqa_never_grows_the_cache_and_free_warns():
     for mode in ("free", "uniform", "groups"):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            drop, _, _ = select_units(scores, {}, costs, 0.7, units="heads", groups=groups, gqa=mode)
+            drop, _, _ = select_units(scores, {}, costs, Budget.of(share=0.7), units="heads", groups=groups,
+                                      rule=HeadRule(gqa=mode))
         pruned = copy.deepcopy(model)
         hp.prune_heads(pruned, {k: v for k, v in drop.items() if v})
         grew = _cache_bytes(pruned) > before
@@ -100,7 +102,8 @@ def test_gqa_steps_are_priced_as_surgery_removes_them(gqa, price):
 
     before = measure(model)
     for share in (0.2, 0.45, 0.8):
-        drop_h, drop_n, summary = select_units(heads, neurons, costs, share, groups=groups, gqa=gqa)
+        drop_h, drop_n, summary = select_units(heads, neurons, costs, Budget.of(share=share), groups=groups,
+                                               rule=HeadRule(gqa=gqa))
         pruned = copy.deepcopy(model)
         hp.prune_heads(pruned, {k: v for k, v in drop_h.items() if v}, verify=False)
         prune_neurons(pruned, {k: v for k, v in drop_n.items() if v})

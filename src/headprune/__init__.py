@@ -39,7 +39,7 @@ __all__ = [
     "head_importance", "importance_sums", "mask_gradients", "normalize_per_site", "fisher_information", "Fisher",
     "fluctuation_scores",
     # selection
-    "select_heads", "kv_groups", "lowest_heads",
+    "select_heads", "Budget", "HeadRule", "kv_groups", "lowest_heads",
     # surgery, saving and loading
     "DroppedHeads", "KeptHeads", "prune_heads", "replay_kept_heads", "kept_heads", "original_heads", "fold_scales",
     "prune_neurons", "kept_neurons", "save_pruned", "load_pruned", "load_model",
@@ -59,7 +59,7 @@ SOURCES = {  # public name -> the module it is read from on first use
                      "masked_neurons", "prune_neurons", "replay_kept_heads"), "core"),
     **dict.fromkeys(("Fisher", "fisher_information", "head_importance", "importance_sums", "mask_gradients",
                      "normalize_per_site", "fluctuation_scores"), "scoring"),
-    **dict.fromkeys(("kv_groups", "lowest_heads", "select_heads"), "selection"),
+    **dict.fromkeys(("Budget", "HeadRule", "kv_groups", "lowest_heads", "select_heads"), "selection"),
     "text_batches": "evaluation.texts",
 }
 

@@ -46,6 +46,7 @@ from ..core.sites import find_sites
 from ..errors import ConfigError
 from ..progress import progress_bar
 from ..provenance import versions
+from ..selection.budgets import Budget, HeadRule
 from ..selection.gqa import kv_groups, select_gqa
 from .figures import bench_plot, bench_table, bench_warnings
 from .machine import loadavg, machine_info, peak_rss_delta
@@ -65,7 +66,7 @@ def fraction_plan(model: nn.Module, fraction: float, *, order: str = "index", se
     sites = find_sites(model)
     scores = {s.name: torch.arange(s.num_heads, dtype=torch.float32) if order == "index"
               else torch.rand(s.num_heads, generator=g) for s in sites}
-    return select_gqa(scores, kv_groups(model), mode=gqa, fraction=fraction)
+    return select_gqa(scores, kv_groups(model), Budget.of(fraction=fraction), HeadRule(gqa))
 
 
 # ---------------------------------------------------------------- timing

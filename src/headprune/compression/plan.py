@@ -40,6 +40,7 @@ from ..scoring.fisher import Fisher
 from ..scoring.gradients import LossFn, mean_loss
 from ..scoring.registry import get_scorer, scorer_names
 from ..scoring.scorer import Scorer, ScoreRequest
+from ..selection.budgets import Budget
 from ..selection.gqa import kv_groups, select_gqa
 from ..selection.rearrange import rearrange
 from .settings import PruneSettings
@@ -116,13 +117,12 @@ def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], 
         raise ConfigError(f"scored: scores of method {scored.method!r}; scores={family!r} needs {family!r}")
     seconds = {"score": scored.seconds}
     start = time.perf_counter()
-    budget = {"n_keep": n_keep} if n_keep is not None else settings.head_budget()
-    if "flops" in budget and costs is None:
+    budget = Budget.of(n_keep=n_keep) if n_keep is not None else settings.budget
+    if budget.price == "flops" and costs is None:
         costs = head_costs(model, settings.seq_len, tgt_len=settings.tgt_len)
     groups = kv_groups(model)
-    drop = select_gqa(scored.scores, groups, mode=settings.gqa, **budget, costs=costs,
-                      kv_bytes=kv_head_bytes(model) if "kv" in budget else None,
-                      min_per_site=settings.min_per_site, sites=sites, same_per_site=settings.same_per_site)
+    drop = select_gqa(scored.scores, groups, budget, settings.head_rule(sites),
+                      kv_head_bytes(model) if budget.price == "kv" else costs)
     plan = CompressPlan(drop=drop, seconds=seconds)
     if scored.fisher is not None:
         plan.loss_estimate["selected"] = scored.fisher.loss_increase(drop) / scored.fisher.n
@@ -134,8 +134,8 @@ def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], 
         seconds["guard"] = time.perf_counter() - start
     if settings.rearranges:
         start = time.perf_counter()
-        within = settings.gqa != "free" or "kv" in budget  # keep the kept heads per key/value group
-        moved = rearrange(drop, scored.fisher, groups=groups if within or "flops" in budget else None,
+        within = settings.gqa != "free" or budget.price == "kv"  # keep the kept heads per key/value group
+        moved = rearrange(drop, scored.fisher, groups=groups if within or budget.price == "flops" else None,
                           within_groups=within)  # a FLOP budget: no key/value head more
         plan.loss_estimate["rearranged"] = scored.fisher.loss_increase(moved) / scored.fisher.n
         seconds["rearrange"] = time.perf_counter() - start

@@ -62,7 +62,8 @@ from ..scoring.checkpointing import checkpointed_blocks
 from ..scoring.fluctuation import channel_stats
 from ..scoring.gradients import LossFn, mean_loss
 from ..scoring.scorer import ScoreRequest
-from ..selection.aligned import select_aligned
+from ..selection.aligned import Widths, select_aligned
+from ..selection.budgets import Budget
 from ..selection.gqa import kv_groups
 from ..selection.units import select_units
 from .blockwise import blockwise_standins
@@ -292,12 +293,13 @@ def _select(model: nn.Module, settings: PruneSettings, costs: UnitCosts, head_sc
     share = settings.share
     if share is None:  # PruneSettings refuses n_keep for this budget; typed for the search
         raise ConfigError("the budget over heads and neurons needs share=; allowed: a share in (0, 1]")
+    budget, rule = Budget.of(share=share), settings.head_rule()
     if settings.multiple_of > 1:
-        return select_aligned(head_scores, neuron_scores, costs, share, multiple_of=settings.multiple_of,
-                              head_dims={s.name: s.head_dim for s in find_sites(model)}, units=settings.units,
-                              groups=kv_groups(model), gqa=settings.gqa, min_per_site=settings.min_per_site)
-    return select_units(head_scores, neuron_scores, costs, share, units=settings.units, groups=kv_groups(model),
-                        gqa=settings.gqa, min_per_site=settings.min_per_site)
+        widths = Widths(settings.multiple_of, {s.name: s.head_dim for s in find_sites(model)})
+        return select_aligned(head_scores, neuron_scores, costs, budget, widths, groups=kv_groups(model),
+                              units=settings.units, rule=rule)
+    return select_units(head_scores, neuron_scores, costs, budget, groups=kv_groups(model), units=settings.units,
+                        rule=rule)
 
 
 def _cut(run: _Run, model: nn.Module, calib: list, stats, drop_h: dict, drop_n: dict,

@@ -36,7 +36,7 @@ from ..checks import check_choice, check_int, check_number, check_share, is_int
 from ..errors import ConfigError
 from ..scoring.registry import get_scorer, scorer_names
 from ..scoring.scorer import Scorer
-from ..selection.budgets import Budget
+from ..selection.budgets import Budget, HeadRule
 from ..selection.gqa import GQA_MODES
 from ..selection.units import UNITS
 from .compensation import Compensation, compensation_names, get_compensations
@@ -312,12 +312,9 @@ class PruneSettings:
             raise ConfigError(f"settings file {str(path)!r}: unknown keys {unknown}; allowed: {', '.join(own)}")
         return cls(**table)
 
-    def head_budget(self) -> dict:
-        """The head plan's budget as :func:`headprune.selection.gqa.select_gqa` keywords (``n_keep`` / ``keep``
-        / ``flops`` / ``kv``)."""
-        if self.n_keep is not None:
-            return {"n_keep": self.n_keep}
-        return {{"count": "keep", "flops": "flops", "kv": "kv"}[self.price]: self.share}
+    def head_rule(self, sites: list[str] | None = None) -> HeadRule:
+        """How the head plan spends :attr:`budget` (:func:`headprune.selection.select_heads`); ``sites``: the pool."""
+        return HeadRule(self.gqa, self.min_per_site, None if sites is None else tuple(sites), self.same_per_site)
 
 
 def _toml_value(value) -> str:

@@ -26,6 +26,7 @@ from ..core.sites import find_sites
 from ..distributed import map_units
 from ..errors import ConfigError
 from ..progress import progress_bar
+from ..selection.budgets import Budget, HeadRule
 from ..selection.gqa import GQA_MODES, kv_groups, select_gqa
 from .rundir import RunDir
 
@@ -97,10 +98,10 @@ def pruning_curves(
     jobs = [(o, seed) for o in settings.orders for seed in (settings.seeds if o == "random" else (0,))]
     bar = progress_bar(total=len(jobs) * len(counts), desc="pruning curve", unit="step", show=progress)
     fixed_scores: dict[str, torch.Tensor] | None = None
-    groups = kv_groups(model)
+    groups, rule = kv_groups(model), HeadRule(settings.gqa, settings.min_per_site)
 
     def lowest(scores, n):  # the n lowest-scored heads of the pool, as the GQA mode allows
-        return select_gqa(scores, groups, mode=settings.gqa, n_drop=n, min_per_site=settings.min_per_site)
+        return select_gqa(scores, groups, Budget.of(n_drop=n), rule)
 
     planned: dict = {}  # the Fisher and the calibration batches, computed once for all Fisher orders
     tests: dict[tuple, dict] = {}

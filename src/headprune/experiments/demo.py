@@ -32,6 +32,7 @@ from ..provenance import versions
 from ..report import build_report
 from ..report import figures as fig
 from ..scoring.importance import head_importance
+from ..selection.budgets import Budget
 from ..selection.gqa import kv_groups, select_gqa
 from .ablation import SweepSettings
 from .curves import CurveSettings
@@ -177,7 +178,7 @@ def _study(model, calib: LanguageModelling, held_out: LanguageModelling, run: Ru
     level = choose_level(curve, s.max_ppl_increase)
     if s.mode == "check" and level == 0:  # the check always exercises surgery, save/load and the speed check
         level = min(f for f in s.fractions if f > 0)
-    drop = select_gqa(scores, kv_groups(model), fraction=level)  # uniform: the KV cache never grows
+    drop = select_gqa(scores, kv_groups(model), Budget.of(fraction=level))  # uniform: the KV cache never grows
     return {"scores": scores, "level": level, "drop": drop, "ablation_report": ablation_report,
             "curve_report": curve_report,
             "base_ppl": json.loads((output / "ablation" / "results.json").read_text())["base"]}  # held-out, unpruned

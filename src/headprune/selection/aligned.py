@@ -27,10 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import check_choice, check_int, check_share
+from ..checks import check_choice, check_int
 from ..core.unit_cost import UnitCosts
 from ..errors import ConfigError
-from .gqa import GQA_MODES, gqa_steps
+from .budgets import Budget, HeadRule
+from .gqa import gqa_steps
+from .units import pool_heads, share_kept
 
 
 @dataclass
@@ -61,21 +63,35 @@ def aligned_blocks(sizes: Sequence[int], total: int, multiple: int) -> list[list
     return out
 
 
+@dataclass(frozen=True)
+class Widths:
+    """Widths the kernels like: every width a selection changes a multiple of ``multiple_of``."""
+
+    multiple_of: int  # the block: 32 (Q4_0, Q8_0), 256 (K-quants), 64 / 128 (tensor-core tiles)
+    head_dims: Mapping[str, int]  # {site: head_dim}: an attention width is heads x head_dim
+
+    def __post_init__(self) -> None:
+        check_int("multiple_of", self.multiple_of, 1)
+        for site, d in self.head_dims.items():
+            check_int(f"head_dims[{site!r}]", d, 1)
+
+
 def select_aligned(head_scores: Mapping[str, torch.Tensor], neuron_scores: Mapping[str, torch.Tensor],
-                   costs: UnitCosts, share: float, *, multiple_of: int, head_dims: Mapping[str, int],
-                   units: str = "both", groups: Mapping[str, list[int]] | None = None, gqa: str = "uniform",
-                   min_per_site: int = 0) -> tuple[dict[str, list[int]], dict[str, list[int]], dict]:
+                   costs: UnitCosts, budget: Budget, widths: Widths, *, groups: Mapping[str, list[int]] | None = None,
+                   units: str = "both", rule: HeadRule = HeadRule()
+                   ) -> tuple[dict[str, list[int]], dict[str, list[int]], dict]:
     """(heads to drop {site: indices}, neurons to drop {ffn: indices}, summary), as
-    :func:`.units.select_units`, with every changed FFN width and attention width (heads x ``head_dims[site]``)
-    a multiple of ``multiple_of``."""
-    check_share("share", share)
-    check_int("multiple_of", multiple_of, 1)
+    :func:`.units.select_units`, with every changed FFN width and attention width (heads x
+    ``widths.head_dims[site]``) a multiple of ``widths.multiple_of``."""
+    share = share_kept(budget)
+    if not isinstance(widths, Widths):
+        raise ConfigError(f"widths={widths!r}; allowed: Widths(multiple_of, head_dims)")
     check_choice("units", units, ("heads", "neurons", "both"))
-    check_choice("gqa", gqa, GQA_MODES)
-    check_int("min_per_site", min_per_site, 0)
+    head_scores = pool_heads(head_scores, rule)
+    multiple_of, min_per_site = widths.multiple_of, rule.min_per_site
     pool: list[_Group] = []
     if units != "neurons":
-        pool += _head_groups(head_scores, costs, head_dims, multiple_of, groups, gqa, min_per_site)
+        pool += _head_groups(head_scores, costs, widths, groups, rule)
     if units != "heads":
         for name, sc in neuron_scores.items():
             if name not in costs.neurons:
@@ -99,7 +115,8 @@ def select_aligned(head_scores: Mapping[str, torch.Tensor], neuron_scores: Mappi
     return drop["heads"], drop["neurons"], summary
 
 
-def _head_groups(scores, costs: UnitCosts, head_dims, multiple_of: int, groups, gqa: str, min_per_site: int):
+def _head_groups(scores, costs: UnitCosts, widths: Widths, groups, rule: HeadRule):
+    head_dims, multiple_of, gqa, min_per_site = widths.head_dims, widths.multiple_of, rule.gqa, rule.min_per_site
     if groups is not None and gqa != "free" and scores:
         step_scores, step_prices, steps = gqa_steps(scores, costs.heads, groups, gqa, kv=costs.kv)
     else:

@@ -4,7 +4,7 @@ Prices come from the one FLOP counter (:func:`headprune.core.cost.head_costs`): 
 example's forward at ``seq_len`` tokens (``tgt_len`` decoder tokens for encoder-decoders), a
 key/value head paid once while any query head that reads it is kept.
 
-Selection is global across sites and kinds: the ``keep`` share / ``n_keep`` count of heads with the
+Selection is global across sites and kinds: a :class:`~.budgets.Budget` count or share of heads with the
 highest scores, or under a FLOP budget a greedy knapsack by score per marginal FLOP (a query head
 whose key/value head is not paid yet also pays for it). ``min_per_site`` heads (the best of each
 site) are kept first. The knapsack is one heap pass (n log n in the number of heads; 5,120 heads in
@@ -24,43 +24,37 @@ from ..checks import check_int
 from ..core.cost import HeadCosts
 from ..core.surgery import DroppedHeads
 from ..errors import ConfigError
-from .budgets import Budget
+from .budgets import Budget, check_budget
 from .lowest import lowest_heads
 
 
 def budget_heads(
     scores: Mapping[str, torch.Tensor],
-    *,
-    keep: float | None = None,
-    n_keep: int | None = None,
-    flops: float | None = None,
+    budget: Budget,
     costs: HeadCosts | Mapping[str, torch.Tensor] | None = None,
+    *,
     min_per_site: int = 0,
-    sites: list[str] | None = None,
 ) -> DroppedHeads:
-    """Heads to drop ({site: sorted indices}) so that the kept ones fit one budget.
+    """Heads to drop ({site: sorted indices}) so that the kept ones fit ``budget``.
 
-    Exactly one of: ``keep`` (share of the pool's heads kept, rounded to a count), ``n_keep``
-    (count kept) or ``flops`` (share of the pool's head FLOPs kept; ``costs`` from :func:`head_costs`,
-    or plain {site: [H]} per-head costs): the kept cost is <= the budget and no dropped head would
-    still fit. Higher scores are kept first; ties break by site order then head index. ``sites``
-    restricts the pool (heads outside it are kept and not counted).
+    A head count (``n_keep``, ``keep``, ``n_drop``, ``fraction``) or ``flops`` (share of the pool's head FLOPs
+    kept; ``costs`` from :func:`head_costs`, or plain {site: [H]} per-head costs): the kept cost is <= the
+    budget and no dropped head would still fit. Higher scores are kept first; ties break by site order then
+    head index. Every site of ``scores`` is in the pool.
     """
-    budget = Budget.of(keep=keep, n_keep=n_keep, flops=flops)
-    if sites is not None and (unknown := [s for s in sites if s not in scores]):
-        raise ConfigError(f"sites: unknown {unknown}; allowed: {', '.join(scores)}")
+    check_budget(budget, "count", "flops")
     check_int("min_per_site", min_per_site, 0)
-    pool = {k: torch.as_tensor(v, dtype=torch.float64).flatten() for k, v in scores.items()
-            if sites is None or k in sites}
+    pool = {k: torch.as_tensor(v, dtype=torch.float64).flatten() for k, v in scores.items()}
     total = sum(v.numel() for v in pool.values())
     floor = sum(min(min_per_site, v.numel()) for v in pool.values())  # heads min_per_site forces us to keep
     if budget.price == "count":
         n_keep = total - budget.count_removed(total)
         if n_keep < floor:
-            raise ConfigError(f"n_keep={n_keep} is below what min_per_site={min_per_site} keeps ({floor} heads); "
-                              f"allowed: n_keep >= {floor} or a smaller min_per_site=")
+            raise ConfigError(f"{budget.keyword}={budget.amount!r} keeps {n_keep} heads, below what "
+                              f"min_per_site={min_per_site} keeps ({floor} heads); allowed: a budget keeping >= {floor} "
+                              "or a smaller min_per_site=")
         return lowest_heads(pool, n_heads=total - n_keep, min_per_site=min_per_site)
-    return _knapsack(pool, _costs(costs, pool), flops, min_per_site)
+    return _knapsack(pool, _costs(costs, pool), budget.amount, min_per_site)
 
 
 def _costs(costs, pool: dict[str, torch.Tensor]) -> HeadCosts:

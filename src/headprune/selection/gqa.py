@@ -29,18 +29,18 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from ..checks import check_choice, check_int, check_share
+from ..checks import check_share
 from ..core.cost import HeadCosts
 from ..core.kvcache import cached_kv_heads
 from ..core.sites import find_sites, kv_of_heads
 from ..core.surgery import DroppedHeads
 from ..errors import ConfigError, KVCacheWarning
 from .budget import budget_heads
-from .budgets import Budget
+from .budgets import GQA_MODES, Budget, HeadRule, check_budget
 from .counts import exactly_kept
 from .lowest import lowest_heads
 
-GQA_MODES = ("uniform", "groups", "free")
+__all__ = ["GQA_MODES", "Groups", "kv_groups", "select_gqa", "kv_growth", "warn_kv_growth", "gqa_steps"]
 Groups = Mapping[str, Sequence[int]]  # {site: [H] key/value head each query head reads}
 
 
@@ -52,55 +52,46 @@ def kv_groups(model: nn.Module) -> dict[str, list[int]]:
 def select_gqa(
     scores: Mapping[str, torch.Tensor],
     groups: Groups | None,
-    *,
-    mode: str = "uniform",
-    n_drop: int | None = None,
-    fraction: float | None = None,
-    keep: float | None = None,
-    n_keep: int | None = None,
-    flops: float | None = None,
-    costs: HeadCosts | None = None,
-    kv: float | None = None,
-    kv_bytes: Mapping[str, float] | None = None,
-    min_per_site: int = 0,
-    sites: list[str] | None = None,
-    same_per_site: bool = False,
+    budget: Budget,
+    rule: HeadRule = HeadRule(),
+    costs: HeadCosts | Mapping[str, float] | None = None,
 ) -> DroppedHeads:
-    """Heads to drop ({site: sorted indices}), lowest scores first, under one budget and a GQA ``mode``.
+    """Heads to drop ({site: sorted indices}), lowest scores first, under ``budget`` and ``rule``.
 
-    Budgets (exactly one): ``n_drop`` / ``fraction`` (heads dropped: at most that many of the pool),
-    ``keep`` (share of the pool's heads kept: at least that many), ``n_keep`` (exactly that
-    many heads kept, or a refusal naming the nearest counts the GQA mode can keep), ``flops``
-    (share of the pool's head FLOPs kept, ``costs`` from :func:`headprune.core.cost.head_costs`), ``kv``
-    (share of the pool's KV-cache bytes per token kept, ``kv_bytes`` {site: bytes per token of one
-    cached key/value head} from :func:`headprune.core.kvcache.kv_head_bytes`). ``groups``: {site: [H]
-    key/value head of each query head} (:func:`kv_groups`; None: no GQA). ``sites`` restricts the pool.
-    ``same_per_site``: every site of the pool keeps the same number of heads (steps taken in all sites at
-    once, by their summed scores), so a stock config can describe the pruned model (:mod:`headprune.core.stock`);
-    needs a head budget, mode ``uniform`` or ``groups`` and sites of one shape.
+    ``budget`` (:class:`~headprune.selection.budgets.Budget`): ``n_drop`` / ``fraction`` (heads dropped: at
+    most that many of the pool), ``keep`` (share of the pool's heads kept: at least that many), ``n_keep``
+    (exactly that many heads kept, or a refusal naming the nearest counts the GQA mode can keep), ``flops``
+    (share of the pool's head FLOPs kept; ``costs``: :class:`HeadCosts` from
+    :func:`headprune.core.cost.head_costs`), ``kv`` (share of the pool's KV-cache bytes per token kept;
+    ``costs``: {site: bytes per token of one cached key/value head} from
+    :func:`headprune.core.kvcache.kv_head_bytes`). ``groups``: {site: [H] key/value head of each query head}
+    (:func:`kv_groups`; None: no GQA). ``rule``: the GQA mode, ``min_per_site``, the ``sites`` of the pool and
+    ``same_per_site`` (every site of the pool keeps the same number of heads, steps taken in all sites at once
+    by their summed scores, so a stock config can describe the pruned model, :mod:`headprune.core.stock`;
+    needs a head-count budget and sites of one shape).
     """
-    check_choice("mode", mode, GQA_MODES)
-    check_int("min_per_site", min_per_site, 0)
-    budget = Budget.of(n_drop=n_drop, fraction=fraction, keep=keep, n_keep=n_keep, flops=flops, kv=kv)
-    if same_per_site and (mode == "free" or budget.price != "count"):
-        raise ConfigError(f"same_per_site=True needs mode 'uniform' or 'groups' and a head budget; got mode={mode!r}, "
-                          f"budget {budget.keyword}")
-    if sites is not None and (unknown := [s for s in sites if s not in scores]):
+    check_budget(budget, "count", "flops", "kv")
+    if not isinstance(rule, HeadRule):
+        raise ConfigError(f"rule={rule!r}; allowed: a HeadRule")
+    mode, min_per_site = rule.gqa, rule.min_per_site
+    if rule.same_per_site and budget.price != "count":
+        raise ConfigError(f"same_per_site=True needs a head-count budget; got {budget.keyword}={budget.amount!r}")
+    if rule.sites is not None and (unknown := [s for s in rule.sites if s not in scores]):
         raise ConfigError(f"sites: unknown {unknown}; allowed: {', '.join(scores)}")
     pool = {k: torch.as_tensor(v, dtype=torch.float64).flatten() for k, v in scores.items()
-            if sites is None or k in sites}
+            if rule.sites is None or k in rule.sites}
     groups = _check_groups(groups, pool)
-    total = sum(v.numel() for v in pool.values())
-    if kv is not None:
-        return _by_kv(pool, groups, kv, kv_bytes, min_per_site)
-    if flops is not None:
+    if budget.price == "kv":
+        return _by_kv(pool, groups, budget.amount, costs, min_per_site)
+    if budget.price == "flops":
         if mode == "free":
-            drop = budget_heads(pool, flops=flops, costs=costs, min_per_site=min_per_site)
+            drop = budget_heads(pool, budget, costs, min_per_site=min_per_site)
             warn_kv_growth(drop, groups)
             return drop
-        return _by_flops(pool, groups, mode, flops, costs, min_per_site)
-    n = budget.count_removed(total)
-    if same_per_site:
+        return _by_flops(pool, groups, mode, budget.amount, costs, min_per_site)
+    n = budget.count_removed(sum(v.numel() for v in pool.values()))
+    n_keep = budget.amount if budget.keyword == "n_keep" else None  # exactly that many kept, or a refusal
+    if rule.same_per_site:
         drop = _same_per_site(pool, groups, mode, n, min_per_site)
         return drop if n_keep is None else exactly_kept(drop, pool, groups, (mode, _units(pool, groups, mode)), n_keep,
                                                         min_per_site, same=True)
@@ -112,7 +103,7 @@ def select_gqa(
     drop = _greedy(pool, _units(pool, groups, mode), lambda unit, spent: spent + len(unit[1]) <= n,
                    lambda unit: len(unit[1]), min_per_site)
     return drop if n_keep is None else exactly_kept(drop, pool, groups, (mode, _units(pool, groups, mode)), n_keep,
-                                                        min_per_site)
+                                                    min_per_site)
 
 
 def kv_growth(drop: Mapping[str, Sequence[int]], groups: Groups) -> tuple[float, str | None, float, int, int]:
@@ -262,15 +253,16 @@ def _count(g: Sequence[int]) -> dict[int, int]:
     return counts
 
 
-def _by_flops(pool, groups, mode, share, costs: HeadCosts | None, min_per_site) -> dict[str, list[int]]:
+def _by_flops(pool, groups, mode, share, costs, min_per_site) -> dict[str, list[int]]:
     """Drop steps, lowest score per FLOP saved first, until the kept FLOPs fit ``share`` of the pool's.
 
     A step's key (its summed score per FLOP it saves, then the site's order) depends on its own site only,
     so a heap holds each site's next step and only the site that took a step is priced again: a step saves
     its heads' own FLOPs and those of every key/value head whose last reader it drops."""
     check_share("flops", share)
-    if costs is None:
-        raise ConfigError("flops= needs costs= (FLOPs per head, from headprune.core.cost.head_costs(model))")
+    if not isinstance(costs, HeadCosts):
+        raise ConfigError(f"flops= needs costs=HeadCosts (FLOPs per head, from headprune.core.cost.head_costs(model)); "
+                          f"got {type(costs).__name__}")
     names = list(pool)
     site_cost = [costs.cost({name: range(pool[name].numel())}) for name in names]
     budget = share * sum(site_cost)
@@ -322,9 +314,9 @@ def _by_flops(pool, groups, mode, share, costs: HeadCosts | None, min_per_site) 
 def _by_kv(pool, groups, share, kv_bytes, min_per_site) -> dict[str, list[int]]:
     """Drop whole key/value groups, lowest mean score first, until the cache kept fits ``share`` of the pool's."""
     check_share("kv", share)
-    if kv_bytes is None:
-        raise ConfigError("kv= needs kv_bytes= (bytes per token of one cached key/value head per site, from "
-                          "headprune.core.kvcache.kv_head_bytes(model))")
+    if not isinstance(kv_bytes, Mapping):
+        raise ConfigError("kv= needs costs= {site: bytes per token of one cached key/value head} (from "
+                          f"headprune.core.kvcache.kv_head_bytes(model)); got {type(kv_bytes).__name__}")
     price = {name: float(kv_bytes.get(name, 0.0)) for name in pool}
 
     def cache(drop) -> float:

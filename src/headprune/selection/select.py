@@ -1,9 +1,10 @@
 """``select_heads``: the one way to turn scores into the heads to drop, under any budget.
 
-Lowest scores go first, under one budget: ``n_drop`` / ``fraction`` (heads dropped), ``keep`` / ``n_keep``
-(heads kept), ``flops`` (share of the head FLOPs kept, ``costs``) or ``kv`` (share of the KV-cache bytes
-kept, ``kv_bytes``). ``groups`` ({site: the key/value head each query head reads}, :func:`.gqa.kv_groups`)
-lets the default ``gqa="uniform"`` keep grouped-query attention even -- the same number of query heads per
+Lowest scores go first, under one :class:`~.budgets.Budget`: ``n_drop`` / ``fraction`` (heads dropped),
+``keep`` / ``n_keep`` (heads kept), ``flops`` (share of the head FLOPs kept, priced by ``costs``) or ``kv``
+(share of the KV-cache bytes kept, priced by ``costs``), spent as a :class:`~.budgets.HeadRule` says.
+``groups`` ({site: the key/value head each query head reads}, :func:`.gqa.kv_groups`) lets the default
+``HeadRule(gqa="uniform")`` keep grouped-query attention even -- the same number of query heads per
 key/value group, so the KV cache never grows; ``"groups"`` drops whole key/value groups, ``"free"`` any
 heads (it warns when the cache grows). :func:`.lowest.lowest_heads` is the paper's plain rule (the lowest
 heads wherever they are), kept beside it.
@@ -18,41 +19,34 @@ import torch
 from ..core.cost import HeadCosts
 from ..core.surgery import DroppedHeads
 from ..errors import ConfigError
+from .budgets import Budget, HeadRule, check_budget
 from .gqa import Groups, select_gqa
 
 
 def select_heads(
     scores: Mapping[str, torch.Tensor],
     groups: Groups | None,
-    *,
-    gqa: str = "uniform",
-    n_drop: int | None = None,
-    fraction: float | None = None,
-    keep: float | None = None,
-    n_keep: int | None = None,
-    flops: float | None = None,
-    costs: HeadCosts | Mapping[str, torch.Tensor] | None = None,
-    kv: float | None = None,
-    kv_bytes: Mapping[str, float] | None = None,
-    min_per_site: int = 0,
-    sites: list[str] | None = None,
-    same_per_site: bool = False,
+    budget: Budget,
+    rule: HeadRule = HeadRule(),
+    costs: HeadCosts | Mapping[str, torch.Tensor] | Mapping[str, float] | None = None,
 ) -> DroppedHeads:
-    """Heads to drop ({site: sorted indices}) under one budget; see the module doc.
+    """Heads to drop ({site: sorted indices}) under ``budget`` (:class:`Budget`, e.g. ``Budget.of(fraction=0.5)``)
+    and ``rule`` (:class:`HeadRule`); see the module doc.
 
     ``groups``: :func:`headprune.kv_groups` ``(model)``, or None for a model without grouped-query
     attention (the paper's plain head-by-head rule: :func:`headprune.lowest_heads`;
-    :func:`headprune.selection.budget.budget_heads` for a FLOP budget).
+    :func:`headprune.selection.budget.budget_heads` for a FLOP budget). ``costs``: what the budget's price
+    counts -- for ``flops``, :func:`headprune.core.cost.head_costs` ``(model)`` or plain {site: [H]} per-head
+    costs; for ``kv``, :func:`headprune.core.kvcache.kv_head_bytes` ``(model)``; None for a head count.
     Non-finite scores are refused.
     """
     _check_finite(scores)
-    if costs is not None and not isinstance(costs, HeadCosts):
+    if check_budget(budget, "count", "flops", "kv").price == "flops" and costs is not None \
+            and not isinstance(costs, HeadCosts):
         if not isinstance(costs, Mapping):
             raise ConfigError(f"costs: {type(costs).__name__}; allowed: HeadCosts or a mapping site -> [heads]")
         costs = HeadCosts.additive(costs)
-    return select_gqa(scores, groups, mode=gqa, n_drop=n_drop, fraction=fraction, keep=keep, n_keep=n_keep,
-                      flops=flops, costs=costs, kv=kv, kv_bytes=kv_bytes, min_per_site=min_per_site, sites=sites,
-                      same_per_site=same_per_site)
+    return select_gqa(scores, groups, budget, rule, costs)
 
 
 def _check_finite(scores: Mapping[str, torch.Tensor]) -> None:

@@ -30,11 +30,11 @@ from collections.abc import Mapping
 
 import torch
 
-from ..checks import check_choice, check_int
+from ..checks import check_choice
 from ..core.unit_cost import UnitCosts
 from ..errors import ConfigError
-from .budgets import Budget
-from .gqa import GQA_MODES, gqa_steps, warn_kv_growth
+from .budgets import Budget, HeadRule
+from .gqa import gqa_steps, warn_kv_growth
 
 UNITS = ("heads", "neurons", "both")
 
@@ -43,22 +43,22 @@ def select_units(
     head_scores: Mapping[str, torch.Tensor],
     neuron_scores: Mapping[str, torch.Tensor],
     costs: UnitCosts,
-    share: float,
+    budget: Budget,
     *,
-    units: str = "both",
     groups: Mapping[str, list[int]] | None = None,
-    gqa: str = "uniform",
-    min_per_site: int = 0,
+    units: str = "both",
+    rule: HeadRule = HeadRule(),
 ) -> tuple[dict[str, list[int]], dict[str, list[int]], dict]:
-    """(heads to drop {site: indices}, neurons to drop {ffn: indices}, summary) keeping at most ``share``
-    of the pool's price. ``units``: which kinds are in the pool (the others are all kept and not counted).
-    ``groups``: {site: the key/value head each query head reads} (:func:`.gqa.kv_groups`; None: no GQA).
+    """(heads to drop {site: indices}, neurons to drop {ffn: indices}, summary) keeping at most ``budget`` (a
+    share kept: ``Budget.of(share=...)``) of the pool's price. ``units``: which kinds are in the pool (the
+    others are all kept and not counted). ``groups``: {site: the key/value head each query head reads}
+    (:func:`.gqa.kv_groups`; None: no GQA). ``rule``: the GQA mode, the head ``sites`` in the pool and
     ``min_per_site``: every site keeps at least this many heads (all it has, if fewer): its best head units
     (under ``uniform``, its last steps) are kept first and paid from the budget; the rest is searched."""
     check_choice("units", units, UNITS)
-    Budget.of(share=share)  # the one validation of a budget
-    check_choice("gqa", gqa, GQA_MODES)
-    check_int("min_per_site", min_per_site, 0)
+    share = share_kept(budget)
+    head_scores = pool_heads(head_scores, rule)
+    gqa, min_per_site = rule.gqa, rule.min_per_site
     head_prices, steps = costs.heads, None
     if groups is not None and gqa != "free" and units != "neurons" and head_scores:
         head_scores, head_prices, steps = gqa_steps(head_scores, costs.heads, groups, gqa, kv=costs.kv)
@@ -82,32 +82,19 @@ def select_units(
             paid = float(torch.as_tensor(prices[name], dtype=torch.float64).flatten()[sorted(idx)].sum()) if idx else 0.0
             total += paid
             forced_price += paid
-    budget = share * total - forced_price
-    if budget < -1e-12 * total:
+    budget_left = share * total - forced_price
+    if budget_left < -1e-12 * total:
         raise ConfigError(f"min_per_site={min_per_site} keeps {forced_price / total:.3g} of the pool's price, more than "
                           f"share={share}; allowed: a larger share= or a smaller min_per_site=")
-    budget = max(budget, 0.0)
+    budget_left = max(budget_left, 0.0)
     if "heads" in ranked and "neurons" in ranked:
-        keep = _enumerate(ranked["heads"], ranked["neurons"], budget)
+        keep = _enumerate(ranked["heads"], ranked["neurons"], budget_left)
     else:
         (kind, r), = ranked.items()
-        keep = {kind: _prefix(r[1], budget)}
+        keep = {kind: _prefix(r[1], budget_left)}
     kept_sets = {kind: set(keep[kind]) for kind in ranked}
     spent = sum(float(ranked[k][1][list(v)].sum()) for k, v in kept_sets.items() if v)
-    budget_all, spent = budget + forced_price, spent + forced_price
-    for kind, (ids, price, score) in ranked.items():  # fill what is left with anything that fits, best first
-        position = {unit: j for j, unit in enumerate(ids)}
-
-        def in_order(j: int, kind=kind, ids=ids, position=position) -> bool:  # steps: the later one is kept
-            if kind != "heads" or steps is None or ids[j][1] == 0:
-                return True
-            before = (ids[j][0], ids[j][1] - 1)
-            return before[1] in forced[kind].get(before[0], ()) or position.get(before, -1) in kept_sets[kind]
-
-        for i in torch.argsort(score / price.clamp_min(1e-300), descending=True, stable=True).tolist():
-            if i not in kept_sets[kind] and spent + float(price[i]) <= budget_all * (1 + 1e-12) and in_order(i):
-                kept_sets[kind].add(i)
-                spent += float(price[i])
+    spent = _fill(ranked, kept_sets, forced, steps, spent + forced_price, budget_left + forced_price)
     drops = {kind: _drops(ranked[kind][0], kept_sets[kind]) for kind in ranked}
     if steps is not None:  # steps back to heads: a site that drops d steps drops its first d (its lowest)
         drops["heads"] = {site: sorted(h for step in steps[site][:len(d)] for h in step)
@@ -124,6 +111,45 @@ def select_units(
         summary["of"]["heads"] = sum(len(step) for site_steps in steps.values() for step in site_steps)
         summary["kept"]["heads"] = summary["of"]["heads"] - sum(len(d) for d in drops["heads"].values())
     return drops.get("heads", {}), drops.get("neurons", {}), summary
+
+
+def share_kept(budget: Budget) -> float:
+    """The share of the pool's price ``budget`` keeps (one budget over units is a share kept, not a count)."""
+    if not isinstance(budget, Budget) or not budget.is_share or budget.removed:
+        raise ConfigError(f"budget={budget!r}; allowed: a share of the pool's price kept, Budget.of(share=...)")
+    return float(budget.amount)
+
+
+def pool_heads(head_scores: Mapping[str, torch.Tensor], rule: HeadRule) -> Mapping[str, torch.Tensor]:
+    """The head scores of ``rule.sites`` (all without); ``same_per_site`` refused (a head plan's rule only)."""
+    if not isinstance(rule, HeadRule):
+        raise ConfigError(f"rule={rule!r}; allowed: a HeadRule")
+    if rule.same_per_site:
+        raise ConfigError("same_per_site=True: one budget over units keeps no count per site; allowed: False")
+    if rule.sites is None:
+        return head_scores
+    if unknown := [s for s in rule.sites if s not in head_scores]:
+        raise ConfigError(f"sites: unknown {unknown}; allowed: {', '.join(head_scores)}")
+    return {k: v for k, v in head_scores.items() if k in rule.sites}
+
+
+def _fill(ranked, kept_sets, forced, steps, spent: float, budget: float) -> float:
+    """Fill what the search left with any unit that still fits, best score per price first (a GQA step only
+    after the step that follows it in drop order is kept); returns the price spent."""
+    for kind, (ids, price, score) in ranked.items():
+        position = {unit: j for j, unit in enumerate(ids)}
+
+        def in_order(j: int, kind=kind, ids=ids, position=position) -> bool:  # steps: the later one is kept
+            if kind != "heads" or steps is None or ids[j][1] == 0:
+                return True
+            before = (ids[j][0], ids[j][1] - 1)
+            return before[1] in forced[kind].get(before[0], ()) or position.get(before, -1) in kept_sets[kind]
+
+        for i in torch.argsort(score / price.clamp_min(1e-300), descending=True, stable=True).tolist():
+            if i not in kept_sets[kind] and spent + float(price[i]) <= budget * (1 + 1e-12) and in_order(i):
+                kept_sets[kind].add(i)
+                spent += float(price[i])
+    return spent
 
 
 def _kept_first(scores: Mapping[str, torch.Tensor], prices: Mapping[str, torch.Tensor], steps, min_per_site: int):
