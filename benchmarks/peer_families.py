@@ -163,8 +163,10 @@ def survey(model_type: str, plans: dict) -> dict:
         warnings.simplefilter("ignore")
         try:
             row["class"], _, model = families.build(model_type)
-        except Exception as e:  # noqa: BLE001  (the tiny model could not be made here: says why)
-            return row | {"built": False, "reason": f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"}
+        except Exception as e:  # noqa: BLE001  (the tiny model could not be made here: every method not run, why)
+            line = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+            reason = f"the tiny model ({LAYERS} layers) could not be built: {type(e).__name__}: {line}"
+            return row | {"built": False, "rows": [{"method": m, "status": "not run", "reason": reason} for m in plans]}
         batches = calibration(model)
         for method, (fn, settings) in plans.items():
             torch.manual_seed(0)

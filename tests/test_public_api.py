@@ -31,7 +31,7 @@ DEPRECATED: list[str] = []  # none since 0.3.0 (the former names are gone, not k
 
 TASK = ["--task", "--data", "--data2", "--split", "--text-column", "--text-pair-column", "--label-column",
         "--source-column", "--target-column", "--label-map", "--limit", "--batch-size", "--metric", "--beams",
-        "--device", "--dtype"]
+        "--device", "--dtype", "--prefix-token"]
 SWEEP = ["--sites", "--alpha", "--resamples", "--seed", "--correction", "--prefix-cache"]
 COMMANDS = {
     "ablate": [*TASK, *SWEEP, "--output", "--fresh", "--quiet"],
@@ -48,7 +48,7 @@ COMMANDS = {
                  "--val-share", "--bench-batch", "--bench-repeats", "--no-bench", "--seed", "--val-data", "--val-data2",
                  "--val-split", "--val-limit", "--fit-limit", "--distill-epochs", "--distill-lr", "--output", "--quiet",
                  "--no-verify", "--config", "--multiple-of", "--low-memory", "--steps",
-                 "--step-standin", "--step-damping", "--score-batches"],
+                 "--step-standin", "--step-damping", "--score-batches", "--recover-tokens"],
     "cross-domain": [*TASK, *SWEEP, "--data-b", "--data2-b", "--split-b", "--names", "--output", "--fresh", "--quiet"],
     "curve": [*TASK, "--calib-data", "--calib-data2", "--calib-split", "--calib-limit", "--gqa", "--kind",
               "--min-per-site", "--oracle-from", "--orders", "--seeds", "--step", "--output", "--fresh", "--quiet"],
@@ -61,6 +61,9 @@ COMMANDS = {
     "importance": [*TASK, "--absolute", "--block-size", "--calib-limit", "--checkpoint-blocks", "--max-length",
                    "--normalize", "--scores", "--output", "--fresh", "--quiet"],
     "prune": ["--device", "--drop", "--dtype", "--output", "--no-verify", "--quiet"],
+    "recover": ["--batch-size", "--block-size", "--checkpoint-every", "--data", "--device", "--dtype", "--eval-every",
+                "--fresh", "--held-out-blocks", "--hidden-weight", "--lr", "--lr-grid", "--lr-steps", "--output",
+                "--quiet", "--seed", "--teacher", "--tokens"],
     "report": [],
     "sites": ["--device", "--dtype", "--json", "--quiet"],
     "train classifier": ["--batch-size", "--data", "--epochs", "--eval-data", "--eval-limit", "--eval-split",

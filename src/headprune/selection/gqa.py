@@ -90,7 +90,7 @@ def select_gqa(
             return drop
         return _by_flops(pool, groups, mode, budget.amount, costs, min_per_site)
     n = budget.count_removed(sum(v.numel() for v in pool.values()))
-    n_keep = budget.amount if budget.keyword == "n_keep" else None  # exactly that many kept, or a refusal
+    n_keep = int(budget.amount) if budget.keyword == "n_keep" else None  # exactly that many kept, or a refusal
     if rule.same_per_site:
         drop = _same_per_site(pool, groups, mode, n, min_per_site)
         return drop if n_keep is None else exactly_kept(drop, pool, groups, (mode, _units(pool, groups, mode)), n_keep,
