@@ -32,7 +32,6 @@ MANY_PARAMETERS = {
     "compression.entry.compress": "the entry point: its data (val_batches, fit_batches, prices, sites, loss_fn) "
                                   "are keywords beside the settings object",
     "compression.plan.plan_heads": "reused scores, prices and sites for several budgets on one model",
-    "compression.pool.compress_pool": "compress()'s keywords for the budget over heads and neurons",
     "compression.reconstruct._refit": "one layer's least-squares system",
     "selection.select.select_heads": "the README's selection call: one keyword per budget (a Budget type is open)",
     "selection.gqa.select_gqa": "as select_heads",
