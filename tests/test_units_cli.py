@@ -73,8 +73,8 @@ def test_cli_distill_runs_after_the_reconstruction_and_the_summary_says_if_it_wa
     assert record["settings"]["distill_epochs"] == 2 and record["distillation"]["steps"] >= 2
     stage = record["stages"]["distill"]
     assert f"distill {stage}" in result.output
-    assert stage.startswith("kept") == (record["val_loss"]["distilled"] <= min(
-        record["val_loss"]["pruned"], record["val_loss"].get("reconstructed", float("inf"))))
+    assert stage.startswith("kept") == (record["losses"]["distilled"] <= min(
+        record["losses"]["pruned"], record["losses"].get("reconstructed", float("inf"))))
 
 
 @pytest.mark.parametrize("args, message", [
