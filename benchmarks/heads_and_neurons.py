@@ -356,7 +356,7 @@ def main(argv=None):
         rows.append({"model": name, "model_flops_budget": budget, "unit_share": share,
                      "model_flops_kept": a["flops"] / b["flops"], "params_kept": a["params"] / b["params"],
                      "heads_kept": [a["heads"], b["heads"]], "neurons_kept": [a["neurons"], b["neurons"]],
-                     "stages": result.stages, "val_loss": result.val_loss, "compress_seconds": seconds,
+                     "stages": result.stages, "val_loss": result.losses, "compress_seconds": seconds,
                      "seconds": result.seconds, "summary": result.summary()})
         print(f"{name}: {result.summary()} ({seconds:.0f} s)", flush=True)
     base = test.evaluate(model)

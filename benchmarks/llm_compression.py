@@ -145,7 +145,7 @@ def main(argv=None) -> dict | None:
                    "heads_removed": sum(len(v) for v in plan.drop.values()), "of": total_heads,
                    "perplexity": r.score, "relative": ratio, "relative_ci95": [low, high],
                    "kv_cache_bytes_per_token": {"before": kv_before, "after": round(kv_before * factor)},
-                   "rejected": plan.rejected, "calib_loss": plan.calib_loss, "plan_seconds": plan_s,
+                   "rejected": plan.rejected, "calib_loss": plan.losses, "plan_seconds": plan_s,
                    "eval_seconds": r.seconds, "dropped": plan.drop}
             out["rows"].append(row)
             print(f"{method:<12} {fraction:.0%}: {row['heads_removed']} heads, perplexity {r.score:.2f} "

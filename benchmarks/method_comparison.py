@@ -234,7 +234,7 @@ def curves(model, evaluator, calib, args) -> tuple[object, list[dict], dict, dic
                              "of": total, "score": score, "relative": _relative(score, unpruned.score, higher),
                              "loss_estimate": plan.loss_estimate, "dropped": plan.drop,
                              "fallback_sites": [t["site"] for t in plan.tuning if t["fallback"]],
-                             "calib_loss": plan.calib_loss, "rejected": plan.rejected})
+                             "calib_loss": plan.losses, "rejected": plan.rejected})
             timing[method].setdefault("total_s", 0.0)
             timing[method]["total_s"] += time.perf_counter() - start
             print(f"{method} seed {seed}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)

@@ -30,7 +30,6 @@ MANY_PARAMETERS = {
     "compression.entry.compress": "the entry point: its data (val_batches, fit_batches, prices, sites, loss_fn) "
                                   "are keywords beside the settings object",
     "compression.plan.plan_heads": "reused scores, prices and sites for several budgets on one model",
-    "compression.pool.compress_pool": "compress()'s keywords for the budget over heads and neurons",
     "compression.reconstruct._refit": "one layer's least-squares system",
     "evaluation.build.build_task": "every task flag of the CLI, by name",
     "evaluation.harness.evaluate_harness": "lm-evaluation-harness's own options",

@@ -245,14 +245,15 @@ def test_residual_target_is_the_stream_after_each_site_and_its_error_is_what_the
 def test_guard_turns_down_a_stage_that_raises_the_calibration_loss(monkeypatch):
     from headprune.compression.tuning import TuneResult
 
-    compress_module = sys.modules["headprune.compression.plan"]  # where plan_heads looks tune_scales up
+    compress_module = sys.modules["headprune.compression.compensations.tune"]  # where tune looks tune_scales up
     model = build("bert")
     calib = _batches("bert", seeds=(1, 2, 3))
     settings = PruneSettings(share=0.5, price="count", compensate="tune", seq_len=8)
     plan = plan_heads(model, calib, settings)
-    assert list(plan.calib_loss)[0] == "selected"
-    kept_stages = [k for k in plan.calib_loss if k not in plan.rejected]
-    assert all(plan.calib_loss[b] <= plan.calib_loss[a] for a, b in zip(kept_stages, kept_stages[1:], strict=False))
+    assert list(plan.losses)[0] == "selected"
+    keys = {"rearrange": "rearranged", "tune": "tuned"}
+    kept_stages = ["selected", *(keys[s] for s, note in plan.stages.items() if note == "kept")]
+    assert all(plan.losses[b] <= plan.losses[a] for a, b in zip(kept_stages, kept_stages[1:], strict=False))
 
     def harmful(model, batches, drop, **_):  # every kept head blown up
         return TuneResult(scales=scale_mask(model, drop, {s.name: 1e3 * torch.ones(s.num_heads)
@@ -260,11 +261,11 @@ def test_guard_turns_down_a_stage_that_raises_the_calibration_loss(monkeypatch):
 
     monkeypatch.setattr(compress_module, "tune_scales", harmful)
     bad = plan_heads(model, calib, settings)
-    assert "tuned" in bad.rejected and bad.scales is None
-    assert bad.calib_loss["tuned"] > min(v for k, v in bad.calib_loss.items() if k != "tuned")
+    assert "tune" in bad.rejected and bad.scales is None and bad.stages["tune"].startswith("rejected (calibration")
+    assert bad.losses["tuned"] > min(v for k, v in bad.losses.items() if k != "tuned")
     unguarded = plan_heads(model, calib, PruneSettings(share=0.5, price="count", compensate="tune", seq_len=8,
                                                        guard=False))
-    assert unguarded.scales is not None and not unguarded.rejected and not unguarded.calib_loss
+    assert unguarded.scales is not None and not unguarded.rejected and not unguarded.losses
 
 
 @pytest.mark.parametrize("family", ["bert", "llama", "bart", "gpt2"])
@@ -309,7 +310,7 @@ def test_compressed_model_saves_and_reloads_with_the_same_logits(family, tmp_pat
     again = hp.load_pruned(tmp_path / "m")
     with torch.no_grad():
         assert (again(**x).logits - got).abs().max().item() <= 1e-6
-    assert json.loads(json.dumps(result.to_dict()))["kept"] == hp.kept_heads(again)
+    assert json.loads(json.dumps(result.to_dict()))["kept_heads"] == hp.kept_heads(again)
 
 
 @pytest.mark.parametrize("share", [0.3, 0.5, 0.7])
@@ -321,7 +322,7 @@ def test_flop_budget_is_met_exactly_under_gqa_after_rearrangement(share):
                                                                   seq_len=8, gqa="free"))
     before, after = result.sizes["before"]["attention_flops"], result.sizes["after"]["attention_flops"]
     assert 0 < after <= share * before
-    dropped = result.dropped
+    dropped = result.dropped_heads
     for name, heads in dropped.items():  # maximal: no dropped head would still fit
         kept = {k: [h for h in range(6) if h not in dropped.get(k, [])] for k in costs.head}
         for h in heads:
@@ -362,7 +363,10 @@ def test_cli_compress_end_to_end(saved, tmp_path):
     assert set(record["signature"]) >= {"model", "data", "split", "n", "method", "seed", "versions", "calib_data"}
     assert record["speed"]["speedups"][0]["batch"] == 2
     assert record["settings"]["target"] == "residual" and record["settings"]["guard"] is True
-    assert list(record["calib_loss"])[0] == "selected" and isinstance(record["rejected"], list)
+    assert list(record["losses"])[0] == "selected" and isinstance(record["rejected"], list)
+    assert record["guard_data"] == "calibration" and record["stages"]["tune"] in ("kept", *(
+        f"rejected (calibration loss {record['losses']['tuned']:.4f} > {v:.4f} without it)"
+        for v in record["losses"].values()))
     html = (out / "report.html").read_text()
     assert "data:image/png;base64," in html and "Mean calibration loss after each stage" in html
     model = hp.load_pruned(out)

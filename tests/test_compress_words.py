@@ -86,6 +86,6 @@ def test_the_run_records_the_settings_it_was_given(tiny, tmp_path):
     assert run.exit_code == 0, run.output
     assert "deprecated" not in run.stderr
     record = json.loads((tmp_path / "run" / "compress.json").read_text())
-    assert sum(len(v) for v in record["dropped"].values()) == 4  # half of 2 x 4 heads
+    assert sum(len(v) for v in record["dropped_heads"].values()) == 4  # half of 2 x 4 heads
     assert {k: record["settings"][k] for k in ("share", "price", "scores", "compensate")} == \
         {"share": 0.5, "price": "count", "scores": "ih", "compensate": []}

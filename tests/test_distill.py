@@ -84,7 +84,7 @@ def test_compress_keeps_distillation_only_where_the_validation_loss_drops():
     calib, val = batches[:4], batches[4:]
     result = compress(model, calib, PruneSettings(units="both", share=0.4, seq_len=12, compensate="none",
                                                   distill_epochs=4, distill_lr=1e-3), val_batches=val)
-    v = result.val_loss
+    v = result.losses
     kept = v["distilled"] <= v["pruned"]
     assert result.stages["distill"].startswith("kept" if kept else "rejected")
     loss = hp.scoring.gradients.mean_loss(result.model, val)

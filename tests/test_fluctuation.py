@@ -198,7 +198,7 @@ def test_fluctuation_needs_no_labels_and_the_result_saves_and_loads_to_the_same_
     model = build("llama")
     batches = _batches("llama", with_labels=False)
     result = compress(model, batches, PruneSettings(units="both", share=0.5, price="params", scores="fluctuation"))
-    assert result.settings["compensate"] == ["bias"] and result.val_loss == {}  # nothing read a loss
+    assert result.settings["compensate"] == ["bias"] and result.losses == {}  # nothing read a loss
     pruned = result.model
     biased = pruned.config.headprune_added_biases
     assert biased and all(getattr(p, "bias", None) is not None for n, p in _projections(pruned) if n in biased)

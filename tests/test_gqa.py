@@ -146,7 +146,7 @@ def test_compress_default_never_enlarges_the_cache(scores, compensate):
         result = compress(model, [x], PruneSettings(share=0.5, price="count", scores=scores, compensate=compensate))
     after = kv_cache_bytes(result.model)
     assert all(after["kv_heads"][k] <= before["kv_heads"][k] for k in after["kv_heads"])
-    for name, kept in result.kept.items():
+    for name, kept in result.kept_heads.items():
         counts = _per_group(kv_groups(model)[name], kept)
         assert len(set(counts.values())) <= 1, (name, kept)
 

@@ -79,7 +79,7 @@ def test_a_scorer_object_feeds_the_head_plan():
     result = compress(model, _batches(), PruneSettings(n_keep=4, scores=scorer, compensate="none", seq_len=8))
     sites = [s.name for s in hp.find_sites(model)]
     assert scorer.calls == 1
-    assert result.dropped == {sites[0]: [0, 1], sites[1]: [0, 1]}  # scores 0, 1, 10, 11: the four lowest
+    assert result.dropped_heads == {sites[0]: [0, 1], sites[1]: [0, 1]}  # scores 0, 1, 10, 11: the four lowest
     assert result.settings["scores"] == "position" and result.settings["compensate"] == []
 
 

@@ -54,9 +54,9 @@ def test_the_head_plan_removes_the_lowest_scored_heads_and_equals_the_masked_mod
         want = {}
         for _, name, h in ranked[:total - 4]:
             want.setdefault(name, []).append(h)
-        assert {k: sorted(v) for k, v in result.dropped.items() if v} == {k: sorted(v) for k, v in want.items()}
-    assert sum(len(v) for v in result.kept.values()) == 4
-    mask = hp.mask_from_heads(hp.find_sites(model), result.dropped)
+        assert {k: sorted(v) for k, v in result.dropped_heads.items() if v} == {k: sorted(v) for k, v in want.items()}
+    assert sum(len(v) for v in result.kept_heads.values()) == 4
+    mask = hp.mask_from_heads(hp.find_sites(model), result.dropped_heads)
     x = inputs(family)
     with torch.no_grad(), hp.masked(model, mask):
         want_logits = model(**x).logits
@@ -70,7 +70,7 @@ def test_new_entry_point_does_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         result = compress(model, _batches("bert"), PruneSettings(share=0.5, price="count", scores="ih", seq_len=8))
-    assert sum(len(v) for v in result.dropped.values()) == 4  # of 8 heads
+    assert sum(len(v) for v in result.dropped_heads.values()) == 4  # of 8 heads
 
 
 @pytest.mark.parametrize("kwargs, pattern", [

@@ -24,7 +24,7 @@ PUBLIC = [
     "select_heads", "Budget", "HeadRule", "kv_groups", "lowest_heads",
     "DroppedHeads", "KeptHeads", "prune_heads", "replay_kept_heads", "kept_heads", "original_heads", "fold_scales",
     "prune_neurons", "kept_neurons", "save_pruned", "load_pruned", "load_model",
-    "compress", "PruneSettings", "CompressResult", "UnitResult", "score_heads", "Scores", "plan_heads", "CompressPlan",
+    "compress", "PruneSettings", "CompressResult", "score_heads", "Scores", "plan_heads", "CompressPlan",
     "text_batches",
 ]
 DEPRECATED: list[str] = []  # none since 0.3.0 (the former names are gone, not kept)
@@ -95,7 +95,7 @@ def test_public_names_are_pinned():
 def test_exported_functions_return_exported_types():
     """What an exported function returns is exported too (or is a plain builtin / torch type)."""
     names = set(headprune.__all__)
-    for fn, returned in [(headprune.compress, ("CompressResult", "UnitResult")), (headprune.score_heads, ("Scores",)),
+    for fn, returned in [(headprune.compress, ("CompressResult",)), (headprune.score_heads, ("Scores",)),
                          (headprune.plan_heads, ("CompressPlan",)), (headprune.fisher_information, ("Fisher",)),
                          (headprune.find_sites, ("Site",)), (headprune.find_ffns, ("FFN",)),
                          (headprune.prune_heads, ("KeptHeads",))]:

@@ -127,7 +127,7 @@ def test_compress_same_per_site_ships_a_stock_directory(mode, tmp_path):
     x["labels"] = labels("llama", x)
     result = compress(model, [x], PruneSettings(share=0.5, price="count", compensate="tune", gqa=mode,
                                                same_per_site=True))
-    kept = {len(v) for v in result.kept.values()}
+    kept = {len(v) for v in result.kept_heads.values()}
     assert len(kept) == 1 and kept != {6}
     hp.save_pruned(result.model, tmp_path / "m")
     plain = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "m").eval()

@@ -147,7 +147,7 @@ def test_reconstruction_is_judged_on_held_out_batches_and_the_choice_follows_the
     result = compress(model, batches, PruneSettings(units="both", share=0.4, seq_len=12))
     assert result.split == {"calib_batches": 3, "val_batches": 1, "calib_examples": 18, "val_examples": 6,
                             "fit_batches": 3, "fit_examples": 18}
-    v = result.val_loss
+    v = result.losses
     kept = v["reconstructed"] <= v["pruned"]
     assert result.stages["reconstruct"].startswith("kept" if kept else "rejected")
     loss = hp.scoring.gradients.mean_loss(result.model, batches[2:3])  # the held-out batch: spread, not the last

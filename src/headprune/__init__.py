@@ -44,14 +44,14 @@ __all__ = [
     "DroppedHeads", "KeptHeads", "prune_heads", "replay_kept_heads", "kept_heads", "original_heads", "fold_scales",
     "prune_neurons", "kept_neurons", "save_pruned", "load_pruned", "load_model",
     # compression: one entry point, its settings, its results
-    "compress", "PruneSettings", "CompressResult", "UnitResult", "score_heads", "Scores", "plan_heads",
+    "compress", "PruneSettings", "CompressResult", "score_heads", "Scores", "plan_heads",
     "CompressPlan",
     "text_batches",
 ]
 
 SUBPACKAGES = ("core", "scoring", "selection", "compression")
 SOURCES = {  # public name -> the module it is read from on first use
-    **dict.fromkeys(("CompressPlan", "CompressResult", "PruneSettings", "Scores", "UnitResult", "compress",
+    **dict.fromkeys(("CompressPlan", "CompressResult", "PruneSettings", "Scores", "compress",
                      "plan_heads", "score_heads"), "compression"),
     **dict.fromkeys(("FFN", "DroppedHeads", "KeptHeads", "Site", "find_sites", "fold_scales", "is_masked",
                      "kept_heads", "load_model", "load_pruned", "mask_from_heads", "mask_heads", "masked", "ones_mask",

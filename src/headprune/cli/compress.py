@@ -196,19 +196,20 @@ class InputFlags(Flags):
         if self.calib_data2 is not None and self.calib_data is None:
             raise ConfigError("--calib-data2 needs --calib-data")
         check_calib_limit(self.calib_limit)
-        if settings.head_plan:
-            unused = [f for f, v in (("--val-data", self.val_data), ("--fit-limit", self.fit_limit)) if v is not None]
-            if unused:
-                raise ConfigError(f"{unused[0]} with --compensate {_names(settings)}; allowed: only with "
-                                  "--compensate reconstruct (or --units neurons|both)")
-        else:
-            self._check_pool(settings, data, split, calib, calib_split)
+        from ..compression.entry import unused_inputs
+
+        unused = unused_inputs(settings, val_batches=self.val_data is not None, fit_batches=self.fit_limit is not None)
+        if unused:
+            flag = {"val_batches": "--val-data", "fit_batches": "--fit-limit"}[unused[0]]
+            raise ConfigError(f"{flag} with --compensate {_names(settings)}; allowed: only with "
+                              "--compensate reconstruct (or --units neurons|both)")
+        self._check_held_out(settings, data, split, calib, calib_split)
         for path in [p for p in (data, calib, self.val_data) if p is not None and not str(p).startswith("builtin:")]:
             if not Path(path).exists():
                 raise ConfigError(f"data file {path!r} does not exist")
         return calib, calib_split
 
-    def _check_pool(self, settings, data: str, split, calib: str, calib_split) -> None:
+    def _check_held_out(self, settings, data: str, split, calib: str, calib_split) -> None:
         from ..evaluation.data import same_data
 
         val, fit = self.val_data, self.fit_limit
@@ -282,7 +283,7 @@ def compress_command(
 ):
     """Prune heads, FFN neurons or both to one budget (a share of their count, FLOPs, parameters, KV cache or
     latency, or a count), compensate, and save the smaller model."""
-    from ..compression.heads import check_head_count
+    from ..compression.entry import check_model
     from ..experiments.compress import RunInputs, run_compress
 
     settings = prune.settings()
@@ -294,9 +295,8 @@ def compress_command(
                           "to time against; allowed: --low-memory --no-bench")
     t = TaskSetup(model_dir, task, flags, quiet)
     model, tok = t.model, t.tokenizer
-    if settings.head_plan:  # a count above the model's heads: refused before any data is read
-        with in_setting_terms():
-            check_head_count(model, settings.n_keep, None)
+    with in_setting_terms():  # a count above the model's heads: refused before any data is read
+        check_model(model, settings)
     settings = with_seq_len(settings, settings.seq_len if prune.config else prune.seq_len, model)
     ev = t.on(data, data2)
     calib2 = inputs.calib_data2 if inputs.calib_data else data2
@@ -304,8 +304,7 @@ def compress_command(
     run = RunInputs(signature=_signature(model_dir, task, data, data2, calib, calib_split, flags, inputs, ev, calib_ev),
                     bench_batch=None if bench.no_bench else bench.bench_batch, bench_repeats=bench.bench_repeats,
                     verify=not no_verify, progress=not quiet)
-    if not settings.head_plan:
-        _pool_inputs(run, t, settings, inputs, calib, calib2, calib_split, bench)
+    _held_out_inputs(run, t, settings, inputs, calib, calib2, calib_split, bench)
     budget = {"flops": "--share", "keep": "--share", "kv": "--share", "n_keep": "--n-keep"}  # what --share became
     with in_cli_terms("--calib-data"), in_setting_terms(budget):  # e.g. too few calibration batches to hold out
         report, summary = run_compress(model, tok, ev, list(calib_ev.batches()), output, settings, run)
@@ -347,8 +346,9 @@ def _recover_after(model_dir, output: Path, calib: str, recovery, device, lines:
                f"{last['held_out_perplexity']:.4g}")
 
 
-def _pool_inputs(run, t: TaskSetup, settings, inputs: InputFlags, calib, calib2, calib_split, bench) -> None:
-    """The budget over heads and neurons' extra inputs: latency prices, fit and validation batches."""
+def _held_out_inputs(run, t: TaskSetup, settings, inputs: InputFlags, calib, calib2, calib_split, bench) -> None:
+    """The inputs besides the calibration batches, where given: latency prices, fit and validation batches
+    (InputFlags.check has refused those the settings cannot use)."""
     if settings.price == "latency":
         from ..bench.unit_latency import latency_prices, latency_table
 

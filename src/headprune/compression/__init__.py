@@ -7,13 +7,12 @@ tuned scales; Kwon et al. 2022) or one budget over heads and neurons with a leas
 
 from .compensation import Compensation, compensation_names, register_compensation
 from .entry import compress
-from .heads import CompressResult
 from .plan import CompressPlan, Scores, plan_heads, score_heads
-from .pool import UnitResult
 from .reconstruct import reconstruct
+from .result import CompressResult
 from .settings import PruneSettings
 from .tuning import TuneResult, scale_mask, tune_scales
 
-__all__ = ["compress", "PruneSettings", "CompressResult", "UnitResult", "CompressPlan", "Scores", "plan_heads",
+__all__ = ["compress", "PruneSettings", "CompressResult", "CompressPlan", "Scores", "plan_heads",
            "score_heads", "TuneResult", "scale_mask", "tune_scales", "reconstruct", "Compensation",
            "compensation_names", "register_compensation"]

@@ -3,8 +3,9 @@
 ``PruneSettings(compensate=...)`` takes a name, an object or a list of them, run in order; the CLI's
 ``--compensate`` a comma list of registered names. A compensation declares its ``stage``:
 
-- ``"plan"``: refines the head plan before anything is cut (``rearrange``, ``tune``: they read the Fisher
-  blocks, so need ``scores="fisher"``; the head plan reads their ``rearranges`` / ``tunes``);
+- ``"plan"``: ``refine(ctx, plan) -> plan`` refines the head plan before anything is cut, through the guard on
+  the calibration loss (``rearrange``, ``tune``: they read the Fisher blocks, so need ``scores="fisher"``;
+  :class:`headprune.compression.plan.PlanContext`);
 - ``"standin"``: ``apply(pruned, model, stats, dropped_heads, dropped_neurons, settings) -> note`` before the
   cut, from the channel statistics of the calibration batches (``gram``: second moments too): ``bias``,
   ``linear``; at most one. Returning ``(note, {name: bias shift})`` instead says its whole effect is those
@@ -30,7 +31,7 @@ STAGES = ("plan", "standin", "refit")
 @runtime_checkable
 class Compensation(Protocol):
     # read-only (properties): frozen dataclasses, the built-in compensations, satisfy the protocol; a stage's
-    # own methods (``apply``, ``gram``, ``rearranges`` / ``tunes``) are checked by check_compensation
+    # own methods (``apply``, ``gram``, ``refine``) are checked by check_compensation
     @property
     def name(self) -> str: ...
     @property
@@ -55,7 +56,7 @@ def register_compensation(compensation: Compensation) -> Compensation:
 def check_compensation(c: object) -> Compensation:
     """``c`` if it declares a name, a known stage and what that stage calls, else a one-line ConfigError."""
     stage = getattr(c, "stage", None)
-    needs = {"plan": ("rearranges", "tunes"), "standin": ("gram", "apply"), "refit": ("apply",)}.get(str(stage))
+    needs = {"plan": ("refine",), "standin": ("gram", "apply"), "refit": ("apply",)}.get(str(stage))
     name = getattr(c, "name", None)
     missing = ["name"] * (not isinstance(name, str) or not name) + (["stage"] if needs is None else
                                                                    [a for a in needs if not hasattr(c, a)])

@@ -9,7 +9,7 @@ teacher's distribution is the target, so the student learns what the unpruned mo
 more of the task. Dropout stays off (the student is in eval mode); AdamW with a learning rate that
 decays linearly to 0 over the run.
 
-It needs examples the guard never saw: :func:`headprune.compression.units.compress_pool` keeps it
+It needs examples the guard never saw: :func:`headprune.compression.compress` keeps it
 only if it lowers the loss on the validation batches.
 
 The loss (:func:`distill_loss`, optionally with the hidden states), the training context

@@ -12,13 +12,15 @@ Methods (Kwon et al. 2022, "A Fast Post-Training Pruning Framework for Transform
 Guard (``guard=True``): rearrangement and tuning optimise proxies (a second-order loss estimate, a
 per-site reconstruction), which can disagree with the model's loss when many heads go. Each stage
 is kept only if the measured mean calibration loss after it is no higher than before (one forward
-pass over the calibration batches per stage); ``CompressPlan.calib_loss`` / ``rejected`` say what happened.
+pass over the calibration batches per stage, :mod:`.guard`); ``CompressPlan.stages`` / ``losses`` say what
+happened. The stages are the plan-stage compensations' own ``refine`` (:mod:`.compensations.rearrange`,
+:mod:`.compensations.tune`), run in order on a :class:`PlanContext`.
 
 Budgets are global across sites and kinds (:mod:`headprune.selection.budget`): :class:`~.settings.PruneSettings`'s
 ``share`` of ``price`` count (heads), flops (the attention heads' FLOPs at ``seq_len``) or kv (KV-cache bytes), or
 ``n_keep`` heads. :func:`plan_heads` gives the plan as data (dropped heads, scales) without touching the model;
-:func:`headprune.compression.heads.compress_heads` applies it: folds the scales, physically removes
-the heads and reports sizes.
+:func:`headprune.compression.compress` applies it: folds the scales, physically removes the heads and reports
+sizes.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -37,14 +40,14 @@ from ..core.masking import HeadMask
 from ..core.surgery import DroppedHeads
 from ..errors import ConfigError
 from ..scoring.fisher import Fisher
-from ..scoring.gradients import LossFn, mean_loss
+from ..scoring.gradients import LossFn
 from ..scoring.registry import get_scorer, scorer_names
 from ..scoring.scorer import Scorer, ScoreRequest
 from ..selection.budgets import Budget
 from ..selection.gqa import kv_groups, select_gqa
-from ..selection.rearrange import rearrange
+from .guard import Guard, State
 from .settings import PruneSettings
-from .tuning import scale_mask, tune_scales
+from .tuning import scale_mask
 
 
 @dataclass
@@ -60,16 +63,21 @@ class Scores:
 @dataclass
 class CompressPlan:
     """What to do to the model: ``drop`` (:data:`~headprune.core.surgery.DroppedHeads`), ``scales`` ({site: [H]} tuned mask
-    values, or None), the Fisher loss estimate before / after rearrangement, tuning per site, the
-    measured mean calibration loss after each stage and the stages the guard turned down."""
+    values, or None), the Fisher loss estimate before / after rearrangement, tuning per site, and the guard's
+    stage log with the mean calibration loss of each state it measured."""
 
     drop: DroppedHeads
     scales: dict[str, torch.Tensor] | None = None
     loss_estimate: dict[str, float] = field(default_factory=dict)
     tuning: list[dict] = field(default_factory=list)
-    calib_loss: dict[str, float] = field(default_factory=dict)
-    rejected: list[str] = field(default_factory=list)
+    stages: dict[str, str] = field(default_factory=dict)  # the guard's stage log: stage -> "kept" | "rejected (...)"
+    losses: dict[str, float] = field(default_factory=dict)  # the mean calibration loss of each state measured
     seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rejected(self) -> list[str]:
+        """The stages the guard turned down, in order."""
+        return [s for s, note in self.stages.items() if note.startswith("rejected")]
 
     def mask(self, model: nn.Module) -> HeadMask:
         """The plan as a head mask (dropped heads 0, kept heads their scale): what the compressed model computes."""
@@ -87,7 +95,7 @@ def score_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]],
         raise ConfigError(f"method={scorer.name!r} scores no heads for the head plan; allowed: {allowed}")
     check_finite_weights(model)
     start = time.perf_counter()
-    found = scorer.score(model, list(batches), ScoreRequest(units="heads", head_plan=True, loss_fn=loss_fn, seed=seed,
+    found = scorer.score(model, list(batches), ScoreRequest(units="heads", blocks=True, loss_fn=loss_fn, seed=seed,
                                                             progress=progress))
     check_finite_scores(found.heads, f"the {scorer.name} scores")
     return Scores(scorer.name, dict(found.heads), found.fisher if scorer.fisher else None, time.perf_counter() - start)
@@ -96,18 +104,19 @@ def score_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]],
 def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], settings: PruneSettings, *,
                scored: Scores | None = None, costs: HeadCosts | None = None, sites: list[str] | None = None,
                loss_fn: LossFn | None = None, n_keep: int | None = None, progress: bool = False) -> CompressPlan:
-    """The heads to drop and the kept heads' scales under ``settings`` (:attr:`PruneSettings.head_plan` must
-    hold); ``model`` is not changed.
+    """The heads to drop and the kept heads' scales under ``settings`` (heads only, a count / flops / kv budget,
+    compensate none | rearrange | tune); ``model`` is not changed.
 
     ``scored``/``costs`` reuse scores (:func:`score_heads`) and prices (:func:`headprune.core.cost.head_costs`)
     computed before, e.g. for several budgets on one model. ``sites``: prune only these sites (the
     budget is then a share / count of their heads or FLOPs); the others keep every head. ``n_keep``: a count
     of heads kept in place of the settings' budget, 0 allowed (a pruning curve's last step). NaN or inf weights,
-    losses or scores are refused (:class:`~headprune.errors.NonFiniteError`).
+    losses or scores are refused (:class:`~headprune.errors.NonFiniteError`). The plan-stage compensations
+    (``rearrange``, ``tune``) then refine the selection in order, each through the guard on the calibration loss.
     """
     if not isinstance(settings, PruneSettings) or not settings.head_plan:
-        raise ConfigError(f"settings={settings!r}; allowed: PruneSettings whose head_plan holds (units='heads', "
-                          "price count | flops | kv, compensate none | rearrange | tune)")
+        raise ConfigError(f"settings={settings!r}; allowed: PruneSettings with units='heads', price count | flops | "
+                          "kv, compensate none | rearrange | tune")
     check_finite_weights(model)
     batches = list(batches)
     family = settings.scorer.name
@@ -127,42 +136,53 @@ def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], 
     if scored.fisher is not None:
         plan.loss_estimate["selected"] = scored.fisher.loss_increase(drop) / scored.fisher.n
     seconds["select"] = time.perf_counter() - start
-    guarded = settings.guard and (settings.rearranges or settings.tunes) and bool(drop)
-    if guarded:
-        start = time.perf_counter()
-        plan.calib_loss["selected"] = mean_loss(model, batches, mask=plan.mask(model), loss_fn=loss_fn)
-        seconds["guard"] = time.perf_counter() - start
-    if settings.rearranges:
-        start = time.perf_counter()
-        within = settings.gqa != "free" or budget.price == "kv"  # keep the kept heads per key/value group
-        moved = rearrange(drop, scored.fisher, groups=groups if within or budget.price == "flops" else None,
-                          within_groups=within)  # a FLOP budget: no key/value head more
-        plan.loss_estimate["rearranged"] = scored.fisher.loss_increase(moved) / scored.fisher.n
-        seconds["rearrange"] = time.perf_counter() - start
-        plan.drop = _guarded(plan, "rearranged", CompressPlan(drop=moved), model, batches, loss_fn, guarded, seconds).drop
-    if settings.tunes and plan.drop:  # nothing dropped: the unit scales are the exact answer
-        start = time.perf_counter()
-        tuned = tune_scales(model, batches, plan.drop, damping=settings.damping, max_scale=settings.max_scale,
-                            target=settings.target, progress=progress)
-        plan.tuning = tuned.sites
-        seconds["tune"] = time.perf_counter() - start
-        plan.scales = _guarded(plan, "tuned", CompressPlan(drop=plan.drop, scales=tuned.scales), model, batches, loss_fn,
-                               guarded, seconds).scales
+    refinements = [c for c in settings.compensations if c.stage == "plan"]
+    guard = Guard(batches, "calibration", loss_fn, enabled=settings.guard and bool(refinements) and bool(drop))
+    if guard.enabled:
+        guard.measure(State("selected", model, plan.mask(model)))
+        seconds["guard"] = guard.seconds
+    within = settings.gqa != "free" or budget.price == "kv"  # keep the kept heads per key/value group
+    ctx = PlanContext(model, batches, settings, scored.fisher, groups if within or budget.price == "flops" else None,
+                      within, guard, loss_fn, progress)
+    for refinement in refinements:
+        plan = cast(Any, refinement).refine(ctx, plan)
+    if guard.enabled:
+        seconds["guard"] = guard.seconds
+    plan.stages, plan.losses = guard.stages, guard.losses
     return plan
 
 
-def _guarded(plan: CompressPlan, stage: str, candidate: CompressPlan, model, batches, loss_fn, guarded: bool,
-             seconds: dict) -> CompressPlan:
-    """``candidate`` (the plan after ``stage``) unless the guard measures a higher calibration loss
-    than the plan so far; then the plan so far, with the stage noted in ``plan.rejected``."""
-    if not guarded or (candidate.drop == plan.drop and candidate.scales is None):
-        return candidate
-    start = time.perf_counter()
-    loss = mean_loss(model, batches, mask=candidate.mask(model), loss_fn=loss_fn)
-    seconds["guard"] += time.perf_counter() - start
-    current = min(plan.calib_loss.values())  # the stages kept so far only ever lowered it
-    plan.calib_loss[stage] = loss
-    if loss > current:
-        plan.rejected.append(stage)
-        return plan
-    return candidate
+@dataclass
+class PlanContext:
+    """What a plan-stage compensation (``refine(ctx, plan) -> plan``) reads: the unpruned model, the calibration
+    batches, the settings, the Fisher blocks, the key/value groups rearrangement keeps its swaps within (None:
+    anywhere), and the guard every refinement passes through (:mod:`.guard`, on the calibration loss)."""
+
+    model: nn.Module
+    batches: list
+    settings: PruneSettings
+    fisher: Fisher | None
+    groups: dict | None  # rearrangement's groups (a FLOP budget: no key/value head more)
+    within_groups: bool  # swaps only within a key/value group
+    guard: Guard
+    loss_fn: LossFn | None = None
+    progress: bool = False
+    rearranged: bool = False  # rearrangement has run (tune implies it; it runs once)
+
+    def keep(self, stage: str, key: str, plan: CompressPlan, candidate: CompressPlan) -> CompressPlan:
+        """``candidate`` (the plan after ``stage``) unless the guard measures a higher calibration loss than
+        ``plan``; the verdict goes in the stage log. A candidate that changes nothing is kept unmeasured."""
+        if candidate.drop == plan.drop and candidate.scales is None:
+            self.guard.note(stage, "kept (no change)")
+            return candidate
+        if not self.guard.enabled:
+            self.guard.note(stage, "kept (unguarded)")
+            return candidate
+        current = State(self._current_key(), self.model, plan.mask(self.model))
+        kept = self.guard.judge(stage, current, State(key, self.model, candidate.mask(self.model)))
+        return candidate if kept else plan
+
+    def _current_key(self) -> str:
+        """The state kept so far: the one of least loss (the stages kept only ever lowered it)."""
+        losses = self.guard.losses
+        return min(losses, key=losses.__getitem__)

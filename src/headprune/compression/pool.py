@@ -1,5 +1,6 @@
-"""``compress_pool()``: the pipeline of :func:`headprune.compression.compress` when
-:attr:`~.settings.PruneSettings.head_plan` does not hold -- heads and FFN neurons under one budget, then compensation judged on held-out data.
+"""The budget over heads and neurons: the selection step of :func:`headprune.compression.compress` for FFN
+neurons, both kinds, ``params`` / ``latency`` prices, fluctuation scores and stand-ins (:func:`select_and_cut`),
+and the stages after every cut (:func:`refits`), judged on held-out data by the guard (:mod:`.guard`).
 
 Stages (each recorded; the summary says which were kept):
 
@@ -39,28 +40,24 @@ from __future__ import annotations
 import copy
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
 from torch import nn
 
-from ..core.cost import flop_breakdown
 from ..core.ffn import find_ffns
 from ..core.finite import check_finite_scores
 from ..core.kept import kept_neurons
-from ..core.kvcache import kv_cache_bytes
 from ..core.prune import prune_heads, prune_neurons
 from ..core.sites import find_sites
 from ..core.surgery import kept_heads
 from ..core.unit_cost import UnitCosts, unit_costs
-from ..core.verify import verify_surgery
 from ..errors import ConfigError
 from ..scoring.checkpointing import checkpointed_blocks
 from ..scoring.fluctuation import channel_stats
-from ..scoring.gradients import LossFn, mean_loss
+from ..scoring.gradients import LossFn
 from ..scoring.scorer import ScoreRequest
 from ..selection.aligned import Widths, select_aligned
 from ..selection.budgets import Budget
@@ -68,146 +65,62 @@ from ..selection.gqa import kv_groups
 from ..selection.units import select_units
 from .blockwise import blockwise_standins
 from .distill import distill
-from .fingerprint import fingerprint
-from .replay import Plan, plan_of
+from .guard import Guard, State
 from .settings import PruneSettings
 
 
-@dataclass
-class UnitResult:
-    """The compressed ``model`` and what was done to it (JSON-ready through :meth:`to_dict`)."""
-
-    model: nn.Module
-    settings: dict
-    dropped_heads: dict[str, list[int]]
-    dropped_neurons: dict[str, list[int]]
-    kept_heads: dict[str, list[int]]
-    kept_neurons: dict[str, list[int]]
-    selection: dict
-    sizes: dict[str, dict]
-    stages: dict[str, str]  # stage -> "kept" | "rejected (...)" | "skipped"
-    val_loss: dict[str, float] = field(default_factory=dict)
-    reconstruction: list[dict] = field(default_factory=list)
-    distillation: dict = field(default_factory=dict)  # steps, seconds, lr, first and last training loss
-    split: dict[str, int] = field(default_factory=dict)  # calibration / validation batches and examples
-    seconds: dict[str, float] = field(default_factory=dict)
-    plan: Plan | None = None  # what was removed and rewritten (plan.json + plan.safetensors; headprune apply)
-
-    def to_dict(self) -> dict:
-        out = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in ("model", "plan")}
-        return out | {"model_class": type(self.model).__name__}
-
-    def summary(self) -> str:
-        """One line: what was kept, and which stages were kept or turned down."""
-        b, a = self.sizes["before"], self.sizes["after"]
-        stages = ", ".join(f"{k} {v}" for k, v in self.stages.items())
-        return (f"kept {a['heads']}/{b['heads']} heads, {a['neurons']}/{b['neurons']} neurons, "
-                f"{a['flops'] / b['flops']:.1%} of FLOPs, {a['params'] / b['params']:.1%} of parameters; "
-                f"stages: {stages}")
-
-
-def compress_pool(
-    model: nn.Module,
-    calib_batches: Iterable[Mapping[str, torch.Tensor]],
-    settings: PruneSettings,
-    *,
-    val_batches: Iterable[Mapping[str, torch.Tensor]] | None = None,
-    fit_batches: Iterable[Mapping[str, torch.Tensor]] | None = None,
-    prices: UnitCosts | None = None,
-    loss_fn: LossFn | None = None,
-    verify: bool = True,
-    progress: bool = False,
-) -> UnitResult:
-    """The pipeline of :func:`headprune.compression.compress` for heads and/or FFN neurons under one budget
-    (see the module doc): prune a copy of ``model`` (``settings.low_memory``: ``model`` itself, in place).
-
-    ``calib_batches``: labelled inputs for scores and the refit; ``val_batches``: labelled inputs for the
-    guard, disjoint from both the calibration data and whatever the result is evaluated on.
-    ``fit_batches``: inputs for the reconstruction (labels unused; default: ``calib_batches``); they may
-    include the calibration examples but not the validation ones, so they need ``val_batches``.
-    ``prices``: per-unit prices (e.g. measured seconds, :func:`headprune.bench.unit_latency.latency_prices`);
-    required for ``price="latency"``.
-    """
-    if not isinstance(settings, PruneSettings) or settings.head_plan:
-        raise ConfigError(f"settings={settings!r}; allowed: PruneSettings whose head_plan does not hold (neurons, "
-                          "a params / latency price, fluctuation scores, reconstruct / bias / linear, distillation)")
+def check_pool_inputs(model: nn.Module, settings: PruneSettings, prices: UnitCosts | None, val_batches,
+                      fit_batches) -> None:
+    """Refuse, before any work, what the budget over heads and neurons cannot do with its inputs."""
     if settings.price == "latency" and prices is None:
         raise ConfigError("price='latency' needs prices= (a latency table measured on the target machine)")
     if prices is not None and settings.steps > 1:
         raise ConfigError(f"prices= with steps={settings.steps}: the table prices the units of the model passed, not "
                           "of the smaller ones later rounds score; allowed: steps=1")
-    batches = list(calib_batches)
-    if not batches:
-        raise ConfigError("calib_batches: empty; compression needs calibration examples")
     if settings.units != "heads" and not find_ffns(model):
         raise ConfigError(f"units={settings.units!r}: {type(model).__name__} has no feed-forward block headprune "
                           "can find; allowed: units='heads'")
-    calib, val = _split(batches, val_batches, settings)
-    fit = calib
     if fit_batches is not None:
-        fit = list(fit_batches)
-        if not fit:
+        if not fit_batches:
             raise ConfigError("fit_batches: empty; allowed: inputs for the reconstruction, or None (the calibration "
                               "batches)")
-        if val_batches is None and _guarded(settings):
+        if val_batches is None and guarded(settings):
             raise ConfigError("fit_batches without val_batches: the guard's validation part would be held out of the "
                               "calibration batches, which fit_batches may contain; allowed: pass val_batches too")
-    if verify:
-        verify_surgery(model)
-    start = time.perf_counter()
-    made_on = fingerprint(model)  # before any change (``low_memory`` cuts ``model`` itself)
-    seconds: dict[str, float] = {}
-    before = sizes(model, settings)
-    costs = prices if prices is not None else unit_costs(model, settings.price, seq_len=settings.seq_len,
-                                                          tgt_len=settings.tgt_len)
-    run = _Run(model, settings, loss_fn, verify, progress, seconds=seconds)
-    pruned, drop_h, drop_n, selection = _rounds(run, calib, costs)
-    pruned, rows, distilled = _compensate(run, pruned, fit, val)
-    seconds["total"] = time.perf_counter() - start
-    after = sizes(pruned, settings)
-    stages = run.stages
-    plan = plan_of(None if settings.low_memory else model, pruned, drop_h, drop_n, made_on=made_on,
-                   sizes={"before": before, "after": after}, info={"settings": settings.to_dict(), "stages": stages})
-    return UnitResult(model=pruned, plan=plan, settings=settings.to_dict(), dropped_heads=drop_h,
-                      dropped_neurons=drop_n, kept_heads=kept_heads(pruned),
-                      kept_neurons=kept_neurons(pruned) if find_ffns(pruned, skip_moe=True) else {},
-                      selection=selection, sizes={"before": before, "after": after}, stages=stages,
-                      val_loss=run.val_loss, reconstruction=rows, distillation=distilled, seconds=seconds,
-                      split={"calib_batches": len(calib), "val_batches": len(val),
-                             "calib_examples": _examples(calib), "val_examples": _examples(val),
-                             "fit_batches": len(fit), "fit_examples": _examples(fit)})
 
 
 @dataclass
-class _Run:
-    """What the stages of one :func:`compress_pool` call read and record."""
+class Run:
+    """What the stages of one :func:`headprune.compression.compress` call read and record."""
 
     model: nn.Module  # the unpruned model (the teacher)
     settings: PruneSettings
     loss_fn: LossFn | None
     verify: bool
     progress: bool
+    guard: Guard  # on the validation batches: the refits and distillation pass through it; its log is the run's
     seconds: dict = field(default_factory=dict)
-    stages: dict = field(default_factory=lambda: {"select": "kept"})
-    val_loss: dict = field(default_factory=dict)  # the validation loss per stage key, measured once each
 
-    def loss(self, key: str, m: nn.Module, val: list) -> float:
-        if key not in self.val_loss:
-            self.val_loss[key] = mean_loss(m, val, loss_fn=self.loss_fn)
-        return self.val_loss[key]
-
-    def keep_if_better(self, key: str, candidate: nn.Module, current_key: str, current: nn.Module, val: list):
-        """(model, its key, the stage's note): ``candidate`` unless the guard measures a higher validation loss."""
-        if not self.settings.guard:
-            return candidate, key, "kept (unguarded)"
-        self.loss("unpruned", self.model, val)
-        old, new = self.loss(current_key, current, val), self.loss(key, candidate, val)
-        if new <= old:
-            return candidate, key, "kept"
-        return current, current_key, f"rejected (validation loss {new:.4f} > {old:.4f} without it)"
+    def keep_if_better(self, stage: str, key: str, candidate: nn.Module, current: State) -> State:
+        """The state kept after ``stage``: ``candidate`` (``key``) unless the guard measures a higher validation
+        loss than ``current`` (the unpruned model's loss measured first, for the record)."""
+        if self.guard.enabled:
+            self.guard.measure(State("unpruned", self.model))
+        after = State(key, candidate)
+        return after if self.guard.judge(stage, current, after) else current
 
 
-def _rounds(run: _Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict, dict, dict]:
+def select_and_cut(run: Run, calib: list, prices: UnitCosts | None) -> tuple[nn.Module, dict, dict, dict]:
+    """(the pruned model, heads dropped, neurons dropped, the result's fields): the budget over heads and neurons'
+    selection, in ``settings.steps`` rounds, with its stand-in and the cut."""
+    settings = run.settings
+    costs = prices if prices is not None else unit_costs(run.model, settings.price, seq_len=settings.seq_len,
+                                                          tgt_len=settings.tgt_len)
+    pruned, drop_h, drop_n, selection = _rounds(run, calib, costs)
+    return pruned, drop_h, drop_n, {"selection": selection}
+
+
+def _rounds(run: Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict, dict, dict]:
     """(the pruned model, heads dropped, neurons dropped, the selection's record) after ``settings.steps`` rounds of score, select, stand-in and cut. Round ``i`` of ``k`` brings the
     pool's price down to ``1 - i/k`` of the way to the budget, scored on the model the rounds before left (each
     round's scores see the units already gone and the stand-ins already folded); the units dropped are given as
@@ -302,7 +215,7 @@ def _select(model: nn.Module, settings: PruneSettings, costs: UnitCosts, head_sc
                         rule=rule)
 
 
-def _cut(run: _Run, model: nn.Module, calib: list, stats, drop_h: dict, drop_n: dict,
+def _cut(run: Run, model: nn.Module, calib: list, stats, drop_h: dict, drop_n: dict,
          inplace: bool = False) -> tuple[nn.Module, dict, dict]:
     """(a pruned copy of ``model`` (``inplace``: ``model``), the heads and
     neurons dropped): the stand-in (which may re-choose the units within each site / FFN: ``obs-seq``), the cut."""
@@ -323,7 +236,7 @@ def _cut(run: _Run, model: nn.Module, calib: list, stats, drop_h: dict, drop_n: 
                 stats = channel_stats(model, calib, heads=any(drop_h.values()), neurons=any(drop_n.values()),
                                       gram=standin.gram, progress=run.progress)
             done = standin.apply(pruned, model, stats, drop_h, drop_n, settings)
-        run.stages[standin.name] = done[0] if isinstance(done, tuple) else done
+        run.guard.note(standin.name, done[0] if isinstance(done, tuple) else done)
     heads, neurons = {k: v for k, v in drop_h.items() if v}, {k: v for k, v in drop_n.items() if v}
     # low_memory: one site / FFN per cut, so the snapshot that makes a cut atomic holds the old weights of one, not
     # of all (at 1B, all FFNs' old and new weights at once were 2.4 GB beside the model)
@@ -334,37 +247,35 @@ def _cut(run: _Run, model: nn.Module, calib: list, stats, drop_h: dict, drop_n: 
         prune_neurons(pruned, part, verify=run.verify and i == 0)  # its own trial, once
     pruned.eval()
     run.seconds["select+remove"] = run.seconds.get("select+remove", 0.0) + time.perf_counter() - t
-    run.stages["remove"] = "kept"
+    run.guard.note("remove", "kept")
     return pruned, drop_h, drop_n
 
 
-def _compensate(run: _Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.Module, list, dict]:
+def refits(run: Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.Module, list, dict]:
     """(the model kept, the refits' rows, the distillation's record): the refits in order, then distillation, each
     kept only where the guard says so."""
     model, settings = run.model, run.settings
     rows: list = []
     distilled: dict = {}
-    current_key = "pruned"
-    run.stages["reconstruct"] = "skipped"
-    refits: tuple[Any, ...] = settings.refits  # refit compensations: apply (compensation.check_compensation)
-    for refit in refits:  # in the order given, each on the model the ones before left
+    current = State("pruned", pruned)
+    run.guard.note("reconstruct", "skipped")
+    refit_stages: tuple[Any, ...] = settings.refits  # refit compensations: apply (compensation.check_compensation)
+    for refit in refit_stages:  # in the order given, each on the model the ones before left
         t = time.perf_counter()
-        candidate = copy.deepcopy(pruned)
+        candidate = copy.deepcopy(current.model)
         rows += refit.apply(candidate, model, fit, settings, run.progress) or []
         run.seconds[refit.name] = time.perf_counter() - t
-        key = getattr(refit, "done", refit.name)
-        pruned, current_key, run.stages[refit.name] = run.keep_if_better(key, candidate, current_key, pruned, val)
+        current = run.keep_if_better(refit.name, getattr(refit, "done", refit.name), candidate, current)
     if settings.distill_epochs:
         t = time.perf_counter()
-        candidate = copy.deepcopy(pruned)
+        candidate = copy.deepcopy(current.model)
         info = distill(candidate, model, fit, epochs=settings.distill_epochs, lr=settings.distill_lr,
                        seed=settings.seed, progress=run.progress)
         distilled = {k: v for k, v in info.items() if k != "losses"} | {"loss_first": info["losses"][0],
                                                                         "loss_last": info["losses"][-1]}
         run.seconds["distill"] = time.perf_counter() - t
-        pruned, current_key, run.stages["distill"] = run.keep_if_better("distilled", candidate, current_key, pruned,
-                                                                        val)
-    return pruned, rows, distilled
+        current = run.keep_if_better("distill", "distilled", candidate, current)
+    return current.model, rows, distilled
 
 
 def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitCosts, loss_fn, progress: bool):
@@ -392,14 +303,14 @@ def _block_by_block(settings: PruneSettings) -> bool:
     return standin is not None and (_sequential(standin) or (settings.low_memory and bool(standin.gram)))
 
 
-def _split(batches: list, val_batches, settings: PruneSettings) -> tuple[list, list]:
+def split(batches: list, val_batches, settings: PruneSettings) -> tuple[list, list]:
     """(calibration, validation) batches: ``val_batches`` as given, else the last share held out."""
     if val_batches is not None:
         val = list(val_batches)
         if not val:
             raise ConfigError("val_batches: empty; allowed: labelled batches disjoint from the calibration data")
         return batches, val
-    if not _guarded(settings):
+    if not guarded(settings):
         return batches, []
     if len(batches) < 2:
         raise ConfigError(f"calibration has {len(batches)} batch; holding out a validation part needs >= 2 batches "
@@ -410,7 +321,7 @@ def _split(batches: list, val_batches, settings: PruneSettings) -> tuple[list, l
     return [b for i, b in enumerate(batches) if i not in held], [batches[i] for i in sorted(held)]
 
 
-def _guarded(settings: PruneSettings) -> bool:
+def guarded(settings: PruneSettings) -> bool:
     """Whether a compensation stage runs and is judged on validation data."""
     return settings.guard and (bool(settings.refits) or settings.distill_epochs > 0)
 
@@ -421,17 +332,5 @@ def held_out(n: int, n_val: int) -> set[int]:
     return {min(n - 1, int((i + 0.5) * n / n_val)) for i in range(n_val)}
 
 
-def _examples(batches: list) -> int:
+def examples(batches: list) -> int:
     return sum(int(next(iter(b.values())).shape[0]) for b in batches)
-
-
-def sizes(model: nn.Module, settings: PruneSettings) -> dict:
-    """Heads, FFN neurons, parameters, FLOPs (all, and of attention) at ``settings``' lengths, KV-cache bytes per
-    token: what a compression record holds before and after."""
-    flops = flop_breakdown(model, settings.seq_len, tgt_len=settings.tgt_len)
-    return {"heads": sum(s.num_heads for s in find_sites(model)),
-            "neurons": sum(f.width for f in find_ffns(model, skip_moe=True)),
-            "params": sum(p.numel() for p in model.parameters()), "flops": flops["total"],
-            "attention_flops": flops["projections"] + flops["attention"],
-            "seq_len": settings.seq_len, "tgt_len": settings.tgt_len,
-            "kv_cache_bytes_per_token": kv_cache_bytes(model)["per_token"]}

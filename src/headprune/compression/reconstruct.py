@@ -17,7 +17,7 @@ Mask tuning (:mod:`.tuning`) fits one scale per kept head; this fits every colum
 projection (``k x d_out + d_out`` numbers), so it can also re-mix what the kept units carry. It is
 ridge-damped towards the current weights (``+ lam ||W - W_0||^2``, ``lam = damping x`` the mean
 squared input feature) and solved exactly in float64 from the ``[k+1, k+1]`` Gram matrix. A fit with
-so many numbers can overfit the calibration tokens: :func:`headprune.compression.units.compress_pool`
+so many numbers can overfit the calibration tokens: :func:`headprune.compression.compress`
 keeps it only if it lowers the loss on a validation split the fit never saw.
 """
 

@@ -16,8 +16,9 @@ compensation, exact, no labels); ``linear``; a list runs in order (``["bias", "r
 fitting the bias too); left out, the pipeline's own (``tune`` for the head plan, ``reconstruct`` for the budget over heads and neurons, ``bias``
 with either ``fluctuation`` score).
 
-Two pipelines run them (:func:`headprune.compression.compress`): heads alone with a ``count`` / ``flops`` /
-``kv`` budget and ``none`` / ``rearrange`` / ``tune`` go through the head plan
+One pipeline runs them (:func:`headprune.compression.compress`), whose selection step the settings choose
+(:attr:`PruneSettings.head_plan`, read in :mod:`headprune.compression` only): heads alone with a ``count`` /
+``flops`` / ``kv`` budget and ``none`` / ``rearrange`` / ``tune`` go through the head plan
 (:func:`headprune.compression.plan.plan_heads`: GQA modes, ``min_per_site``, ``same_per_site``); neurons,
 both, ``params`` / ``latency`` prices, ``fluctuation`` scores, ``reconstruct`` / ``bias`` or distillation go
 through the one budget over heads
@@ -242,7 +243,9 @@ class PruneSettings:
 
     @property
     def head_plan(self) -> bool:
-        """Whether the head plan runs (heads only, a count / flops / kv budget, no reconstruction)."""
+        """Whether the head plan selects (heads only, a count / flops / kv budget, no reconstruction); else the
+        budget over heads and neurons does. The pipeline's one switch: the CLI, the experiments and the scorers never
+        read it."""
         return not self._pool_reason()
 
     def _pool_reason(self) -> str:
@@ -257,16 +260,6 @@ class PruneSettings:
             if applies:
                 return reason
         return ""
-
-    @property
-    def rearranges(self) -> bool:
-        """The head plan: Fisher swaps within sites after selection (rearrange, and tune, which implies it)."""
-        return any(getattr(c, "rearranges", False) for c in self._compensations)
-
-    @property
-    def tunes(self) -> bool:
-        """The head plan: per-site head scales fitted by least squares and folded into the weights."""
-        return any(getattr(c, "tunes", False) for c in self._compensations)
 
     @property
     def method(self) -> str:

@@ -3,9 +3,9 @@
 :func:`run_compress` calls :func:`headprune.compression.compress` (the one entry point) and writes the
 output directory: a loadable model (``headprune.load_pruned`` / ``headprune evaluate``) with its tokenizer,
 beside ``compress.json`` (settings, what was removed, sizes, scores before and after, speed),
-``results.json`` + ``report.html`` (the human summary) and per-site tables: the head plan's ``heads.csv`` and
-``kept_heads.png`` (with tuned scales), or, for the budget over heads and neurons, ``units.csv`` and
-``kept_units.png`` (the stages kept, validation losses).
+``results.json`` + ``report.html`` (the human summary) and per-site tables: for heads alone ``heads.csv`` and
+``kept_heads.png`` (with tuned scales), for neurons or both ``units.csv`` and ``kept_units.png``; the stage log
+with the guard's losses in both.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ from torch import nn
 
 from ..bench.figures import speed_text
 from ..bench.timing import benchmark
-from ..compression.entry import compress
-from ..compression.heads import check_head_count
+from ..compression.entry import check_model, compress
 from ..compression.settings import PruneSettings
 from ..core.cost import flops_per_example
 from ..core.io import save_pruned
@@ -60,7 +59,7 @@ class _Done:
     out: Path
     settings: PruneSettings
     sites: dict
-    result: object  # CompressResult | UnitResult
+    result: object  # CompressResult
     before: object  # the evaluations before and after
     after: object
     speed: object
@@ -81,20 +80,18 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     if settings.low_memory and bench_batch is not None:
         raise ConfigError(f"bench_batch={bench_batch} with low_memory=True: the model is pruned in place, so no unpruned "
                           "model is left to time against; allowed: bench_batch=None (no timing)")
-    if settings.head_plan:
-        check_head_count(model, settings.n_keep, None)  # a count above the model's heads: refused before any work
+    check_model(model, settings)  # a count above the model's heads: refused before any work
     flops_per_example(model, settings.seq_len, tgt_len=settings.tgt_len)  # refuse a length the model cannot run, now
     sites = {s.name: s for s in find_sites(model)}
     verify, progress = inputs.verify, inputs.progress
     before = evaluator.evaluate(model, progress=progress)
-    pool = {} if settings.head_plan else {"val_batches": inputs.val_batches, "fit_batches": inputs.fit_batches,
-                                          "prices": inputs.prices}
-    result = compress(model, calib_batches, settings, **pool, verify=verify, progress=progress)
+    result = compress(model, calib_batches, settings, val_batches=inputs.val_batches, fit_batches=inputs.fit_batches,
+                      prices=inputs.prices, verify=verify, progress=progress)
     after = evaluator.evaluate(result.model, progress=progress)
     speed = bench_and_save(model, result.model, out, tokenizer, settings, bench_batch, inputs.bench_repeats)
     sig = {"model": None, "data": None, "split": None, "n": before.n, **(inputs.signature or {}),
-           "method": settings.method if settings.head_plan else
-           f"{settings.scorer.name} {settings.units} ({settings.price}) + {'+'.join(settings.compensation_names) or 'none'}",
+           "method": f"{settings.scorer.name} {settings.units} ({settings.price}) + "
+                     f"{'+'.join(settings.compensation_names) or 'none'}",
            "settings": settings.to_dict(), "seed": settings.seed, "code": code_identity(), "versions": versions()}
     run = RunDir(out, sig, made_here=True)  # save_pruned has just created ``out``: its files are this run's
     record = {"signature": run.signature, **result.to_dict(), "evaluation": {"before": eval_record(before),
@@ -105,13 +102,11 @@ def run_compress(model: nn.Module, tokenizer, evaluator, calib_batches: Iterable
     run.write_json("compress.json", record)
     result.plan.save(out / "plan.json")  # + plan.safetensors: headprune apply MODEL plan.json replays it
     run.write_text("compress.toml", settings.to_toml())  # headprune compress ... --config compress.toml repeats it
-    write = _heads_results if settings.head_plan else _units_results
+    write = _heads_results if settings.units == "heads" else _units_results  # per site, with the tuned scales
     write(_Done(run, out, settings, sites, result, before, after, speed, bench_batch, model))
     report = build_report(out)
     run.close()
-    summary = result.summary() if not settings.head_plan else \
-        f"kept {result.sizes['after']['heads']}/{result.sizes['before']['heads']} heads"
-    return report, summary
+    return report, result.summary()
 
 
 def _heads_results(done: _Done) -> None:
@@ -120,7 +115,7 @@ def _heads_results(done: _Done) -> None:
     before, after, speed, bench_batch, model = done.before, done.after, done.speed, done.bench_batch, done.model
     rows = _site_rows(sites, result)
     run.write_csv("heads.csv", rows)
-    kept_heads_grid(sites, result.dropped, result.scales, out / "kept_heads.png")
+    kept_heads_grid(sites, result.dropped_heads, result.scales, out / "kept_heads.png")
     metric = before.metric
     size = result.sizes
     headline = [
@@ -130,9 +125,8 @@ def _heads_results(done: _Done) -> None:
                                   f"{size['after']['kv_cache_bytes_per_token']:,} bytes"]]
           if size["before"]["kv_cache_bytes_per_token"] else []),  # an encoder caches nothing: no "0 -> 0"
         ["compression time", f"{result.seconds['total']:.1f} s"]]
-    if result.calib_loss:  # which stages the guard kept: a rejected stage leaves the model as the one before
-        headline.append(["stages", ", ".join(f"{k} {'rejected' if k in result.rejected else 'kept'}"
-                                             for k in result.calib_loss)])
+    if result.losses:  # which stages the guard kept: a rejected stage leaves the model as the one before
+        headline.append(["stages", ", ".join(f"{k} {v}" for k, v in result.stages.items())])
     if speed is not None:
         up = speed.speedups[0]
         headline.append([f"speed-up at batch {bench_batch} (FLOP limit {up['flop_limit']:.2f}x)",
@@ -169,7 +163,7 @@ def _units_results(done: _Done) -> None:
         up = speed.speedups[0]
         headline.append([f"speed-up at batch {bench_batch} (FLOP limit {up['flop_limit']:.2f}x)", speed_text(up)])
     notes = [f"Calibration / validation: {result.split}; the validation batches were used only to accept or "
-             "turn down the reconstruction.", f"Validation losses: {result.val_loss or 'not measured'}."]
+             "turn down the reconstruction.", f"Validation losses: {result.losses or 'not measured'}."]
     run.write_json("results.json", {
         "title": f"Compressed {settings.units} to {settings.share:.0%} of their {settings.price}",
         "experiment": "compress", "metric": metric, "headline": headline, "signature": run.signature, "notes": notes,
@@ -191,9 +185,9 @@ def _unit_rows(result) -> list[dict]:
 
 
 def _guard_notes(result) -> list[str]:
-    if not result.calib_loss:
+    if not result.losses:
         return []
-    losses = ", ".join(f"{stage} {loss:.4f}" for stage, loss in result.calib_loss.items())
+    losses = ", ".join(f"{stage} {loss:.4f}" for stage, loss in result.losses.items())
     turned = (f" Turned down (they raised it): {', '.join(result.rejected)}." if result.rejected else
               " Every stage lowered it or kept it equal.")
     return [f"Mean calibration loss after each stage: {losses}.{turned}"]
@@ -213,14 +207,15 @@ def _enc_dec(model: nn.Module) -> bool:
 def _budget(s: PruneSettings) -> str:
     if s.n_keep is not None:
         return f"keep {s.n_keep} heads"
-    return f"keep {s.share:.0%} of " + {"count": "heads", "kv": "the KV cache", "flops": "head FLOPs"}[s.price]
+    return f"keep {s.share:.0%} of " + {"count": "heads", "kv": "the KV cache", "flops": "head FLOPs"}.get(
+        s.price, f"the heads' {s.price}")
 
 
 def _site_rows(sites: dict, result) -> list[dict]:
     tuning = {t["site"]: t for t in result.tuning}
     rows = []
     for name, site in sites.items():
-        dropped = result.dropped.get(name, [])
+        dropped = result.dropped_heads.get(name, [])
         kept = [h for h in range(site.num_heads) if h not in dropped]
         scales = (result.scales or {}).get(name)
         t = tuning.get(name, {})

@@ -31,7 +31,7 @@ class ScoreRequest:
     """What the pipeline asks a scorer for."""
 
     units: str = "heads"  # heads | neurons | both: which units to score
-    head_plan: bool = False  # for the head plan (the Fisher's blocks too, where the scorer has them)
+    blocks: bool = False  # the per-site Fisher blocks too, where the scorer has them (rearrangement, tuning)
     loss_fn: LossFn | None = None  # the loss of labelled scorers (None: the model's own)
     seed: int = 0  # of seeded scorers
     costs: Any = None  # the pool's per-unit prices (:class:`~headprune.core.unit_cost.UnitCosts`), or None

@@ -4,12 +4,23 @@ A stage of the head plan (:func:`headprune.compression.plan.plan_heads`); needs 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
+
+from ...selection.rearrange import rearrange
 
 
 @dataclass(frozen=True)
 class Rearrange:
     name: str = "rearrange"
     stage: str = "plan"
-    rearranges: bool = True
-    tunes: bool = False
+
+    def refine(self, ctx, plan):
+        """The plan with the swaps (key ``rearranged``) if the guard keeps them, else ``plan``."""
+        start = time.perf_counter()
+        fisher = ctx.fisher
+        moved = rearrange(plan.drop, fisher, groups=ctx.groups, within_groups=ctx.within_groups)
+        plan.loss_estimate["rearranged"] = fisher.loss_increase(moved) / fisher.n
+        plan.seconds["rearrange"] = time.perf_counter() - start
+        ctx.rearranged = True
+        return ctx.keep(self.name, "rearranged", plan, replace(plan, drop=moved))

@@ -1,6 +1,6 @@
 """``fisher``: the diagonal empirical Fisher of the unit masks, sum over examples of (dL_b/dxi_u)^2.
 
-For the head plan the full per-site Fisher blocks too (:func:`headprune.scoring.fisher.fisher_information`:
+Asked for ``request.blocks``, the full per-site Fisher blocks too (:func:`headprune.scoring.fisher.fisher_information`:
 rearrangement and tuning read them); for the budget over heads and neurons, heads and neurons in one backward
 per batch (:func:`headprune.scoring.units.unit_fisher`), which gathers the channel statistics the stand-ins read
 in the same forwards when asked (``request.stats``): no second pass over the calibration data.
@@ -25,7 +25,7 @@ class FisherScorer:
     label_free: bool = False
 
     def score(self, model, batches, request: ScoreRequest) -> UnitScores:
-        if request.head_plan:
+        if request.blocks:
             fisher = fisher_information(model, batches, loss_fn=request.loss_fn, progress=request.progress)
             return UnitScores(dict(fisher.diag), fisher=fisher)
         heads, neurons = request.units != "neurons", request.units != "heads"
