@@ -122,6 +122,8 @@ def one(model, method: str, plan_fn, settings: dict, batches) -> dict:
     except (HeadpruneError, ValueError, RuntimeError, NotImplementedError) as e:
         line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return {"method": method, "status": "not run", "reason": f"{type(e).__name__}: {line}"[:300]}
+    except Exception as e:  # noqa: BLE001  (anything else is a bug of the peer or of headprune: recorded as such)
+        return {"method": method, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:300]}
     ids = batches[0]["input_ids"]
     want, got = reference(model, made, ids), _logits(pruned, ids)
     diff = float((got - want).abs().max())

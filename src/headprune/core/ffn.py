@@ -107,15 +107,19 @@ def _find_ffns(model: nn.Module, *, skip_moe: bool) -> list[FFN]:
 
 
 def _stack(model: nn.Module, path: str, layer: int) -> str:
-    """The stack of a layer whose self-attention site surgery removed: from the path, else from the site names
-    recorded before pruning (so an FFN keeps its name when its layer loses every head)."""
+    """The stack of a layer whose self-attention site surgery removed: from the site names recorded before
+    pruning (so an FFN keeps its name when its layer loses every head), else from the path. The recorded name
+    comes first: an encoder family run as a causal LM (RoBERTa, RemBERT with ``is_decoder``) keeps its layers
+    under an ``encoder`` path while its sites are named ``decoder``."""
+    recorded = {n.split(".")[0] for n in (config_record(model.config, ORIGINAL_KEY) or {})
+                if n.split(".")[1:2] == [str(layer)] and not n.endswith(".cross")}
+    if len(recorded) == 1:
+        return recorded.pop()
     parts = path.split(".")
     for stack in ("decoder", "encoder"):
         if stack in parts:
             return stack
-    recorded = {n.split(".")[0] for n in (config_record(model.config, ORIGINAL_KEY) or {})
-                if n.split(".")[1:2] == [str(layer)] and not n.endswith(".cross")}
-    return recorded.pop() if len(recorded) == 1 else "encoder"
+    return "encoder"
 
 
 def _refuse_moe(model: nn.Module) -> None:
