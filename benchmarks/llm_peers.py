@@ -8,6 +8,8 @@ calibration set and one evaluation protocol (issue #26).
     python benchmarks/llm_peers.py --keep-models /tmp/m ...     # also save each row's pruned model (not committed)
     python benchmarks/llm_peers.py --methods flap --budgets 0.2 --keep-models /tmp/m --texts wiki,captions
                                                             # score finished rows on more English texts
+    python benchmarks/llm_peers.py --choose-peer-knobs      # SlimGPT's and OSSCAR's knobs chosen as headprune's
+    python benchmarks/llm_peers.py --calib-mix news,wiki --calib-tokens 65536   # 64k calibration tokens, two texts
 
 Methods (``benchmarks/peers``): FLAP, Wanda-sp, LLM-Pruner (Taylor, no LoRA), SlimGPT and OSSCAR (second-order
 removal with the refit of the kept columns), SLEB and ShortGPT (whole blocks), Torch-Pruning 1.6.1's LLM
@@ -26,6 +28,15 @@ measured together (alternating rounds). Rows are written as they finish; a rerun
 A row of a method with a plan records the plan in full (query heads and neurons dropped, by index; rows run
 before issue #34 record the neurons' counts only).
 
+Equal privilege (issue #47): with ``--choose-peer-knobs``, each peer with a declared grid (:data:`PEER_GRIDS`:
+SlimGPT's damping and first-layer share, OSSCAR's damping, head rounding and swap budget) is pruned at every grid
+point on the calibration batches, each scored by its perplexity on the held-out calibration blocks only, and the
+row evaluates the lowest, as headprune's configuration is chosen among :data:`CONFIGURATIONS`; the row records
+the grid, every point's held-out perplexity and the choice (its config's ``chosen``). Rows go to their own file
+(``..._peerknobs.json``). ``--calib-mix news,wiki --calib-tokens N``: calibration of N tokens from the news text
+and Wikipedia sentences in turn (``peers/calibration.py``), the held-out blocks after each text's; rows go to
+``..._calib-news+wiki-N.json``, and ``--texts wiki`` is refused for them (their calibration read it).
+
 Other texts (issue #34, ``peers/texts.py``): ``--texts`` scores rows already in the JSON on more English texts
 (Wikipedia sentences, image captions) with the same protocols, into ``llm_peers_texts.json``; the model is the
 one ``--keep-models`` saved when the row ran or the method run again, used only when its held-out calibration
@@ -37,6 +48,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.util
+import itertools
 import json
 import os
 import platform
@@ -51,7 +63,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from peers import protocol, report, results_io, texts  # noqa: E402
+from peers import calibration, protocol, report, results_io, texts  # noqa: E402
 from peers.flap import flap_plan  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, headprune_row  # noqa: E402
 from peers.llm_pruner import llm_pruner_plan  # noqa: E402
@@ -82,6 +94,16 @@ METHODS = (*PLANS, "torch-pruning", *CONFIGURATIONS)
 # ~0.6 s on an FFN of 1536 at one free core); SLEB scores its candidates on the first calibration batch (4 blocks
 # of 256 tokens; each step runs about half a pass per remaining block). Each is in the row's config.
 PEER_SETTINGS = {"osscar": {"max_swaps": 10}, "sleb": {"max_batches": 1}}
+# Equal privilege (issue #47; --choose-peer-knobs): the knobs each peer's paper or public code exposes, every point
+# pruned on the calibration batches and the lowest perplexity on the held-out calibration blocks kept, as headprune's
+# configuration is chosen among CONFIGURATIONS. Each list starts with the value the plain rows run (a tie keeps it).
+# SlimGPT: --percdamp and the incremental ratio's first-layer share of the mean (0.25: the public code's log_increase
+# defaults 0.06 -> 0.30; 1: uniform, the code without --non_uniform). OSSCAR: lambda2 (damping), heads removed per
+# layer (floor: int(r H); ceil: the public code's int(H (1 - r)) kept) and the local search's swaps per layer (10:
+# the harness's time cap above; 0: greedy removal and refit, the code without --local_out / --local_fc).
+PEER_GRIDS = {"slimgpt": {"damping": [0.01, 0.1, 1.0], "first": [0.25, 1.0]},
+              "osscar": {"damping": [0.01, 0.1, 1.0], "head_rounding": ["floor", "ceil"], "max_swaps": [10, 0]}}
+CALIB_TEXTS = ("news", "wiki")  # --calib-mix: the --calib text (WMT21 news), Wikipedia sentences (peers/texts.py)
 BUDGETS = (0.1, 0.2, 0.3, 0.5)
 # What was added or changed after evaluation results were seen (recorded in the JSON; docs/peers.md says it too)
 CHANGED_AFTER_RESULTS = [
@@ -136,6 +158,15 @@ def parse(argv=None):
     p.add_argument("--select-blocks", type=int, default=8,
                    help="Blocks of the calibration text after the calibration blocks, held out: headprune's "
                         "configuration per budget is chosen on them, never on the evaluation text.")
+    p.add_argument("--calib-mix", default=None,
+                   help="Calibration from these texts in turn (comma-separated: news = the --calib text, wiki = "
+                        "Wikipedia sentences), the held-out blocks split among them; rows go to their own file.")
+    p.add_argument("--calib-tokens", type=int, default=None,
+                   help="Calibration tokens (a multiple of --calib-block), instead of --calib-blocks; rows go to "
+                        "their own file.")
+    p.add_argument("--choose-peer-knobs", action="store_true",
+                   help="Choose each peer's knobs in PEER_GRIDS (SlimGPT, OSSCAR) per budget on the held-out blocks, "
+                        "as headprune's configuration; rows go to their own file (..._peerknobs.json).")
     p.add_argument("--eval-tokens", type=int, default=None, help="Use only the first N tokens of the evaluation text.")
     p.add_argument("--windows", default="128,2048", help="Window lengths of the whole-text perplexities.")
     p.add_argument("--blocks", type=int, default=32, help="Blocks of 256 tokens of the block protocol.")
@@ -267,9 +298,47 @@ def results_file(args) -> Path:
     token), and is where --no-prefix-token on the default model writes."""
     spec = args.model or DEFAULT_MODEL
     if spec == DEFAULT_MODEL and not args.prefix_token:
-        return OUTPUT
+        return OUTPUT.with_name(f"llm_peers{variant(args)}.json")
     slug = SLUGS.get(spec) or re.sub(r"[^a-z0-9.-]+", "-", Path(spec).stem.lower()).strip("-")
-    return OUTPUT.with_name(f"llm_peers_{slug}{'' if args.prefix_token else '_noprefix'}.json")
+    return OUTPUT.with_name(f"llm_peers_{slug}{'' if args.prefix_token else '_noprefix'}{variant(args)}.json")
+
+
+def variant(args) -> str:
+    """The file-name tail of a run whose rows must not mix with the plain rows': ``_calib-<texts>-<tokens>`` with
+    --calib-mix or --calib-tokens, ``_peerknobs`` with --choose-peer-knobs; empty otherwise."""
+    tail = ""
+    if args.calib_mix or args.calib_tokens:
+        tokens = args.calib_tokens or args.calib_blocks * args.calib_block
+        tail += f"_calib-{'+'.join(calib_texts(args.calib_mix))}-{tokens}"
+    return tail + ("_peerknobs" if args.choose_peer_knobs else "")
+
+
+def calib_texts(text: str | None) -> list[str]:
+    """The texts of --calib-mix (default: the --calib text alone, ``news``)."""
+    names = [v.strip() for v in (text or "news").split(",") if v.strip()]
+    if not names or len(set(names)) < len(names) or any(n not in CALIB_TEXTS for n in names):
+        raise SystemExit(f"--calib-mix {text!r}; allowed: distinct comma-separated names among {', '.join(CALIB_TEXTS)}")
+    return names
+
+
+def calibration_data(args, tok, calib_text: str) -> tuple[list, torch.Tensor, int | None, dict]:
+    """(calibration batches, held-out blocks [select_blocks, T], the blocks' prefix token, what the settings record
+    of --calib-mix / --calib-tokens: nothing without them): ``peers.calibration.mixed_blocks`` of the texts."""
+    blocks, described = {}, {}
+    for name in calib_texts(args.calib_mix):
+        text = calib_text
+        if name == "wiki":
+            text, described[name] = texts.read(name, SHARED)
+        lm = LanguageModelling(tok, [text], block_size=args.calib_block, batch_size=4, prefix=args.prefix_token)
+        blocks[name] = lm.blocks  # [N, calib_block]
+    calib, held_out, counts = calibration.mixed_blocks(blocks, args.calib_blocks, args.select_blocks)
+    recorded = {}
+    if args.calib_mix or args.calib_tokens:
+        recorded = {"calib_tokens": args.calib_blocks * args.calib_block,
+                    "calib_mix": {name: described.get(name, {"text": "the calib text"}) | counts[name] for name in blocks},
+                    "calib_order": "one block of each text in turn; held-out: each text's blocks after its calibration "
+                                   "blocks"}
+    return calibration.batches_of(calib), held_out, lm.prefix_token, recorded
 
 
 def model_path(spec: str) -> Path:
@@ -356,28 +425,33 @@ def main(argv=None) -> dict | None:
     for flag, value in (("--calib-blocks", args.calib_blocks), ("--select-blocks", args.select_blocks)):
         if value < 1:
             raise SystemExit(f"{flag} {value}; allowed: an integer >= 1")
+    read_texts = [n.strip() for n in args.texts.split(",") if n.strip()] if args.texts else []
+    if "wiki" in calib_texts(args.calib_mix) and "wiki" in read_texts:
+        raise SystemExit(f"--texts wiki: this run's calibration (--calib-mix {args.calib_mix}) read the Wikipedia "
+                         "sentences; allowed: texts the calibration did not read")
     torch.set_num_threads(args.threads)
-    output = args.output or (OUTPUT.with_name("llm_peers_quick.json") if args.quick else results_file(args))
     if args.quick:
         args.calib_block, args.calib_blocks, args.blocks = 64, 8, 8
         args.decode_prompt, args.decode_tokens, args.decode_repeats = 16, 8, 2
         args.tp_timeout = min(args.tp_timeout, 10.0)
         args.eval_tokens = args.eval_tokens or 4096
+    if args.calib_tokens is not None:
+        if args.calib_tokens < 1 or args.calib_tokens % args.calib_block:
+            raise SystemExit(f"--calib-tokens {args.calib_tokens}; allowed: a positive multiple of the calibration "
+                             f"block ({args.calib_block} tokens)")
+        args.calib_blocks = args.calib_tokens // args.calib_block
+    output = args.output or (OUTPUT.with_name(f"llm_peers_quick{variant(args)}.json") if args.quick
+                             else results_file(args))
     model, tok, calib_text, eval_text, described = load(args)
     check_llama_like(model)
     try:
         model.to(resolve_device(args.device))
     except HeadpruneError as e:
         raise SystemExit(str(e)) from None
-    calib = LanguageModelling(tok, [calib_text], block_size=args.calib_block,
-                              max_blocks=args.calib_blocks + args.select_blocks, batch_size=4, prefix=args.prefix_token)
-    if len(calib) < args.calib_blocks + args.select_blocks:
-        raise SystemExit(f"--calib {args.calib}: {len(calib)} blocks of {args.calib_block} tokens; "
-                         f"--calib-blocks {args.calib_blocks} + --select-blocks {args.select_blocks} needed")
-    batches = list(calib.batches(limit=args.calib_blocks))
-    held_out = calib.blocks[args.calib_blocks:]  # [select_blocks, calib_block]: never seen by any method
+    # held_out [select_blocks, calib_block]: never seen by any method
+    batches, held_out, prefix_token, calib_recorded = calibration_data(args, tok, calib_text)
     sets = eval_sets(tok, eval_text, args, sizes)
-    settings = {**described, "prefix_token": calib.prefix_token, "calib_block": args.calib_block,
+    settings = {**described, "prefix_token": prefix_token, "calib_block": args.calib_block,
                 "calib_blocks": args.calib_blocks,
                 "select_blocks": args.select_blocks,
                 "selection": "headprune's configuration per budget: the lowest perplexity on the held-out "
@@ -387,8 +461,11 @@ def main(argv=None) -> dict | None:
                            "repeats": args.decode_repeats},
                 "tp_timeout_s": args.tp_timeout, "quick": args.quick, "seed": 0, "device": args.device,
                 "budget": "share of non-embedding parameters removed",
-                "bootstrap": "95% percentile, 1000 resamples of windows, paired, seed 0"}
-    out = results_io.resume(output, settings, config_of)
+                "bootstrap": "95% percentile, 1000 resamples of windows, paired, seed 0", **calib_recorded}
+    if args.choose_peer_knobs:
+        settings["peer_knobs"] = ("each peer in PEER_GRIDS: the grid point with the lowest perplexity on the held-out "
+                                  "calibration blocks, per budget (the grid in each row's config)")
+    out = results_io.resume(output, settings, lambda m: config_of(m, args.choose_peer_knobs))
     given = sys.argv[1:] if argv is None else list(argv)
     command = recorded_command(__file__, given)
     if args.texts:  # rows already run are scored on more texts, into their own file (the rows' file is only read)
@@ -396,7 +473,7 @@ def main(argv=None) -> dict | None:
             raise SystemExit(f"--texts: {output} has no rows of these settings; run them first")
         ctx = {"args": args, "model": model, "tok": tok, "sizes": sizes, "batches": batches, "output": output,
                "select": lambda m: protocol.perplexity(protocol.window_nll(m, held_out)), "command": command}
-        return score_texts(out, [n.strip() for n in args.texts.split(",") if n.strip()], methods, budgets, ctx)
+        return score_texts(out, read_texts, methods, budgets, ctx)
     out.update({"name": "llm_peers", "command": command, "machine": machine_info() | {"loadavg_at_start": loadavg()},
                 "versions": versions() | {"python": platform.python_version(), "torch_pruning": installed_version()},
                 "settings": settings, "changed_after_results": CHANGED_AFTER_RESULTS,
@@ -423,8 +500,8 @@ def main(argv=None) -> dict | None:
             stuck = next((r for r in out["rows"] if r["method"] == "torch-pruning" and r["status"] == "timeout"
                           and r["torch_pruning"]["phase_reached"] == "grouping"), None)
             if method == "torch-pruning" and stuck is not None:  # grouping does not depend on the ratio
-                row = {"method": method, "tool": tool_of(method), "config": config_of(method), "budget": budget,
-                       "status": "not run",
+                row = {"method": method, "tool": tool_of(method), "config": config_of(method, args.choose_peer_knobs),
+                       "budget": budget, "status": "not run",
                        "error": f"its grouping (the same at every ratio) timed out at budget {stuck['budget']} "
                                 f"after {stuck['torch_pruning']['timeout_s']:.0f} s"}
             else:
@@ -440,9 +517,16 @@ def main(argv=None) -> dict | None:
 
 
 def run_row(method, model, batches, budget, evaluate, select, base, args) -> dict:
-    row = {"method": method, "tool": tool_of(method), "config": config_of(method), "budget": budget,
-           "loadavg_before": loadavg()}
+    row = {"method": method, "tool": tool_of(method), "config": config_of(method, args.choose_peer_knobs),
+           "budget": budget, "loadavg_before": loadavg()}
     device = next(model.parameters()).device
+    knobs = None
+    if args.choose_peer_knobs and method in PEER_GRIDS:  # the peer's knobs chosen on the held-out blocks
+        row["choice"] = choose_knobs(method, model, batches, budget, select)
+        if row["choice"]["chosen"] is None:
+            return row | {"status": "failed", "error": "every point of its grid failed"}
+        row["config"] |= {"chosen": row["choice"]["chosen"]}
+        knobs = knobs_of(row["config"])
     if method == "torch-pruning":
         example = batches[0]["input_ids"][:1, :8]
         cpu = model if device.type == "cpu" else copy.deepcopy(model).cpu()
@@ -457,7 +541,7 @@ def run_row(method, model, batches, budget, evaluate, select, base, args) -> dic
         return row
 
     def prune():
-        return prune_model(method, model, batches, budget)
+        return prune_model(method, model, batches, budget, knobs)
 
     start = time.perf_counter()
     try:
@@ -487,12 +571,18 @@ def run_row(method, model, batches, budget, evaluate, select, base, args) -> dic
 
 def merge_rows(out: dict, other: dict) -> list[tuple[str, float]]:
     """Append to ``out["rows"]`` the rows of ``other`` (a run of the same settings, e.g. in parallel with another
-    ``--output``) whose (method, budget) ``out`` lacks and whose method configuration is today's; -> those added."""
-    if other.get("settings") != out.get("settings"):
+    ``--output``) whose (method, budget) ``out`` lacks and whose method configuration is today's; -> those added.
+    The settings may differ in ``peer_knobs`` alone (--choose-peer-knobs): then only the rows of methods whose
+    configuration is the same either way (not the peers of :data:`PEER_GRIDS`) come over."""
+    def shared(settings):
+        return {k: v for k, v in (settings or {}).items() if k != "peer_knobs"}
+
+    if shared(other.get("settings")) != shared(out.get("settings")):
         raise SystemExit("--merge: the file's settings differ from the results file's; allowed: a run of the same settings")
+    choose = "peer_knobs" in out.get("settings", {})
     have = {(r["method"], r["budget"]) for r in out["rows"]}
     added = [r for r in other["rows"] if (r["method"], r["budget"]) not in have
-             and r.get("config") == json.loads(json.dumps(config_of(r["method"])))]
+             and results_io.declared(r.get("config")) == json.loads(json.dumps(config_of(r["method"], choose)))]
     out["rows"] += added
     out["methods_run"] = sorted(set(out.get("methods_run", [])) | {r["method"] for r in added})
     out.setdefault("merged", []).append({"command": other.get("command"), "rows": [[r["method"], r["budget"]] for r in added]})
@@ -512,11 +602,11 @@ def merge_text_rows(mine: dict, other: dict) -> list[tuple]:
     return [(r["method"], r["budget"], r["text"]) for r in added]
 
 
-def prune_model(method: str, model, batches, budget: float) -> tuple:
-    """(pruned copy of ``model``, what the row records of the pruning) for a method with a plan or a headprune
-    configuration."""
+def prune_model(method: str, model, batches, budget: float, knobs: dict | None = None) -> tuple:
+    """(pruned copy of ``model``, what the row records of the pruning) for a method with a plan (its keyword
+    arguments ``knobs``, default :data:`PEER_SETTINGS`') or a headprune configuration."""
     if method in PLANS:
-        plan = PLANS[method](model, batches, budget, **PEER_SETTINGS.get(method, {}))
+        plan = PLANS[method](model, batches, budget, **(PEER_SETTINGS.get(method, {}) if knobs is None else knobs))
         pruned = apply_plan(copy.deepcopy(model), plan)
         return pruned, {"plan": plan.counts(), "info": plan.info,
                         "dropped": {"heads": plan.dropped_heads, "neurons": plan.dropped_neurons}}  # the full plan
@@ -591,7 +681,8 @@ def _row_model(row: dict, model, ctx: dict) -> tuple:
     if path is not None and path.is_dir():
         pruned, source = load_pruned(path), f"kept model {path.name}"
     else:
-        pruned, source = prune_model(row["method"], model, ctx["batches"], row["budget"])[0], "pruned again"
+        knobs = knobs_of(row["config"]) if row["method"] in PLANS else None  # a chosen row: its chosen knobs
+        pruned, source = prune_model(row["method"], model, ctx["batches"], row["budget"], knobs)[0], "pruned again"
     got = ctx["select"](pruned)
     diff = got / row["selection_perplexity"] - 1
     if abs(diff) > 1e-5:  # above float noise (threads): another model
@@ -629,14 +720,54 @@ def tool_of(method: str) -> str:
     return "headprune" if method in CONFIGURATIONS else method
 
 
-def config_of(method: str) -> dict:
+def config_of(method: str, choose: bool = False) -> dict:
     """What a row's result depends on beyond the shared settings: a headprune configuration's PruneSettings
-    fields, or the peer's name (and Torch-Pruning's installed version)."""
+    fields, or the peer's name and settings (and Torch-Pruning's installed version). With ``choose``
+    (--choose-peer-knobs) a peer of :data:`PEER_GRIDS` has its grid instead of the settings the grid covers; its row
+    adds ``chosen``, the point chosen (:func:`results_io.declared` leaves it out)."""
     if method in CONFIGURATIONS:
         return dict(CONFIGURATIONS[method])
     if method == "torch-pruning":
         return {"peer": method, "version": installed_version()}
+    if choose and method in PEER_GRIDS:
+        grid = PEER_GRIDS[method]
+        fixed = {k: v for k, v in PEER_SETTINGS.get(method, {}).items() if k not in grid}
+        return {"peer": method, **fixed, "grid": grid, "chosen_on": "held-out calibration blocks"}
     return {"peer": method, **PEER_SETTINGS.get(method, {})}
+
+
+def knobs_of(config: dict) -> dict:
+    """The keyword arguments of a peer's plan from its row's config (:func:`config_of`, with ``chosen``)."""
+    fixed = {k: v for k, v in config.items() if k not in ("peer", "grid", "chosen_on", "chosen")}
+    return fixed | config.get("chosen", {})
+
+
+def grid_points(grid: dict) -> list[dict]:
+    """Every combination of ``grid``'s values ({knob: [values]}), the first knob varying slowest."""
+    return [dict(zip(grid, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+def choose_knobs(method: str, model, batches, budget: float, select: Callable) -> dict:
+    """Equal privilege: ``method`` pruned at every point of its grid (:data:`PEER_GRIDS`) on the calibration
+    ``batches``, each scored by ``select`` (perplexity on the held-out calibration blocks; no evaluation text is
+    read) -> {"grid", "points": [{"settings", "status", "selection_perplexity" or "error", "seconds"}], "chosen":
+    the lowest point's settings (the first of equals; None when every point failed), "seconds"}."""
+    start, points = time.perf_counter(), []
+    fixed = knobs_of(config_of(method, choose=True))
+    for point in grid_points(PEER_GRIDS[method]):
+        began = time.perf_counter()
+        try:
+            pruned, _ = prune_model(method, model, batches, budget, fixed | point)
+        except (HeadpruneError, ValueError, RuntimeError) as e:
+            points.append({"settings": point, "status": "failed", "error": f"{type(e).__name__}: {e}"})
+            continue
+        points.append({"settings": point, "status": "ok", "selection_perplexity": select(pruned),
+                       "seconds": time.perf_counter() - began})
+        print(f"  {point}: held-out perplexity {points[-1]['selection_perplexity']:.4f}", flush=True)
+        del pruned
+    ok = [p for p in points if p["status"] == "ok"]
+    chosen = min(ok, key=lambda p: p["selection_perplexity"])["settings"] if ok else None
+    return {"grid": PEER_GRIDS[method], "points": points, "chosen": chosen, "seconds": time.perf_counter() - start}
 
 
 def summarise(out: dict) -> None:

@@ -20,22 +20,34 @@ in three steps, as the paper:
 
 Budget: the same share of units in every layer, as the paper prunes (``r = target / parameters of all
 layers' units``; heads ``int(r x H)`` per layer, then neurons until the layer has lost ``r`` of its
-parameters). Damping: 1% of the mean diagonal of ``X^T X``. GQA: query heads are the groups of o_proj; a
-key/value head goes with its group's last query head.
+parameters). Damping: 1% of the mean diagonal of ``X^T X`` (the public code's ``lambda2 1e-2``). GQA: query
+heads are the groups of o_proj; a key/value head goes with its group's last query head.
+
+Knobs (:func:`osscar_plan`; ``benchmarks/llm_peers.py --choose-peer-knobs`` chooses among them on held-out
+calibration blocks): ``damping``; ``head_rounding``, how many heads a layer's ratio ``r`` asks for: ``"floor"``
+removes ``int(r x H)`` (the default here), ``"ceil"`` keeps ``int(H x (1 - r))`` as the public code counts
+(``osscar_prune.py``: ``int(num_cin * (1 - sp))`` kept), removing one more head whenever ``r x H`` is not whole
+(the layer's neurons make up the rest of its share either way); ``max_swaps``, the local search's budget per
+layer (0: greedy removal and refit only, as the public code without ``--local_out`` / ``--local_fc``).
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
 from torch import nn
+
+from headprune.errors import ConfigError
 
 from .obs import block_cost, greedy_remove, layerwise, objective, refit
 from .plan import Ledger, Plan, layer_pairs
 
 DAMPING = 0.01
 MAX_SWAPS = 100
+# heads a layer of H heads loses at ratio r: floor removes int(r H); ceil keeps int(H (1 - r)), the public code's count
+HEAD_ROUNDING = {"floor": lambda share, n: int(share * n), "ceil": lambda share, n: n - int(n * (1 - share))}
 
 
 def _kept_state(w0: torch.Tensor, h: torch.Tensor, kept: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,8 +133,14 @@ def osscar_remove(w0: torch.Tensor, h: torch.Tensor, groups: torch.Tensor, k: in
 
 
 def osscar_plan(model: nn.Module, batches, budget: float, *, damping: float = DAMPING,
-                max_swaps: int = MAX_SWAPS) -> Plan:
+                max_swaps: int = MAX_SWAPS, head_rounding: str = "floor") -> Plan:
     """OSSCAR's plan removing ``budget`` of the non-embedding parameters (refit o/down weights folded)."""
+    if head_rounding not in HEAD_ROUNDING:
+        raise ConfigError(f"head_rounding={head_rounding!r}; allowed: {', '.join(map(repr, HEAD_ROUNDING))}")
+    if not (isinstance(max_swaps, int) and max_swaps >= 0):
+        raise ConfigError(f"max_swaps={max_swaps!r}; allowed: an integer >= 0")
+    if not (isinstance(damping, (int, float)) and math.isfinite(damping) and damping > 0):
+        raise ConfigError(f"damping={damping!r}; allowed: a finite number > 0")
     start = time.perf_counter()
     batches = list(batches)
     ledger = Ledger(model, budget)
@@ -136,8 +154,10 @@ def osscar_plan(model: nn.Module, batches, budget: float, *, damping: float = DA
         swaps.append(n)
         return dropped, w_new
 
-    weights = layerwise(model, batches, ledger, [ratio] * len(pairs), remover, remover, damping)
+    weights = layerwise(model, batches, ledger, [ratio] * len(pairs), remover, remover, damping,
+                        heads_of=HEAD_ROUNDING[head_rounding])
     plan = ledger.plan("osscar", info={"ratio_per_layer": ratio, "damping": damping, "max_swaps": max_swaps,
+                                       "head_rounding": head_rounding,
                                        "swaps_per_consumer": swaps,
                                        "steps": "greedy Schur-complement removal, best-swap local search, "
                                                 "least-squares refit", "sequential": True,

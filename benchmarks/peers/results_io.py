@@ -11,13 +11,20 @@ from pathlib import Path
 
 def resume(output: Path, settings: dict, config_of: Callable[[str], dict]) -> dict:
     """The rows of an earlier run with the same shared settings whose method configuration is unchanged
-    (``config_of(method)``); ``{"rows": []}`` otherwise."""
+    (:func:`declared` of the row's config equal to ``config_of(method)``); ``{"rows": []}`` otherwise."""
     if output.is_file():
         old = json.loads(output.read_text())
         if old.get("settings") == json.loads(json.dumps(settings)):
-            old["rows"] = [r for r in old["rows"] if r.get("config") == json.loads(json.dumps(config_of(r["method"])))]
+            old["rows"] = [r for r in old["rows"]
+                           if declared(r.get("config")) == json.loads(json.dumps(config_of(r["method"])))]
             return old
     return {"rows": []}
+
+
+def declared(config: dict | None) -> dict | None:
+    """A row's config without ``chosen``: the settings a row chose from its declared grid on held-out blocks are
+    its outcome (the grid, in the config, is what it depends on), so a finished row is kept whatever it chose."""
+    return None if config is None else {k: v for k, v in config.items() if k != "chosen"}
 
 
 def save(output: Path, out: dict) -> None:

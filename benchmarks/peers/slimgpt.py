@@ -22,6 +22,11 @@ What it does, and here:
    ``0.06 -> 0.30`` on 32 layers put the first layer at a quarter of the mean: ``first = 0.25`` here), with
    ``r_last`` set so the parameter-weighted mean is the model's ratio ``r``; ratios are capped at 0.9.
    Neurons per layer: until the layer has lost ``r_l`` of its parameters (to the next whole neuron).
+   ``first = 1`` is the uniform ratio, what the public code runs without ``--non_uniform`` (its default).
+
+Knobs (:func:`slimgpt_plan`; ``benchmarks/llm_peers.py --choose-peer-knobs`` chooses among them on held-out
+calibration blocks): ``damping`` (the code's ``--percdamp``, default 0.01) and ``first``, the first layer's
+ratio as a share of the mean (0.25: the logarithmic schedule of the code's defaults; 1: uniform).
 
 Budget matching (stated): ``r = target / parameters of all layers' units``, so the total meets the
 non-embedding target like every other method (within about one unit per layer). GQA (absent from the
@@ -87,6 +92,10 @@ def _neurons(w, h, groups, k):
 
 def slimgpt_plan(model: nn.Module, batches, budget: float, *, damping: float = DAMPING, first: float = FIRST) -> Plan:
     """SlimGPT's plan removing ``budget`` of the non-embedding parameters (OBS-updated o/down weights folded)."""
+    if not (isinstance(first, (int, float)) and 0 < first <= 1):
+        raise ConfigError(f"first={first!r}; allowed: the first layer's share of the mean ratio, in (0, 1]")
+    if not (isinstance(damping, (int, float)) and math.isfinite(damping) and damping > 0):
+        raise ConfigError(f"damping={damping!r}; allowed: a finite number > 0")
     start = time.perf_counter()
     batches = list(batches)
     ledger = Ledger(model, budget)

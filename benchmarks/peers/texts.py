@@ -4,7 +4,8 @@ verdicts per text (issue #34).
 Each text is English of another kind than the news text, read whole from ``/work/shared/data`` and used only
 for evaluation: no calibration, selection or setting anywhere in ``benchmarks/`` or the demo reads these files
 (checked by ``grep -rn "qnli\\|test_2018_flickr" benchmarks src/headprune/experiments``, which finds only this
-module; ``tests/test_peers_texts.py`` repeats that check).
+module; ``tests/test_peers_texts.py`` repeats that check). One exception, by name: ``llm_peers.py --calib-mix
+...,wiki`` calibrates on ``wiki`` (rows in their own file), and refuses ``--texts wiki`` for those rows.
 
 - ``wiki``: encyclopedic prose, the distinct ``sentence`` column of GLUE QNLI dev (Wikipedia paragraphs of
   SQuAD), in file order, one per line.
