@@ -16,9 +16,9 @@ import math
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from headprune.core.chunked import token_outputs
 from headprune.core.cost import flop_breakdown
 from headprune.core.devices import input_device
 from headprune.core.kvcache import kv_cache_bytes
@@ -36,14 +36,16 @@ def windows(ids: list[int], size: int, limit: int | None = None, prefix: int | N
 
 @torch.no_grad()
 def window_nll(model: nn.Module, blocks: torch.Tensor, batch_size: int = 4) -> dict[str, list]:
-    """{"nll_sum": per window, "tokens": per window} of ``model`` on ``blocks`` [N, T]."""
+    """{"nll_sum": per window, "tokens": per window} of ``model`` on ``blocks`` [N, T]: the loss chunk by chunk over
+    the tokens (:mod:`headprune.core.chunked`), so a 262,144-token vocabulary never holds ``[B, T, V]`` logits (a
+    Gemma-3 window of 2048 tokens would take 8.6 GB in float32 at batch 4)."""
     model.eval()
     device = input_device(model)
     nll, tokens = [], []
     for i in range(0, blocks.shape[0], batch_size):
         x = blocks[i: i + batch_size].to(device)
-        logits = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False).logits  # [B, T, V]
-        token_nll = F.cross_entropy(logits[:, :-1].transpose(1, 2).float(), x[:, 1:], reduction="none")  # [B, T-1]
+        out = token_outputs(model, {"input_ids": x, "attention_mask": torch.ones_like(x), "use_cache": False})
+        token_nll = out.shifted().token_nll(x[:, 1:]).float()  # [B, T-1], chunk by chunk: never [B, T, V] at once
         if not torch.isfinite(token_nll).all():
             raise FloatingPointError("non-finite token losses")
         nll += token_nll.double().sum(1).tolist()
