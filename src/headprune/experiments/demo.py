@@ -303,14 +303,18 @@ def act_two(original, tokenizer, text: tuple, output: Path, s: DemoSettings, *,
     a, share = s.act_two, s.act_two.budgets[-1]
     print(f"[9/{STEPS}] act two: {share:.0%} of the non-embedding parameters removed from the unpruned model, by "
           f"headprune ({HEADPRUNE}: compress) and by FLAP, on the same calibration text")
+    clock = [time.perf_counter()]
     found = compare_methods(original, calib, held_out, a, progress=s.progress)
+    clock.append(time.perf_counter())
     ours = found["models"][HEADPRUNE]
     print(f"[10/{STEPS}] recovery: headprune's model distilled from the unpruned one on the calibration text")
     recovered = recovery(ours, original, recovery_blocks(tokenizer, texts, s.block_size, a), held_out,
                          found["base_eval"], a, progress=s.progress)
+    clock.append(time.perf_counter())
     print(f"[11/{STEPS}] the unpruned model and headprune's (recovered) as Q8_0 GGUF files for llama.cpp")
     gguf = gguf_step(original, ours, output / "gguf-act2", tokenizer=tokenizer, source_gguf=source_gguf,
                      repeats=s.repeats)
+    clock.append(time.perf_counter())
     if gguf.get("pruned", {}).get("wider_than_unpruned"):  # widths off Q8_0's 32-value blocks are stored as F16
         print(f"      {len(gguf['pruned']['wider_than_unpruned'])} tensors of the pruned file are F16, not Q8_0: their "
               "pruned width is not a multiple of 32 (PruneSettings(multiple_of=32) keeps widths aligned)")
@@ -328,7 +332,8 @@ def act_two(original, tokenizer, text: tuple, output: Path, s: DemoSettings, *,
     at = {r["method"]: r for r in found["rows"] if r["budget"] == share}
     return {"budget": share, "configuration": HEADPRUNE, "unpruned": found["unpruned"], "headprune": at[HEADPRUNE],
             "flap": at["flap"], "headprune_vs_flap": found["headprune_vs_flap"], "recovered": recovered,
-            "gguf": gguf, "rows": found["rows"], "summary": table}
+            "gguf": gguf, "rows": found["rows"], "summary": table,
+            "seconds": {k: round(clock[i + 1] - clock[i], 1) for i, k in enumerate(("compare", "recover", "gguf"))}}
 
 
 def act_two_headline(second: dict) -> list[list[str]]:
