@@ -38,7 +38,15 @@ from ..scoring.importance import head_importance
 from ..selection.gqa import kv_groups, select_gqa
 from .ablation import SweepSettings
 from .curves import CurveSettings
-from .demo_compress import ActTwo, compare_methods, format_table, recovery, recovery_blocks, summary_rows
+from .demo_compress import (
+    HEADPRUNE,
+    ActTwo,
+    compare_methods,
+    format_table,
+    recovery,
+    recovery_blocks,
+    summary_rows,
+)
 from .rundir import RunDir
 from .study import run_ablation, run_curves
 
@@ -266,8 +274,10 @@ def _results(name: str, run: RunDir, output: Path, study: dict, found: dict, s: 
     ]
     return {
         "title": f"headprune demo: {name}", "experiment": "demo", "signature": run.signature,
-        "subtitle": "Every head scored (I_h), the top layers ablated one head at a time, a pruning curve, then the "
-                    "least important heads physically removed, checked, saved, loaded back and benchmarked.",
+        "subtitle": "Act one: every head scored (I_h), the top layers ablated one head at a time, a pruning curve, then "
+                    "the least important heads physically removed, checked, saved, loaded back and benchmarked. Act "
+                    "two: 20% of the unpruned model's non-embedding parameters removed by headprune's compress and by "
+                    "FLAP, headprune's model recovered by distillation, both sizes as llama.cpp files.",
         "headline": headline,
         "notes": [f"Pruned model: {output / 'pruned_model'} (load with headprune.load_pruned). "
                   f"Detailed runs: {study['ablation_report'].parent.name}/report.html, "
@@ -297,8 +307,6 @@ def act_two(original, tokenizer, text: tuple, output: Path, s: DemoSettings, *,
     """Steps 9-11 on the unpruned ``original``: :func:`.demo_compress.compare_methods`, the recovery of
     headprune's model, both as Q8_0 GGUF files, then the summary table and act_two.png. ``text``: (the
     calibration half's documents, the calibration blocks, the held-out blocks)."""
-    from .demo_compress import HEADPRUNE
-
     texts, calib, held_out = text
     a, share = s.act_two, s.act_two.budgets[-1]
     print(f"[9/{STEPS}] act two: {share:.0%} of the non-embedding parameters removed from the unpruned model, by "
