@@ -91,8 +91,19 @@ def reproduces(run: Path, committed: dict) -> list[str]:
     pairs = [(f"perplexity {key}", got["perplexity"][key], committed["perplexity"][key])
              for key in ("unpruned", "masked", "pruned")]
     if "act_two" not in committed:  # a record made before act two: run `python benchmarks/demo_results.py RUN`
-        return problems + ["act two: the committed record has none (regenerate it from a run of today's demo)"]
-    mine, theirs = got["act_two"], committed["act_two"]
+        problems.append("act two: the committed record has none (regenerate it from a run of today's demo)")
+    else:
+        problems += act_two_problems(got["act_two"], committed["act_two"], pairs)
+    for what, a, b in pairs:
+        if not abs(a - b) <= PPL_RTOL * abs(b):
+            shown = [f"{x:,}" if isinstance(x, int) else f"{x:.4f}" for x in (a, b)]
+            problems.append(f"{what}: {shown[0]}, the README's record has {shown[1]} (allowed: within {PPL_RTOL:.1%})")
+    return problems
+
+
+def act_two_problems(mine: dict, theirs: dict, pairs: list) -> list[str]:
+    """Act two's differences that are not a matter of tolerance; its numbers to compare are added to ``pairs``."""
+    problems = []
     pairs += [(f"act two: perplexity {key}", mine[key]["perplexity"], theirs[key]["perplexity"])
               for key in ("headprune", "flap", "recovered")]
     if mine["recovered"]["tokens"] != theirs["recovered"]["tokens"]:
@@ -104,10 +115,6 @@ def reproduces(run: Path, committed: dict) -> list[str]:
     elif mine["gguf_bytes"] is not None:
         pairs += [(f"act two: Q8_0 bytes, {key}", mine["gguf_bytes"][key], theirs["gguf_bytes"][key])
                   for key in ("unpruned", "pruned")]
-    for what, a, b in pairs:
-        if not abs(a - b) <= PPL_RTOL * abs(b):
-            shown = [f"{x:,}" if isinstance(x, int) else f"{x:.4f}" for x in (a, b)]
-            problems.append(f"{what}: {shown[0]}, the README's record has {shown[1]} (allowed: within {PPL_RTOL:.1%})")
     return problems
 
 

@@ -43,8 +43,11 @@ HEADPRUNE_FIELDS = {"units": "both", "price": "params", "scores": "fisher", "com
 class ActTwo:
     """How much act two reads (a field of :class:`~.demo.DemoSettings`, set per mode)."""
 
+    # Time (one `headprune demo` on SmolLM2, 2 cores shared with other jobs, load ~7, about 3x a quiet machine):
+    # both methods at 10% and 20% with their evaluations 295 s, recovery on 4,096 tokens 424 s (43.44 against 44.23
+    # before), the GGUF step 39 s. Hence 2,048 tokens: act two about 3 min on a quiet machine, 10% included.
     budgets: tuple[float, ...] = (0.1, 0.2)  # shares of non-embedding parameters removed; the last is the headline
-    recover_tokens: int = 4096  # distillation tokens (block_size x recover_batch per step)
+    recover_tokens: int = 2048  # distillation tokens (block_size x recover_batch per step)
     recover_batch: int = 4
     recover_lr: float = 1e-4  # fixed: lr="auto" would train a copy per candidate first
     recover_held: int = 2  # calibration-half blocks recovery evaluates, never trains on
