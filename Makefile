@@ -35,8 +35,9 @@ demo: install-demo
 	$(BIN)/headprune demo
 	$(BIN)/python benchmarks/demo_results.py runs/demo --check
 
-# Every step of the demo (load, I_h, ablation, curve, selection, surgery, pruned == masked, save/load,
-# speed, report) on the same real model with less text: a few minutes. CI runs it after `make test`.
+# Every step of the demo's two acts (load, I_h, ablation, curve, selection, surgery, pruned == masked,
+# save/load, speed, GGUF; then 20% removed by compress and by FLAP, recovery, GGUF, summary, report) on the
+# same real model with less text: a few minutes. CI runs it after `make test`.
 demo-check: install-demo
 	$(BIN)/headprune demo --check --fresh -o runs/demo-check
 

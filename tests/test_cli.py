@@ -82,10 +82,10 @@ def test_missing_model_dir_and_existing_output(bert_dir, tmp_path):
 def test_quick_demo_writes_results_and_a_pruned_model(tmp_path):
     result = runner.invoke(app, ["demo", "--quick", "-o", str(tmp_path / "run")])
     assert result.exit_code == 0, result.output
-    printed = re.findall(r"^\[(\d)/(\d)\]", result.output, flags=re.M)  # the steps the demo says it takes ...
-    assert printed == [(str(i), "8") for i in range(1, 9)]
+    printed = re.findall(r"^\[(\d+)/(\d+)\]", result.output, flags=re.M)  # the steps the demo says it takes ...
+    assert printed == [(str(i), "11") for i in range(1, 12)]  # both acts
     shown = " ".join(runner.invoke(app, ["demo", "--help"], terminal_width=400).output.split())
-    assert all(f"[{i}/8]" in shown for i in range(1, 9))  # ... are the steps its --help describes
+    assert all(f"[{i}/11]" in shown for i in range(1, 12))  # ... are the steps its --help describes
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["perplexity"]["masked"] == pytest.approx(results["perplexity"]["pruned"], rel=1e-5)
     assert results["parameters"]["after"] < results["parameters"]["before"]
@@ -100,6 +100,33 @@ def test_quick_demo_writes_results_and_a_pruned_model(tmp_path):
     # the demo's GQA Llama never gets a larger KV cache: no site caches more key/value heads than its 2
     assert all(s.k.width <= 2 * s.head_dim for s in hp.find_sites(model))
     assert results["kv_cache_bytes_per_token"]["after"] <= results["kv_cache_bytes_per_token"]["before"]
+    check_act_two(results, result.output, tmp_path / "run")
+
+
+def check_act_two(results: dict, output: str, run) -> None:
+    """Act two of the quick demo: 20% (and 10%) of the non-embedding parameters removed by headprune and FLAP,
+    ratios to the unpruned perplexity, the recovery, the summary table printed and stored, the figure."""
+    second = results["act_two"]
+    model = hp.load_pruned(run / "pruned_model")  # act one's; the unpruned count is recomputed by hand below
+    total = sum(p.numel() for p in model.parameters()) - model.get_input_embeddings().weight.numel() - (
+        0 if model.config.tie_word_embeddings else model.get_output_embeddings().weight.numel())
+    assert total < second["unpruned"]["nonembedding_params"]  # act one removed heads; act two starts unpruned
+    assert second["unpruned"]["perplexity"] == pytest.approx(results["perplexity"]["unpruned"], rel=1e-6)
+    assert [(r["method"], r["budget"]) for r in second["rows"]] == [
+        ("headprune-fisher+linear", 0.1), ("flap", 0.1), ("headprune-fisher+linear", 0.2), ("flap", 0.2)]
+    for r in second["rows"]:
+        assert r["removed_share"] == pytest.approx(r["budget"], abs=0.02)  # within a few units of the tiny model
+        assert r["ratio"]["ratio"] == pytest.approx(r["perplexity"] / second["unpruned"]["perplexity"], rel=1e-9)
+        assert r["ratio"]["ci_low"] <= r["ratio"]["ratio"] <= r["ratio"]["ci_high"]
+    assert second["recovered"]["tokens"] == 1024 and second["recovered"]["steps"] == 1024 // (2 * 128)
+    header, *rows = second["summary"]
+    assert header[2] == "held-out perplexity" and [r[0].split(" (")[0].strip() for r in rows] == [
+        "unpruned", "headprune", "+ recovery", "FLAP"]
+    assert rows[1][2] == f"{second['headprune']['perplexity']:.2f}" and rows[3][2] == f"{second['flap']['perplexity']:.2f}"
+    assert all(" ".join(r[:1]) in output for r in second["summary"])  # printed at the end
+    report = (run / "report.html").read_text()
+    assert (run / "act_two.png").stat().st_size > 0 and "Act two: held-out perplexity against" in report
+    assert f"<td>{rows[3][0]}</td>" in report  # the summary table in the report too
 
 
 def test_python_dash_m_is_the_same_app(bert_dir):

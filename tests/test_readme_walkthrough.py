@@ -221,11 +221,15 @@ def test_demo_ends_with_its_headline(readme_run):
     p = results["parameters"]  # the quick demo's row read '0.1M -> 0.0M' (a tiny model rounded away)
     assert dict(results["headline"])["parameters"] == f"{p['before']:,} -> {p['after']:,}" and p["after"] < p["before"]
     numbers = [label for label, value in results["headline"] if re.fullmatch(r"[\d.]+", value)]
-    assert len(numbers) == 4 and all("perplexity" in label for label in numbers), results["headline"]
+    assert len(numbers) == 5 and all("perplexity" in label for label in numbers), results["headline"]
     ablation = json.loads((out / "ablation" / "results.json").read_text())
     worst = max(ablation["rows"], key=lambda r: r["damage"])
-    assert results["headline"][-1] == [f"perplexity with the most harmful head masked ({worst['site']} head "
-                                       f"{worst['head']})", f"{worst['score']:.2f}"]
+    act_one, act_two = results["headline"][:-2], results["headline"][-2:]  # the quick demo writes no GGUF files
+    assert act_one[-1] == [f"perplexity with the most harmful head masked ({worst['site']} head "
+                           f"{worst['head']})", f"{worst['score']:.2f}"]
+    second = results["act_two"]  # act two's rows: headprune and FLAP at 20%, then after recovery
+    assert act_two[0][1] == f"{second['headprune']['perplexity']:.2f} / {second['flap']['perplexity']:.2f}"
+    assert "recovery" in act_two[1][0] and act_two[1][1] == f"{second['recovered']['perplexity']:.2f}"
     assert "held-out perplexity of the masked model, then of the pruned one" in result.stdout
 
 

@@ -28,9 +28,9 @@ from torch import nn
 from headprune import find_ffns, find_sites, prune_heads, prune_neurons
 from headprune.core.devices import input_device, to_device
 from headprune.errors import ConfigError
+from headprune.peers.stats import StopForward
 
 from .plan import Ledger, layer_pairs
-from .stats import _Stop
 
 # remover(W [d_out, C] float64, H [C, C] float64 damped, groups [n, g] column indices, k) -> (dropped groups, W')
 Remover = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], tuple[list[int], torch.Tensor]]
@@ -47,7 +47,7 @@ def gram(model: nn.Module, batches, module: nn.Module) -> tuple[torch.Tensor, in
             acc.extend([torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=x.device), 0])
         acc[0] += x.T @ x
         acc[1] += x.shape[0]
-        raise _Stop
+        raise StopForward
 
     handle = module.register_forward_hook(record)
     was_training = model.training
@@ -58,7 +58,7 @@ def gram(model: nn.Module, batches, module: nn.Module) -> tuple[torch.Tensor, in
             try:
                 model(**to_device({k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")}, device),
                       use_cache=False)
-            except _Stop:
+            except StopForward:
                 pass
     finally:
         handle.remove()
@@ -205,7 +205,7 @@ class BlockInputs:
 
         def catch(_m, args, kwargs):
             self.inputs.append((args, kwargs))
-            raise _Stop
+            raise StopForward
 
         handle = first.register_forward_pre_hook(catch, with_kwargs=True)
         was_training = work.training
@@ -217,7 +217,7 @@ class BlockInputs:
                     try:
                         work(**to_device({k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")},
                                          device), use_cache=False)
-                    except _Stop:
+                    except StopForward:
                         pass
         finally:
             handle.remove()
@@ -236,7 +236,7 @@ class BlockInputs:
             if not acc:
                 acc.append(torch.zeros(x.shape[1], x.shape[1], dtype=torch.float64, device=x.device))
             acc[0] += x.T @ x
-            raise _Stop
+            raise StopForward
 
         handle = module.register_forward_hook(record)
         block = self.block(layer)
@@ -246,7 +246,7 @@ class BlockInputs:
             for args, kwargs in self.inputs:
                 try:
                     block(*args, **kwargs)
-                except _Stop:
+                except StopForward:
                     pass
         finally:
             handle.remove()

@@ -25,9 +25,9 @@ import torch
 from torch import nn
 
 from headprune import find_ffns, find_sites, prune_heads, prune_neurons
+from headprune.peers.stats import input_stats
 
 from .plan import Ledger, Plan, layer_pairs, uniform_layer
-from .stats import input_stats
 
 
 def wanda_channel_scores(weight: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:

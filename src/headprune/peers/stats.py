@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from headprune.core.devices import input_device, to_device
+from ..core.devices import input_device, to_device
 
 
 @dataclass
@@ -36,7 +36,7 @@ class ChannelStats:
         return self.sumsq.sqrt()
 
 
-class _Stop(Exception):
+class StopForward(Exception):
     """Raised by a hook to end a forward pass once the last module of interest has run."""
 
 
@@ -61,7 +61,7 @@ def input_stats(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]],
     handles = [m.register_forward_hook(hook(n)) for n, m in modules.items()]
     if stop_after is not None:
         def stop(*_):
-            raise _Stop
+            raise StopForward
         handles.append(stop_after.register_forward_hook(stop))
     was_training = model.training
     model.eval()
@@ -71,7 +71,7 @@ def input_stats(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]],
             x = to_device({k: v for k, v in batch.items() if k in ("input_ids", "attention_mask")}, device)
             try:
                 model(**x, use_cache=False)
-            except _Stop:
+            except StopForward:
                 pass
     finally:
         for h in handles:
