@@ -19,6 +19,7 @@ from peers import flap as bench_flap  # noqa: E402
 from peers import plan as bench_plan  # noqa: E402
 from peers.headprune_rows import settings_for  # noqa: E402
 
+from headprune.compression import replay  # noqa: E402
 from headprune.errors import ConfigError  # noqa: E402
 from headprune.evaluation.base import EvalResult  # noqa: E402
 from headprune.evaluation.significance import perplexity_ratio  # noqa: E402
@@ -32,17 +33,16 @@ def test_library_flap_is_the_benchmark_flap(budget):
     """The peer benchmark's plan is built from the library's cut, and both ways of applying it compute the same."""
     model, data = llama(layers=4), batches()
     cut = flap.flap(model, data, budget)
-    plan = bench_flap.flap_plan(model, data, budget)
-    assert plan.heads == cut.heads and plan.neurons == cut.neurons and (cut.heads or cut.neurons)
-    assert set(plan.biases) == {cut.paths[n] for n in cut.biases} and cut.biases
-    for name, bias in cut.biases.items():
-        assert torch.equal(plan.biases[cut.paths[name]], bias)
-    assert {k: v for k, v in plan.info.items() if k != "seconds"} == {k: v for k, v in cut.info.items()
-                                                                      if k != "seconds"}
+    plan = bench_flap.flap_plan(model, data, budget)  # headprune's Plan, built by the harness from the cut
+    assert plan.dropped_heads == {k: v for k, v in cut.heads.items() if v} and (cut.heads or cut.neurons)
+    assert plan.dropped_neurons == {k: v for k, v in cut.neurons.items() if v}
+    assert set(plan.added_biases) == set(cut.biases) and cut.biases
+    assert {k: v for k, v in plan.info.items() if k not in ("seconds", "method")} == {
+        k: v for k, v in cut.info.items() if k != "seconds"}
     probe = batches(seed=9, n=1)[0]["input_ids"]
     with torch.no_grad():
-        ours = flap.apply_flap(copy.deepcopy(model), cut)(input_ids=probe).logits  # the library's Plan
-        theirs = bench_plan.apply_plan(copy.deepcopy(model), plan)(input_ids=probe).logits  # the harness's
+        ours = flap.apply_flap(copy.deepcopy(model), cut)(input_ids=probe).logits  # the library's FLAP
+        theirs = replay.apply_plan(copy.deepcopy(model), plan)(input_ids=probe).logits  # the harness's plan replayed
     assert (ours - theirs).abs().max() <= 1e-6 * theirs.abs().max()
     removed = bench_plan.nonembedding_params(model) - bench_plan.nonembedding_params(
         flap.apply_flap(copy.deepcopy(model), cut))

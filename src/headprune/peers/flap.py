@@ -39,14 +39,17 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..compression.replay import Plan, apply_plan, floats
+from ..core.biases import shift_biases
+from ..core.prune import prune_heads, prune_neurons
+from ..core.verify import verify_surgery
 from .ledger import Ledger
 from .stats import ChannelStats, input_stats
 
 
 @dataclass
 class FlapCut:
-    """What FLAP removes and adds, as plain data any plan object is built from (:meth:`plan`: the library's).
+    """What FLAP removes and adds, as plain data any plan object is built from (the harness builds headprune's
+    :class:`~headprune.compression.replay.Plan` from it).
 
     ``heads`` / ``neurons``: query heads per site and neurons per FFN dropped (indices among the unpruned
     model's units); ``biases``: {site or FFN name: [d_out] bias added to its output projection}; ``paths``:
@@ -58,10 +61,6 @@ class FlapCut:
     biases: dict[str, torch.Tensor] = field(default_factory=dict)
     paths: dict[str, str] = field(default_factory=dict)
     info: dict = field(default_factory=dict)
-
-    def plan(self) -> Plan:
-        """The library's :class:`~headprune.compression.replay.Plan` of this cut (biases shifted, then the cut)."""
-        return Plan(dropped_heads=self.heads, dropped_neurons=self.neurons, biases=floats(self.biases) or None)
 
 
 def standardise(s: torch.Tensor) -> torch.Tensor:
@@ -127,7 +126,16 @@ def compensation(weight: torch.Tensor, mean: torch.Tensor, cols: torch.Tensor) -
 
 
 def apply_flap(model: nn.Module, cut: FlapCut, *, verify: bool = True) -> nn.Module:
-    """Apply ``cut`` to ``model`` in place, as the library applies any plan
-    (:func:`headprune.compression.replay.apply_plan`: the biases first, so a site left without heads keeps its
-    bias, then headprune's surgery; ``verify`` checks that surgery is exact for the model's class)."""
-    return apply_plan(model, cut.plan(), verify=verify)
+    """Apply ``cut`` to ``model`` in place, as headprune applies any plan: the biases first (so a site left without
+    heads keeps its bias), then headprune's surgery (``verify``: checked exact for the model's class first)."""
+    if verify:
+        verify_surgery(model, ("heads", "neurons"))
+    dtype = next(model.parameters()).dtype
+    shift_biases(model, {name: bias.to(dtype) for name, bias in cut.biases.items()})
+    heads = {k: v for k, v in cut.heads.items() if v}
+    neurons = {k: v for k, v in cut.neurons.items() if v}
+    if heads:
+        prune_heads(model, heads, verify=False)  # verified above
+    if neurons:
+        prune_neurons(model, neurons, verify=False)
+    return model
