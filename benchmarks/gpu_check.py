@@ -158,10 +158,11 @@ def _end_to_end() -> dict[str, dict]:
         _step(steps, "save_pruned -> load_pruned (bf16)", save_load)
 
     def bench():
+        from headprune.bench.settings import BenchSettings
         from headprune.bench.timing import benchmark
 
-        result = benchmark({"original": model, "pruned": pruned[0]}, batch_sizes=(1, 16), seq_len=128, repeats=3,
-                           min_repeat_s=0.1)
+        result = benchmark({"original": model, "pruned": pruned[0]},
+                           BenchSettings(batch_sizes=(1, 16), seq_len=128, repeats=3, min_repeat_s=0.1))
         ups = {str(s["batch"]): round(s["measured"], 3) for s in result.speedups if s["model"] == "pruned"}
         return None, {"speedup_by_batch": ups, "seconds_inside": round(result.seconds, 1)}
 

@@ -45,6 +45,7 @@ from pathlib import Path
 
 import torch
 
+from headprune.bench.settings import BenchSettings
 from headprune.bench.timing import benchmark
 from headprune.compression import PruneSettings, compress
 from headprune.core.cost import flop_breakdown
@@ -371,8 +372,8 @@ def main(argv=None):
         print(f"{row['model']}: {base.metric} {ev.score:.4f} ({row['relative']:.1%} of {base.score:.4f})", flush=True)
     for row, p in zip(rows, holm([r["p_value"] for r in rows]), strict=True):
         row["p_holm"] = float(p)
-    speed = benchmark({"unpruned": model, **pruned}, batch_sizes=(16,), seq_len=seq, tgt_len=tgt,
-                      repeats=args.repeats, memory=False)
+    speed = benchmark({"unpruned": model, **pruned},
+                      BenchSettings(batch_sizes=(16,), seq_len=seq, tgt_len=tgt, repeats=args.repeats, memory=False))
     for row in rows:
         up = speed.speedup(row["model"], 16)
         row["speedup"] = up["measured"]

@@ -99,7 +99,7 @@ def parse(argv=None):
 
 def real_setup(args):
     from headprune.core.io import load_model, load_tokenizer
-    from headprune.evaluation.build import build_task
+    from headprune.evaluation.build import EvalOptions, TaskData, build_task
 
     model, tok = load_model(args.model), load_tokenizer(args.model)
     if tok is None:
@@ -108,9 +108,8 @@ def real_setup(args):
                "label_column": args.label_column, "source_column": None, "target_column": None}
 
     def task(data, data2, limit):
-        return build_task(args.task, tok, model.config, data=data, data2=data2, columns=columns, limit=limit,
-                          batch_size=args.batch_size, metric=args.metric, max_length=None, beams=args.beams,
-                          max_new_tokens=None, block_size=128, split=None)
+        return build_task(args.task, tok, model.config, TaskData(data, data2, columns=columns, limit=limit),
+                          EvalOptions(batch_size=args.batch_size, metric=args.metric, beams=args.beams))
 
     evaluator = task(args.data, args.data2, args.limit)
     calib = task(args.calib_data, args.calib_data2, args.calib_limit)

@@ -24,7 +24,7 @@ import torch
 import transformers as T
 
 import headprune as hp
-from headprune.bench import benchmark, fraction_plan
+from headprune.bench import BenchSettings, benchmark, fraction_plan
 from headprune.selection import lowest_heads
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -77,8 +77,9 @@ def main() -> None:
     for name, plan in plans.items():
         models[name] = copy.deepcopy(original)
         hp.prune_heads(models[name], plan)
-    result = benchmark(models, batch_sizes=batch_sizes, seq_len=seq_len, warmup=1, repeats=repeats,
-                       min_repeat_s=0.0 if quick else 0.3, progress=not quick)
+    settings = BenchSettings(batch_sizes=batch_sizes, seq_len=seq_len, warmup=1, repeats=repeats,
+                             min_repeat_s=0.0 if quick else 0.3)
+    result = benchmark(models, settings, progress=not quick)
     per_batch = []
     for b in batch_sizes:
         row = {"batch": b, "examples_per_s": {r["model"]: r["examples_per_s"] for r in result.runs if r["batch"] == b}}

@@ -19,7 +19,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from typer.testing import CliRunner
 
 import headprune as hp
-from headprune.bench import benchmark, fraction_plan
+from headprune.bench import BenchSettings, benchmark, fraction_plan
 from headprune.cli import app
 from headprune.core.cost import flop_breakdown, flops_per_example
 from headprune.core.inputs import example_inputs
@@ -101,8 +101,8 @@ def test_benchmark_returns_well_formed_results():
     hp.prune_heads(pruned, fraction_plan(pruned, 0.5))
     order: list[str] = []
     handles = [m.register_forward_pre_hook(lambda *_, n=n: order.append(n)) for n, m in (("a", original), ("b", pruned))]
-    result = benchmark({"a": original, "b": pruned}, batch_sizes=(1, 2), seq_len=8, warmup=1, repeats=3,
-                       min_repeat_s=0.0)
+    result = benchmark({"a": original, "b": pruned},
+                       BenchSettings(batch_sizes=(1, 2), seq_len=8, warmup=1, repeats=3, min_repeat_s=0.0))
     for h in handles:
         h.remove()
     assert order[-6:] == ["a", "b", "b", "a", "a", "b"]  # alternated rounds of the last batch size
@@ -128,17 +128,17 @@ def test_benchmark_blocked_order_and_bad_settings():
     a, b = build("bert"), build("bert", seed=1)
     order: list[str] = []
     handles = [m.register_forward_pre_hook(lambda *_, n=n: order.append(n)) for n, m in (("a", a), ("b", b))]
-    benchmark({"a": a, "b": b}, batch_sizes=[2], seq_len=4, warmup=0, repeats=2, alternate=False, memory=False,
-              min_repeat_s=0.0)
+    benchmark({"a": a, "b": b}, BenchSettings(batch_sizes=[2], seq_len=4, warmup=0, repeats=2, alternate=False,
+                                              memory=False, min_repeat_s=0.0))
     for h in handles:
         h.remove()
     assert order[-4:] == ["a", "a", "b", "b"]
     with pytest.raises(hp.ConfigError, match="repeats for batch size 4=None"):
-        benchmark({"a": a}, batch_sizes=[1, 4], repeats={1: 3})
+        benchmark({"a": a}, BenchSettings(batch_sizes=[1, 4], repeats={1: 3}))
     with pytest.raises(hp.ConfigError, match="batch_sizes"):
-        benchmark({"a": a}, batch_sizes=[0])
+        benchmark({"a": a}, BenchSettings(batch_sizes=[0]))
     with pytest.raises(hp.ConfigError, match="reference='c'"):
-        benchmark({"a": a, "b": b}, batch_sizes=[1], reference="c")
+        benchmark({"a": a, "b": b}, BenchSettings(batch_sizes=[1]), reference="c")
 
 
 def test_cli_bench_writes_json_and_png(tmp_path):

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 import headprune as hp
 import headprune.bench.timing as timing
-from headprune.bench import benchmark
+from headprune.bench import BenchSettings, benchmark
 from headprune.cli import app
 from tiny import build
 
@@ -40,8 +40,8 @@ def fake_clock(monkeypatch, seconds: dict[str, list[float]]) -> None:
 
 def _bench(monkeypatch, seconds):
     fake_clock(monkeypatch, seconds)
-    return benchmark({"a": build("bert"), "b": build("bert", seed=1)}, batch_sizes=(2,), seq_len=4, warmup=0,
-                     repeats=5, memory=False, min_repeat_s=0.0)
+    return benchmark({"a": build("bert"), "b": build("bert", seed=1)},
+                     BenchSettings(batch_sizes=(2,), seq_len=4, warmup=0, repeats=5, memory=False, min_repeat_s=0.0))
 
 
 def test_quiet_rounds_are_not_flagged_and_columns_match_the_ratio(monkeypatch):
@@ -109,8 +109,8 @@ def test_table_shows_the_columns_own_ratio_beside_the_paired_speed_up(monkeypatc
 def test_a_busy_machine_marks_every_speed_up_unreliable_and_warns(monkeypatch):
     fake_clock(monkeypatch, QUIET)
     monkeypatch.setattr(timing, "loadavg", lambda: [64.0, 64.0, 64.0])  # more load than any machine's cores
-    result = benchmark({"a": build("bert"), "b": build("bert", seed=1)}, batch_sizes=(2,), seq_len=4, warmup=0,
-                       repeats=5, memory=False, min_repeat_s=0.0)
+    result = benchmark({"a": build("bert"), "b": build("bert", seed=1)},
+                       BenchSettings(batch_sizes=(2,), seq_len=4, warmup=0, repeats=5, memory=False, min_repeat_s=0.0))
     up = result.speedups[0]
     assert up["reliable"] is False and result.machine["load"]["reliable"] is False
     assert up["measured_low"] <= up["measured"] <= up["measured_high"]

@@ -68,12 +68,13 @@ def test_study_results_state_sacrebleus_signature_and_the_protocol(trained, tmp_
     import json
 
     from headprune.experiments.ablation import SweepSettings
+    from headprune.experiments.rundir import RunOutput
     from headprune.experiments.study import run_ablation
 
     _, model, tok, ev = trained
     task = Translation(tok, (ev, ev), batch_size=8)
-    run_ablation(model, task, tmp_path / "abl", sites=["decoder.1.cross"], settings=SweepSettings(),
-                 progress=False)
+    run_ablation(model, task, RunOutput(tmp_path / "abl", progress=False), sites=["decoder.1.cross"],
+                 settings=SweepSettings())
     results = json.loads((tmp_path / "abl" / "results.json").read_text())
     bleu = sacrebleu.metrics.BLEU()
     bleu.corpus_score(["a"], [["a"]])  # sacreBLEU's signature needs one evaluation (it knows nrefs then)

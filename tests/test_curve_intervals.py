@@ -12,6 +12,7 @@ import torch
 import headprune as hp
 from headprune.evaluation import LanguageModelling
 from headprune.experiments.curves import CurveSettings
+from headprune.experiments.rundir import RunOutput
 from headprune.experiments.study import run_curves
 from tiny import build, word_tokenizer
 
@@ -26,7 +27,7 @@ def test_curve_steps_have_the_interval_of_their_test(tmp_path):
                 p.mul_(4.0)
     ev = LanguageModelling(word_tokenizer(texts), texts, block_size=16, batch_size=16)
     settings = CurveSettings(fractions=(0.0, 0.5, 1.0), orders=("importance", "random"), seeds=(0, 1))
-    run_curves(model, ev, tmp_path / "curve", settings=settings, progress=False)
+    run_curves(model, ev, RunOutput(tmp_path / "curve", progress=False), settings=settings)
     with open(tmp_path / "curve" / "curves.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     with open(tmp_path / "curve" / "curves_summary.csv", newline="") as f:

@@ -9,7 +9,7 @@ import pytest
 
 import headprune as hp
 from headprune.evaluation import LanguageModelling
-from headprune.experiments.curves import CurveSettings, pruning_curves
+from headprune.experiments.curves import CurveInputs, CurveSettings, pruning_curves
 from tiny import build, word_tokenizer
 
 
@@ -25,7 +25,7 @@ def test_fisher_orders_mask_the_lowest_fisher_heads_and_end_with_none_kept():
     ev = LanguageModelling(tok, texts, block_size=16, batch_size=16)
     calib = list(LanguageModelling(tok, calib_texts, block_size=16, batch_size=8).batches())
     settings = CurveSettings(fractions=(0.0, 0.5, 1.0), orders=("fisher", "fisher+tune"))
-    rows = pruning_curves(model, ev, settings=settings, calibration=lambda: calib, progress=False)
+    rows = pruning_curves(model, ev, settings=settings, inputs=CurveInputs(calibration=lambda: calib), progress=False)
     by = {(r["order"], r["fraction"]): r for r in rows}
     diag = hp.fisher_information(model, calib).diag  # the reference: the Fisher diagonal ranked by lowest_heads
     half = ev.evaluate(model, hp.mask_from_heads(model, hp.lowest_heads(diag, fraction=0.5)))

@@ -18,7 +18,7 @@ from llm_tiny import TEXTS, bpe_tokenizer, prune_unevenly, tiny_decoder
 
 pytest.importorskip("lm_eval", reason="lm-eval not installed (pip install 'headprune[eval]')")
 
-from headprune.evaluation.harness import evaluate_harness, local_task_yaml  # noqa: E402
+from headprune.evaluation.harness import HarnessSettings, evaluate_harness, local_task_yaml  # noqa: E402
 
 QUESTIONS = [("The quick brown fox", ["jumps over the lazy dog", "runs faster", "is blue"], 0),
              ("Attention heads that a trained model", ["does not need", "can be removed", "quick"], 0),
@@ -51,7 +51,7 @@ def setup(tmp_path_factory):
 
 def test_scores_equal_the_models_own_loglikelihoods(setup):
     tmp, model, tok = setup
-    out = evaluate_harness(model, tok, ["hp_mc", "hp_ppl"], include_path=tmp / "tasks")
+    out = evaluate_harness(model, tok, ["hp_mc", "hp_ppl"], HarnessSettings(include_path=tmp / "tasks"))
     # multiple choice: argmax over choices of log p(" " + choice | question), and the length-normalised one
     right = right_norm = 0
     for q, choices, answer in QUESTIONS:
@@ -77,7 +77,8 @@ def test_cli_lm_eval_on_a_pruned_directory(setup):
     r = CliRunner().invoke(app, ["lm-eval", str(tmp / "pruned"), "--tasks", "hp_ppl", "--include-path",
                                  str(tmp / "tasks"), "-o", str(tmp / "res.json")])
     assert r.exit_code == 0, r.output
-    want = evaluate_harness(headprune.load_model(tmp / "pruned"), tok, ["hp_ppl"], include_path=tmp / "tasks")
+    want = evaluate_harness(headprune.load_model(tmp / "pruned"), tok, ["hp_ppl"],
+                            HarnessSettings(include_path=tmp / "tasks"))
     got = json.loads((tmp / "res.json").read_text())
     assert got["results"]["hp_ppl"]["word_perplexity,none"] == pytest.approx(
         want["results"]["hp_ppl"]["word_perplexity,none"], rel=1e-6)
@@ -89,6 +90,10 @@ def test_cli_lm_eval_on_a_pruned_directory(setup):
 def test_bad_arguments(setup):
     tmp, model, tok = setup
     with pytest.raises(ConfigError, match="tasks"):
-        evaluate_harness(model, tok, [], include_path=tmp / "tasks")
+        evaluate_harness(model, tok, [], HarnessSettings(include_path=tmp / "tasks"))
+    with pytest.raises(ConfigError, match="include_path=None and include_defaults=False"):
+        HarnessSettings()
+    with pytest.raises(ConfigError, match="batch_size=0"):
+        HarnessSettings(include_path=tmp / "tasks", batch_size=0)
     with pytest.raises(ConfigError, match="kind"):
         local_task_yaml(tmp / "tasks", "x", tmp / "mc.jsonl", "generation")

@@ -131,7 +131,7 @@ def test_bad_flags_exit_2_and_write_nothing(setup, tmp_path, args, message):
 
 def test_importance_of_a_causal_lm_equals_the_library(tmp_path):
     """A GQA Llama on the LM task: the command's scores are the library's over the same blocks."""
-    from headprune.evaluation.build import build_task
+    from headprune.evaluation.build import EvalOptions, TaskData, build_task
     from headprune.experiments.demo import tiny_llama
 
     model, tok = tiny_llama()
@@ -144,7 +144,7 @@ def test_importance_of_a_causal_lm_equals_the_library(tmp_path):
     assert result.exit_code == 0, result.output
     written = json.loads((out / "importance.json").read_text())
     loaded = hp.load_pruned(tmp_path / "lm")
-    ev = build_task("lm", tok, loaded.config, data=str(text), limit=6, block_size=16)
+    ev = build_task("lm", tok, loaded.config, TaskData(str(text), limit=6), EvalOptions(block_size=16))
     want = hp.head_importance(loaded, ev.batches())
     assert written["n"] == 6 and set(written["scores"]) == set(want)
     for name, w in want.items():

@@ -15,7 +15,7 @@ import torch
 
 import headprune as hp
 from headprune.errors import ConfigError
-from headprune.evaluation.build import build_task
+from headprune.evaluation.build import EvalOptions, TaskData, build_task
 from headprune.evaluation.data import load_text
 from headprune.evaluation.lm import LanguageModelling, prefix_token_id
 from tiny import word_tokenizer
@@ -91,7 +91,7 @@ def test_no_prefix_token_refused_in_one_line():
     with pytest.raises(ConfigError, match="prefix=.*'yes'"):
         LanguageModelling(word_tokenizer(TEXTS), TEXTS, block_size=BLOCK, prefix="yes")
     with pytest.raises(ConfigError, match="applies to --task lm only"):
-        build_task("classification", word_tokenizer(TEXTS), None, data="x.tsv", prefix=False)
+        build_task("classification", word_tokenizer(TEXTS), None, TaskData("x.tsv"), EvalOptions(prefix=False))
 
 
 def test_cli_records_the_prefix_token(tmp_path):

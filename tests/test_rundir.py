@@ -326,6 +326,7 @@ def test_library_runs_carry_the_evaluators_settings(root, tmp_path):
     from headprune.core.io import load_tokenizer
     from headprune.evaluation.lm import LanguageModelling
     from headprune.experiments.ablation import SweepSettings
+    from headprune.experiments.rundir import RunOutput
     from headprune.experiments.study import run_ablation
 
     model, tok = hp.load_pruned(root / "gpt2"), load_tokenizer(root / "gpt2")
@@ -333,10 +334,10 @@ def test_library_runs_carry_the_evaluators_settings(root, tmp_path):
     site = hp.find_sites(model)[0].name
     settings = SweepSettings(n_resamples=1000)
     ev = LanguageModelling(tok, texts, block_size=32, batch_size=4, max_blocks=4)
-    run_ablation(model, ev, tmp_path / "run", sites=[site], settings=settings, progress=False)
+    run_ablation(model, ev, RunOutput(tmp_path / "run", progress=False), sites=[site], settings=settings)
     other = LanguageModelling(tok, texts, block_size=32, batch_size=2, max_blocks=4)
     with pytest.raises(hp.ConfigError, match=r"--batch-size \(as the evaluator used it\) was 4, now 2"):
-        run_ablation(model, other, tmp_path / "run", sites=[site], settings=settings, progress=False)
+        run_ablation(model, other, RunOutput(tmp_path / "run", progress=False), sites=[site], settings=settings)
 
 
 @pytest.mark.parametrize("text", ['{"num_labels": 2, "task": "classification"}', "{cut"])

@@ -14,7 +14,7 @@ import headprune as hp
 from headprune.cli import app
 from headprune.evaluation import Classification
 from headprune.experiments.ablation import SweepSettings, all_but_one, one_head_ablation
-from headprune.experiments.curves import CurveSettings, pruning_curves
+from headprune.experiments.curves import CurveInputs, CurveSettings, pruning_curves
 from shared_data import shared_root
 from tiny import build, word_tokenizer
 
@@ -148,8 +148,8 @@ def test_curve_invariants(tiny_dir):
     base = ev.evaluate(model).score
     oracle = {"encoder.0.self": torch.tensor([0.3, -0.1, 0.2, 0.0]), "encoder.1.self": torch.tensor([0.5, 0.4, -0.2, 0.1])}
     settings = CurveSettings(fractions=(0.0, 0.25, 0.5, 1.0), orders=("importance", "oracle", "random"), seeds=(0, 1))
-    rows = pruning_curves(model, ev, settings=settings, oracle=oracle, progress=False,
-                          importance=lambda mask: hp.head_importance(model, ev.batches(), mask=mask))
+    inputs = CurveInputs(oracle=oracle, importance=lambda mask: hp.head_importance(model, ev.batches(), mask=mask))
+    rows = pruning_curves(model, ev, settings=settings, inputs=inputs, progress=False)
     for r in rows:
         if r["fraction"] == 0.0:
             assert r["score"] == base and r["pruned"] == 0 and r["relative"] == 1.0
@@ -186,8 +186,8 @@ def test_curve_restricted_to_one_kind_counts_that_kind_only():
             return EvalResult(metric="loss", score=loss, n=2, per_example={}, higher_is_better=False)
 
     settings = CurveSettings(fractions=(0.0, 0.5, 1.0), orders=("importance",), kinds=("cross",))
-    rows = pruning_curves(model, Loss(), settings=settings, progress=False,
-                          importance=lambda mask: hp.head_importance(model, Loss().batches(), mask=mask))
+    inputs = CurveInputs(importance=lambda mask: hp.head_importance(model, Loss().batches(), mask=mask))
+    rows = pruning_curves(model, Loss(), settings=settings, inputs=inputs, progress=False)
     assert [r["of"] for r in rows] == [8, 8, 8]
     assert all(set(r["dropped"]) <= {"decoder.0.cross", "decoder.1.cross"} for r in rows)
     assert rows[-1]["pruned"] == 8

@@ -135,6 +135,7 @@ def fresh_ablation(tmp_path_factory):
 
     from headprune.evaluation import LanguageModelling
     from headprune.experiments.ablation import SweepSettings
+    from headprune.experiments.rundir import RunOutput
     from headprune.experiments.study import run_ablation
     from tiny import build, word_tokenizer
 
@@ -147,7 +148,7 @@ def fresh_ablation(tmp_path_factory):
                 p.mul_(4.0)
     ev = LanguageModelling(word_tokenizer(texts), texts, block_size=16, batch_size=16)
     results = tmp_path_factory.mktemp("results")
-    run_ablation(model, ev, results / "tiny_ablation", settings=SweepSettings(alpha=0.2), progress=False)
+    run_ablation(model, ev, RunOutput(results / "tiny_ablation", progress=False), settings=SweepSettings(alpha=0.2))
     return results
 
 

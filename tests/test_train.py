@@ -22,6 +22,7 @@ from transformers import (
 from headprune.errors import ConfigError, DataError
 from headprune.evaluation.batching import length_buckets
 from headprune.train import (
+    ClassifierData,
     ClassifierTrainSettings,
     TranslationTrainSettings,
     finetune_classifier,
@@ -105,8 +106,8 @@ def test_finetune_classifier_learns_and_writes_hf_checkpoints(bert_dir, tmp_path
     texts, labels = _toy_sentiment(48, seed=1)
     ev_texts, ev_labels = _toy_sentiment(16, seed=2)
     out = tmp_path / "run"
-    res = finetune_classifier(bert_dir, None, texts, labels, settings=_cls_settings(), output_dir=out,
-                              eval_texts=ev_texts, eval_labels=ev_labels, label_names=["neg", "pos"])
+    data = ClassifierData(texts, labels, eval_texts=ev_texts, eval_labels=ev_labels, label_names=["neg", "pos"])
+    res = finetune_classifier(bert_dir, None, data, settings=_cls_settings(), output_dir=out)
     assert [r["epoch"] for r in res.log] == [1, 2, 3, 4]
     assert res.log[-1]["loss"] < 0.6 * res.log[0]["loss"]
     assert res.log[-1]["eval_accuracy"] >= 0.75  # separable by one word
@@ -134,7 +135,7 @@ def test_finetune_classifier_learns_and_writes_hf_checkpoints(bert_dir, tmp_path
 def test_classifier_is_deterministic_and_resumes_bit_exact(bert_dropout_dir, tmp_path):
     texts, labels = _toy_sentiment(24, seed=3)
     pairs = [t[::-1] for t in texts]  # exercise sentence pairs (token_type_ids)
-    run = functools.partial(finetune_classifier, bert_dropout_dir, None, texts, labels, text_pairs=pairs)
+    run = functools.partial(finetune_classifier, bert_dropout_dir, None, ClassifierData(texts, labels, text_pairs=pairs))
     s = _cls_settings(epochs=2, batch_size=6)
     a = run(settings=s, output_dir=tmp_path / "a")
     b = run(settings=s, output_dir=tmp_path / "b")
@@ -158,7 +159,7 @@ def test_classifier_is_deterministic_and_resumes_bit_exact(bert_dropout_dir, tmp
     with pytest.raises(ConfigError, match="epochs"):  # the linear decay depends on the number of epochs
         run(settings=_cls_settings(epochs=3, batch_size=6), output_dir=tmp_path / "d")
     with pytest.raises(DataError, match="other data"):
-        finetune_classifier(bert_dropout_dir, None, texts[:-1], labels[:-1], text_pairs=pairs[:-1],
+        finetune_classifier(bert_dropout_dir, None, ClassifierData(texts[:-1], labels[:-1], text_pairs=pairs[:-1]),
                             settings=s, output_dir=tmp_path / "d")
 
 
@@ -169,14 +170,14 @@ def test_classifier_accepts_a_model_object(bert_dir, tmp_path):
     model = AutoModelForSequenceClassification.from_pretrained(bert_dir, num_labels=3)
     before = model.classifier.weight.detach().clone()
     one = _cls_settings(epochs=1)
-    res = finetune_classifier(model, tok, texts, labels, settings=one, output_dir=tmp_path / "o",
-                              num_labels=3)
+    res = finetune_classifier(model, tok, ClassifierData(texts, labels, num_labels=3), settings=one,
+                              output_dir=tmp_path / "o")
     assert res.model is model and not torch.equal(before, model.classifier.weight)
     assert AutoModelForSequenceClassification.from_pretrained(tmp_path / "o" / "final").config.num_labels == 3
     with pytest.raises(ConfigError, match="num_labels"):
-        finetune_classifier(model, tok, texts, labels, settings=one, output_dir=tmp_path / "p")
+        finetune_classifier(model, tok, ClassifierData(texts, labels), settings=one, output_dir=tmp_path / "p")
     with pytest.raises(ConfigError, match="tokenizer"):
-        finetune_classifier(model, None, texts, labels, settings=one, output_dir=tmp_path / "q")
+        finetune_classifier(model, None, ClassifierData(texts, labels), settings=one, output_dir=tmp_path / "q")
 
 
 @pytest.mark.parametrize(("kwargs", "error", "match"), [
@@ -192,9 +193,11 @@ def test_classifier_accepts_a_model_object(bert_dir, tmp_path):
 def test_classifier_input_errors(bert_dir, tmp_path, kwargs, error, match):
     args = dict(texts=["the movie", "the film", "the plot", "the cast"], labels=[0, 1, 0, 1])
     args.update(kwargs)
+    stop = args.pop("stop_after_epoch", None)
     with pytest.raises(error, match=match):
-        finetune_classifier(bert_dir, None, args.pop("texts"), args.pop("labels"), settings=_cls_settings(),
-                            output_dir=tmp_path / "x", **args)
+        finetune_classifier(bert_dir, None, ClassifierData(**args), settings=_cls_settings(),
+                            output_dir=tmp_path / "x", stop_after_epoch=stop)
+    assert not (tmp_path / "x").exists()  # refused before anything is written
 
 
 # ---------------------------------------------------------------------------------- translation

@@ -27,7 +27,7 @@ import gc
 import math
 import statistics
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -109,18 +109,18 @@ class BenchResult:
         return bench_plot(self, path)
 
 
-def benchmark(models: Mapping[str, nn.Module], *, batch_sizes: Sequence[int] = (1, 4, 16, 64), seq_len: int = 128,
-              tgt_len: int | None = None, warmup: int = 1, repeats: int | Mapping[int, int] = 5,
-              min_repeat_s: float = 0.2, alternate: bool = True, memory: bool = True, seed: int = 0,
+def benchmark(models: Mapping[str, nn.Module], settings: BenchSettings | None = None, *,
               reference: str | Mapping[str, str] | None = None, progress: bool = False) -> BenchResult:
-    """Examples/s, latency and memory of ``models`` ({name: model}) at every batch size, with speed-ups.
+    """Examples/s, latency and memory of ``models`` ({name: model}) at every batch size of ``settings``
+    (default ``BenchSettings()``), with speed-ups.
 
     ``reference``: the model every other one is compared with (default: the first), or
     {model: its reference} (models not named there have none). Models run in eval mode under
     ``torch.inference_mode`` and are restored to their mode afterwards.
     """
-    settings = BenchSettings(tuple(batch_sizes) if isinstance(batch_sizes, Sequence) else batch_sizes, seq_len,
-                             tgt_len, warmup, repeats, min_repeat_s, alternate, memory, seed)
+    settings = BenchSettings() if settings is None else settings
+    if not isinstance(settings, BenchSettings):
+        raise ConfigError(f"settings: expected a BenchSettings, got {type(settings).__name__}")
     if not isinstance(models, Mapping) or not models:
         raise ConfigError("models: expected a non-empty mapping name -> model")
     for name, m in models.items():
@@ -128,7 +128,7 @@ def benchmark(models: Mapping[str, nn.Module], *, batch_sizes: Sequence[int] = (
             raise ConfigError(f"models[{name!r}]: expected a string name and an nn.Module, got {type(m).__name__}")
     refs = _references(list(models), reference)
     start, load_start, clock = time.perf_counter(), loadavg(), cpu_clock()
-    info = {name: model_info(m, seq_len, tgt_len) for name, m in models.items()}
+    info = {name: model_info(m, settings.seq_len, settings.tgt_len) for name, m in models.items()}
     modes = {name: m.training for name, m in models.items()}
     times: dict[tuple[str, int], dict[str, list[float]]] = {}  # (model, batch) -> wall / cpu seconds per round
     runs = []

@@ -22,6 +22,7 @@ from ..core.prune import prune_heads, prune_neurons
 from ..core.sites import find_sites
 from ..core.unit_cost import UnitCosts
 from ..errors import ConfigError
+from .settings import BenchSettings
 from .timing import benchmark
 
 Timer = Callable[[dict[str, nn.Module]], dict[str, float]]  # {name: model} -> {name: seconds per batch}
@@ -38,8 +39,8 @@ def latency_table(model: nn.Module, *, batch: int = 16, seq_len: int = 128, tgt_
     models = {"full": model, "ffn_half": ffn_half, "heads_half": heads_half}
     if timer is None:
         def timer(ms):
-            result = benchmark(ms, batch_sizes=(batch,), seq_len=seq_len, tgt_len=tgt_len, repeats=repeats,
-                               memory=False)
+            result = benchmark(ms, BenchSettings(batch_sizes=(batch,), seq_len=seq_len, tgt_len=tgt_len,
+                                                 repeats=repeats, memory=False))
             return {r["model"]: r["latency_s"] for r in result.runs}
     seconds = timer(models)
     return {"seconds": {k: float(seconds[k]) for k in models},

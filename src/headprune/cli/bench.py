@@ -64,7 +64,8 @@ def bench(
     from ..core.prune import prune_heads
 
     sizes = _batch_sizes(batch_sizes)
-    BenchSettings(sizes, seq_len, tgt_len, warmup, repeats, min_repeat_s)  # refuse bad settings before loading
+    settings = BenchSettings(sizes, seq_len, tgt_len, warmup, repeats, min_repeat_s, memory=not no_memory,
+                             seed=seed)  # bad settings refused before loading
     if prune_fraction is not None and not 0.0 < prune_fraction <= 1.0:
         raise ConfigError(f"--prune-fraction {prune_fraction}; allowed: 0 < F <= 1")
     if prune_order not in PRUNE_ORDERS:
@@ -117,9 +118,7 @@ def bench(
         if name != first and name not in refs:
             refs[name] = first
     note(f"timing {len(models)} models at batch sizes {', '.join(map(str, sizes))} ...", show=not quiet)
-    result = benchmark(models, batch_sizes=sizes, seq_len=seq_len, tgt_len=tgt_len, warmup=warmup,
-                       repeats=repeats, min_repeat_s=min_repeat_s, memory=not no_memory, seed=seed,
-                       reference=refs or None)
+    result = benchmark(models, settings, reference=refs or None)
     result.extra = {"command": shlex.join(["headprune", *sys.argv[1:]]), "model_dirs": [str(d) for d in model_dirs],
                     "prune_fraction": prune_fraction, "prune_order": prune_order, "dropped": dropped, "gqa": gqa}
     if decode:

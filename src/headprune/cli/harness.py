@@ -33,7 +33,7 @@ def lm_eval_command(
 ):
     """Score the model with lm-evaluation-harness (its Hugging Face adapter around the loaded model)."""
     from ..core import load_model, load_tokenizer
-    from ..evaluation.harness import evaluate_harness
+    from ..evaluation.harness import HarnessSettings, evaluate_harness
 
     names = [t.strip() for t in tasks.split(",") if t.strip()]
     if not names:
@@ -45,8 +45,9 @@ def lm_eval_command(
     tokenizer = load_tokenizer(model_dir)
     if tokenizer is None:
         raise ConfigError(f"model {str(model_dir)!r} has no tokenizer; lm_eval needs one")
-    out = evaluate_harness(load_model(model_dir), tokenizer, names, include_path=include_path,
-                           include_defaults=defaults, limit=limit, num_fewshot=num_fewshot, batch_size=batch_size)
+    settings = HarnessSettings(include_path=include_path, include_defaults=defaults, limit=limit,
+                               num_fewshot=num_fewshot, batch_size=batch_size)
+    out = evaluate_harness(load_model(model_dir), tokenizer, names, settings)
     out["signature"] = {"model": own_name(model_dir), "tasks": names, "limit": limit, "num_fewshot": num_fewshot}
     for task, metrics in out["results"].items():
         typer.echo(f"{task}: " + ", ".join(f"{k.split(',')[0]} {v:.4g}" for k, v in metrics.items()

@@ -47,6 +47,7 @@ def importance(
     """Score every head (paper 4.1): importance.json ({site: [score per head]} and the signature),
     importance.csv, a heatmap and report.html."""
     from ..experiments.importance_run import run_importance
+    from ..experiments.rundir import RunOutput
     from ..scoring import checkpointed_blocks
 
     if calib_limit is not None and calib_limit < 1:
@@ -68,7 +69,7 @@ def importance(
            "scores": scores, "absolute": absolute, "normalize": normalize,
            "max_length": max_length, "block_size": block_size}
     with checkpointed_blocks(t.model) if checkpoint_blocks else nullcontext():
-        report = run_importance(t.model, lambda: ev.batches(limit=calib_limit), output, scores=scores, absolute=absolute,
-                                normalize=None if normalize == "none" else normalize, signature=sig,
-                                fresh=fresh, progress=not quiet)
+        report = run_importance(t.model, lambda: ev.batches(limit=calib_limit),
+                                RunOutput(output, sig, fresh=fresh, progress=not quiet), scores=scores,
+                                absolute=absolute, normalize=None if normalize == "none" else normalize)
     echo_headline(output, report)

@@ -232,13 +232,15 @@ class TaskSetup:
            **options):
         """The evaluator of ``data``, read through ``flag`` (``--data``, ``--calib-data``, ...: its errors name
         that data set's flags): ``limit`` (default ``--limit``) its first N examples, ``split`` (default
-        ``--split`` for ``--data``) its split; ``options`` go to :func:`headprune.evaluation.build.build_task`."""
-        from ..evaluation.build import build_task
+        ``--split`` for ``--data``) its split; ``options`` (``max_length``, ``max_new_tokens``, ``block_size``) go to
+        :class:`headprune.evaluation.build.EvalOptions`."""
+        from ..evaluation.build import EvalOptions, TaskData, build_task
 
         f = self.flags
         split = f.split if flag == "--data" and split is None else split
         with in_cli_terms(flag):
-            return build_task(self.task, self.tokenizer, self.model.config, data=data, data2=data2,
-                              columns=f.columns(), limit=f.limit if limit is None else limit,
-                              batch_size=f.batch_size, metric=f.metric, beams=f.beams, split=split,
-                              label_map=self.label_map, prefix=f.prefix_token, **options)
+            examples = TaskData(data, data2, columns=f.columns(), limit=f.limit if limit is None else limit,
+                                split=split, label_map=self.label_map)
+            settings = EvalOptions(batch_size=f.batch_size, metric=f.metric, beams=f.beams, prefix=f.prefix_token,
+                                   **options)
+            return build_task(self.task, self.tokenizer, self.model.config, examples, settings)

@@ -52,15 +52,16 @@ def run_signature(model_dir: Path, task: str, data: str, data2, evaluator, seed:
 def ablate(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Path = DATA2,
            output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, *, flags: TaskFlags, sweep: SweepFlags):
     """One head masked at a time, with significance (paper 3.2, Table 1, Fig. 1)."""
+    from ..experiments.rundir import RunOutput
     from ..experiments.study import run_ablation
 
     settings = sweep.settings()
     t = TaskSetup(model_dir, task, flags, quiet)
     ev = t.on(data, data2)
     with in_cli_terms():  # e.g. n_resamples too few for the sweep: named as --resamples
-        report = run_ablation(t.model, ev, output, signature=run_signature(model_dir, task, data, data2, ev, sweep.seed, flags),
-                              sites=sweep.site_list(), settings=settings, fresh=fresh,
-                              progress=not quiet)
+        out = RunOutput(output, run_signature(model_dir, task, data, data2, ev, sweep.seed, flags), fresh=fresh,
+                        progress=not quiet)
+        report = run_ablation(t.model, ev, out, sites=sweep.site_list(), settings=settings)
     echo_headline(output, report)
 
 
@@ -76,6 +77,7 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
                 calib_limit: int = calib_limit_option("--choose-data", "the split the kept head is chosen on"),
                 output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, *, flags: TaskFlags, sweep: SweepFlags):
     """Keep only one head per site, try each, report the best (paper 3.3, Tables 2-3; App. A, Tables 5-6)."""
+    from ..experiments.rundir import RunOutput
     from ..experiments.study import run_all_but_one
 
     settings = sweep.settings()
@@ -94,8 +96,8 @@ def all_but_one(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, dat
         if choose_split:
             sig.update(choose_split=choose_split)
     with in_cli_terms():  # e.g. n_resamples too few for the sweep: named as --resamples
-        report = run_all_but_one(t.model, ev, output, choose_on=choose, signature=sig, sites=sweep.site_list(),
-                                 settings=settings, fresh=fresh, progress=not quiet)
+        report = run_all_but_one(t.model, ev, RunOutput(output, sig, fresh=fresh, progress=not quiet),
+                                 choose_on=choose, sites=sweep.site_list(), settings=settings)
     echo_headline(output, report)
 
 
@@ -109,6 +111,7 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
                  names: str = typer.Option("in-domain,out-of-domain", "--names", help="Names of the two datasets."),
                  output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, *, flags: TaskFlags, sweep: SweepFlags):
     """One-head ablation on two datasets and the Pearson r of the score changes (paper 3.4, Fig. 2)."""
+    from ..experiments.rundir import RunOutput
     from ..experiments.study import run_cross_domain
 
     pair = tuple(n.strip() for n in names.split(","))
@@ -123,8 +126,8 @@ def cross_domain(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, da
     sig["data_sha256"].update({"--data-b": content_sha256(data_b),
                                **({"--data2-b": content_sha256(data2_b)} if data2_b else {})})
     with in_cli_terms():  # e.g. n_resamples too few for the sweep: named as --resamples
-        report = run_cross_domain(t.model, ev_a, ev_b, output, names=pair, signature=sig, sites=sweep.site_list(),
-                                  settings=settings, fresh=fresh, progress=not quiet)
+        report = run_cross_domain(t.model, ev_a, ev_b, RunOutput(output, sig, fresh=fresh, progress=not quiet),
+                                  names=pair, sites=sweep.site_list(), settings=settings)
     echo_headline(output, report)
 
 
@@ -166,6 +169,7 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
           orders: str = ORDERS, step: float = STEP, seeds: int = SEEDS, kind: str = KINDS, min_per_site: int = MINSITE,
           output: Path = OUT, fresh: bool = FRESH, gqa: str = GQA, quiet: bool = QUIET, *, flags: TaskFlags):
     """Pruning curves in I_h, oracle and random order (paper 4.2, 5, App. B; Figs. 3, 4, 6)."""
+    from ..experiments.rundir import RunOutput
     from ..experiments.study import oracle_from_run, run_curves
 
     if gqa not in ("uniform", "groups", "free"):
@@ -185,8 +189,8 @@ def curve(model_dir: Path = MODEL, task: str = TASK, data: str = DATA, data2: Pa
            "oracle_sha256": data_sha256(Path(oracle_from) / "ablation.csv") if oracle else None}
     sig["data_sha256"].update({k: content_sha256(v) for k, v in (("--calib-data", calib_data),
                                                                ("--calib-data2", calib_data2)) if v})
-    report = run_curves(t.model, ev, output, settings=settings, importance_batches=calib.batches, signature=sig,
-                        oracle=oracle, fresh=fresh, progress=not quiet)
+    report = run_curves(t.model, ev, RunOutput(output, sig, fresh=fresh, progress=not quiet), settings=settings,
+                        importance_batches=calib.batches, oracle=oracle)
     echo_headline(output, report)
 
 
@@ -204,6 +208,7 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
              step: float = STEP, kind: str = KINDS,
              output: Path = OUT, fresh: bool = FRESH, quiet: bool = QUIET, *, flags: TaskFlags):
     """The I_h pruning curve at every epoch, relative to that epoch's unpruned model (paper 6, Fig. 5)."""
+    from ..experiments.rundir import RunOutput
     from ..experiments.study import run_dynamics
 
     settings = _curve_settings("importance", step, 1, kind, 0)
@@ -246,8 +251,8 @@ def dynamics(checkpoints: list[Path] = typer.Argument(..., help="Per-epoch check
            "command": " ".join(sys.argv[1:])}
     sig["data_sha256"].update({k: content_sha256(v) for k, v in (("--calib-data", calib_data),
                                                                ("--calib-data2", calib_data2)) if v})
-    report = run_dynamics([(e, loader(p)) for e, p in order], output, settings=settings, signature=sig, fresh=fresh,
-                          progress=not quiet)
+    report = run_dynamics([(e, loader(p)) for e, p in order], RunOutput(output, sig, fresh=fresh, progress=not quiet),
+                          settings=settings)
     echo_headline(output, report)
 
 

@@ -113,7 +113,7 @@ def classifier(
     """Fine-tune a pretrained encoder for (pair) classification."""
     from ..core.io import load_tokenizer
     from ..evaluation.data import encode_labels, load_classification
-    from ..train import ClassifierTrainSettings, finetune_classifier
+    from ..train import ClassifierData, ClassifierTrainSettings, finetune_classifier
 
     cols = dict(text_column=column(text_column), text_pair_column=column(text_pair_column),
                 label_column=column(label_column))
@@ -142,10 +142,9 @@ def classifier(
         names = [next(k for k, v in mapping.items() if v == i) for i in range(len(set(mapping.values())))]
     tokenizer = load_tokenizer(model_dir)
     _threads(threads)
-    result = finetune_classifier(
-        model_dir, tokenizer, train.texts, ids, settings=settings, output_dir=output,
-        text_pairs=train.text_pairs, eval_texts=dev.texts if dev else None,
-        eval_labels=dev_ids, eval_text_pairs=dev.text_pairs if dev else None, label_names=names)
+    examples = ClassifierData(train.texts, ids, text_pairs=train.text_pairs, eval_texts=dev.texts if dev else None,
+                              eval_labels=dev_ids, eval_text_pairs=dev.text_pairs if dev else None, label_names=names)
+    result = finetune_classifier(model_dir, tokenizer, examples, settings=settings, output_dir=output)
     last = result.log[-1] if result.log else {}
     typer.echo(f"done in {result.seconds:.0f} s: {result.final_dir or result.output_dir}; last epoch: "
                + ", ".join(f"{k} {v:.4g}" for k, v in last.items() if isinstance(v, float)))

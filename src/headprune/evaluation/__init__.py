@@ -2,11 +2,11 @@
 metrics. Significance tests live in :mod:`.significance` (needs the ``study`` extra: scipy)."""
 
 from .base import EvalResult
-from .build import TASKS, build_task
+from .build import TASKS, EvalOptions, TaskData, build_task
 from .classification import Classification
 from .lm import LanguageModelling
 from .metrics import bleu_from_stats, format_score
 from .translation import Translation
 
-__all__ = ["EvalResult", "TASKS", "build_task", "Classification", "LanguageModelling", "bleu_from_stats",
+__all__ = ["EvalResult", "TASKS", "EvalOptions", "TaskData", "build_task", "Classification", "LanguageModelling", "bleu_from_stats",
            "format_score", "Translation"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
+from os import PathLike
 from pathlib import Path
 
 from ..checks import check_int
@@ -20,42 +22,87 @@ PYDOC = "builtin:pydoc"  # data value for the English prose shipped with CPython
 COLUMNS = ("text_column", "text_pair_column", "label_column", "source_column", "target_column")
 
 
-def build_task(task: str, tokenizer, config, *, data: str, data2: Path | None = None, columns: dict | None = None,
-               limit: int | None = None, batch_size: int | None = None, metric: str | None = None,
-               max_length: int | None = None, beams: int = 1, max_new_tokens: int | None = None,
-               block_size: int = 128, split: str | None = None, label_map: dict | None = None,
-               prefix: bool = True):
-    """The evaluator of ``task`` on ``data`` (all checks raise HeadpruneError; flags that do not apply
-    to the task are refused by name). ``split``: one split of a datasets directory; ``label_map``
-    ``{label: id}`` (classification): the data's labels as the model's ids; ``prefix`` (lm): every block
-    starts with the model's prefix token (BOS, else EOS), as lm-evaluation-harness measures it."""
+@dataclass(frozen=True)
+class TaskData:
+    """The examples an evaluator reads: ``data`` (a file, a datasets directory, or ``builtin:pydoc`` for lm),
+    ``data2`` the target file of translation, ``columns`` {text_column, text_pair_column, label_column,
+    source_column, target_column: a name or a position}, ``limit`` the first N examples (lm: blocks),
+    ``split`` one split of a datasets directory, ``label_map`` {label: id} (classification): the data's
+    labels as the model's ids."""
+
+    data: str
+    data2: Path | None = None
+    columns: dict | None = None
+    limit: int | None = None
+    split: str | None = None
+    label_map: dict | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data, (str, PathLike)) or not str(self.data):
+            raise ConfigError(f"data={self.data!r}; allowed: a file or directory path, or {PYDOC!r}")
+        for name in ("columns", "label_map"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), dict):
+                raise ConfigError(f"{name}={getattr(self, name)!r}; allowed: a dict or None")
+        check_limit(self.limit)
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """How an evaluator runs (None: the task's default): ``batch_size``, ``metric`` (classification),
+    ``max_length`` (classification inputs, translation sources), ``beams`` and ``max_new_tokens``
+    (translation), ``block_size`` and ``prefix`` (lm: every block starts with the model's prefix token,
+    BOS else EOS, as lm-evaluation-harness measures it)."""
+
+    batch_size: int | None = None
+    metric: str | None = None
+    max_length: int | None = None
+    beams: int = 1
+    max_new_tokens: int | None = None
+    block_size: int = 128
+    prefix: bool = True
+
+    def __post_init__(self) -> None:  # 0 is refused, never read as "the default"; max_length by build_task
+        check_int("batch_size", self.batch_size, 1, optional=True)  # (its minimum depends on the task)
+        check_int("num_beams", self.beams, 1)
+        check_int("max_new_tokens", self.max_new_tokens, 1, optional=True)
+        check_int("block_size", self.block_size, 2)
+
+
+def build_task(task: str, tokenizer, config, data: TaskData, options: EvalOptions | None = None):
+    """The evaluator of ``task`` on ``data`` with ``options`` (default ``EvalOptions()``); all checks raise
+    HeadpruneError, and data settings or options that do not apply to the task are refused by name."""
     check_task(task)
-    if task != "lm" and prefix is not True:
-        raise ConfigError(f"prefix={prefix!r} (--no-prefix-token) applies to --task lm only, not --task {task}")
-    counts = dict(limit=limit, batch_size=batch_size, max_length=max_length, beams=beams,
-                  max_new_tokens=max_new_tokens, block_size=block_size)
-    columns = {k: (columns or {}).get(k) for k in COLUMNS}
+    if not isinstance(data, TaskData):
+        raise ConfigError(f"data: expected a TaskData, got {type(data).__name__}")
+    o = EvalOptions() if options is None else options
+    if not isinstance(o, EvalOptions):
+        raise ConfigError(f"options: expected an EvalOptions, got {type(o).__name__}")
+    if task != "lm" and o.prefix is not True:
+        raise ConfigError(f"prefix={o.prefix!r} (--no-prefix-token) applies to --task lm only, not --task {task}")
+    columns = {k: (data.columns or {}).get(k) for k in COLUMNS}
     text_cols = {k: columns[k] for k in ("text_column", "text_pair_column", "label_column")}
     pair_cols = {k: columns[k] for k in ("source_column", "target_column")}
     if task == "classification":
-        _refuse(task, data2=data2, **pair_cols, max_new_tokens=max_new_tokens)
-        _check_counts(config, task, **counts)
-        rows = load_classification(data, **text_cols, limit=limit, split=split)
-        return _signed(Classification(tokenizer, rows, config=config, label2id=label_map, metric=metric or "accuracy",
-                                      max_length=_given(max_length, 128), batch_size=_given(batch_size, 32)),
-                       split=split, label_map=label_map)
+        _refuse(task, data2=data.data2, **pair_cols, max_new_tokens=o.max_new_tokens)
+        _check_lengths(config, task, o)
+        rows = load_classification(data.data, **text_cols, limit=data.limit, split=data.split)
+        return _signed(Classification(tokenizer, rows, config=config, label2id=data.label_map,
+                                      metric=o.metric or "accuracy", max_length=_given(o.max_length, 128),
+                                      batch_size=_given(o.batch_size, 32)),
+                       split=data.split, label_map=data.label_map)
     if task == "translation":
-        _refuse(task, **text_cols, metric=metric, label_map=label_map)
-        _check_counts(config, task, **counts)
-        pairs = load_parallel(data, data2, **pair_cols, limit=limit, split=split)
-        return _signed(Translation(tokenizer, pairs, batch_size=_given(batch_size, 32), num_beams=beams,
-                                   max_new_tokens=max_new_tokens, max_source_length=_given(max_length, 256)), split=split)
-    _refuse(task, data2=data2, **text_cols, **pair_cols, metric=metric, split=split, label_map=label_map,
-            max_new_tokens=max_new_tokens)
-    _check_counts(config, task, **counts)
-    texts = python_docs_text() if data == PYDOC else load_text(data)
-    return LanguageModelling(tokenizer, texts, block_size=block_size, batch_size=_given(batch_size, 8),
-                             max_blocks=limit, prefix=prefix)
+        _refuse(task, **text_cols, metric=o.metric, label_map=data.label_map)
+        _check_lengths(config, task, o)
+        pairs = load_parallel(data.data, data.data2, **pair_cols, limit=data.limit, split=data.split)
+        return _signed(Translation(tokenizer, pairs, batch_size=_given(o.batch_size, 32), num_beams=o.beams,
+                                   max_new_tokens=o.max_new_tokens, max_source_length=_given(o.max_length, 256)),
+                       split=data.split)
+    _refuse(task, data2=data.data2, **text_cols, **pair_cols, metric=o.metric, split=data.split,
+            label_map=data.label_map, max_new_tokens=o.max_new_tokens)
+    _check_lengths(config, task, o)
+    texts = python_docs_text() if data.data == PYDOC else load_text(data.data)
+    return LanguageModelling(tokenizer, texts, block_size=o.block_size, batch_size=_given(o.batch_size, 8),
+                             max_blocks=data.limit, prefix=o.prefix)
 
 
 def _given(value, default):
@@ -63,19 +110,14 @@ def _given(value, default):
     return default if value is None else value
 
 
-def _check_counts(config, task: str, **counts) -> None:
-    """Every count is an integer >= its minimum (0 is refused, never read as "the default"), and a length
-    fits the model's position table: ``max_length`` (classification, translation sources) or ``block_size``
-    (lm) beyond :func:`position_limit` would index past it."""
-    check_limit(counts["limit"])
-    check_int("batch_size", counts["batch_size"], 1, optional=True)
-    check_int("max_length", counts["max_length"], 2 if task == "classification" else 1, optional=True)
-    check_int("num_beams", counts["beams"], 1)
-    check_int("max_new_tokens", counts["max_new_tokens"], 1, optional=True)
-    check_int("block_size", counts["block_size"], 2)
+def _check_lengths(config, task: str, options: EvalOptions) -> None:
+    """A classification input holds at least 2 tokens, and a length fits the model's position table:
+    ``max_length`` (classification, translation sources) or ``block_size`` (lm) beyond
+    :func:`position_limit` would index past it."""
+    check_int("max_length", options.max_length, 2 if task == "classification" else 1, optional=True)
     positions = position_limit(config)
     name = "block_size" if task == "lm" else "max_length"
-    length = counts[name]
+    length = getattr(options, name)
     lo = 2 if task != "translation" else 1
     if positions is not None and length is not None and length > positions:
         raise ConfigError(f"{name}={length}; allowed: an integer {lo}..{positions} (the model has {positions} "

@@ -17,10 +17,12 @@ can be downloaded or sit in the Hugging Face datasets cache (docs/llm_export.md)
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from torch import nn
 
+from ..checks import check_int
 from ..core.finite import check_finite_weights
 from ..errors import ConfigError
 from ..extras import require
@@ -41,35 +43,52 @@ def harness_lm(model: nn.Module, tokenizer, *, batch_size: int = 1, max_length: 
     return HFLM(pretrained=model.eval(), tokenizer=tokenizer, batch_size=batch_size, **kwargs)
 
 
-def evaluate_harness(model: nn.Module, tokenizer, tasks: list[str], *, include_path: str | Path | None = None,
-                     include_defaults: bool = False, limit: int | None = None, num_fewshot: int | None = None,
-                     batch_size: int = 1, max_length: int | None = None, seed: int = 0) -> dict:
-    """Run ``lm_eval.simple_evaluate`` on ``model``; returns ``{"results": {task: {metric: value}},
-    "n_samples": ..., "versions": ..., "lm_eval": version}`` (JSON-ready; per-sample logs are not kept).
+@dataclass(frozen=True)
+class HarnessSettings:
+    """lm-evaluation-harness's options: where its tasks are indexed, how many documents, shots and requests."""
 
-    ``include_path``: a directory (or YAML file) of local tasks; ``include_defaults``: also index
-    lm_eval's built-in tasks (slow to index; their data must be reachable)."""
+    include_path: str | Path | None = None  # a directory (or YAML file) of local tasks
+    include_defaults: bool = False  # also index lm_eval's built-in tasks (slow to index; their data must be reachable)
+    limit: int | float | None = None  # documents per task (None: all)
+    num_fewshot: int | None = None  # few-shot examples (None: the task's)
+    batch_size: int = 1  # requests per forward
+    max_length: int | None = None  # of the Hugging Face adapter (None: its default)
+    seed: int = 0  # every lm_eval random generator's
+
+    def __post_init__(self) -> None:
+        if self.include_path is None and not self.include_defaults:
+            raise ConfigError("include_path=None and include_defaults=False; allowed: a directory of task YAMLs, "
+                              "or include_defaults=True for lm_eval's own tasks")
+        if self.include_path is not None and not Path(self.include_path).exists():
+            raise ConfigError(f"include_path {str(self.include_path)!r} does not exist")
+        check_int("batch_size", self.batch_size, 1)
+        check_int("num_fewshot", self.num_fewshot, 0, optional=True)
+        check_int("max_length", self.max_length, 1, optional=True)
+        check_int("seed", self.seed, 0)
+
+
+def evaluate_harness(model: nn.Module, tokenizer, tasks: list[str], settings: HarnessSettings) -> dict:
+    """Run ``lm_eval.simple_evaluate`` on ``model`` under ``settings``; returns ``{"results": {task: {metric:
+    value}}, "n_samples": ..., "versions": ..., "lm_eval": version}`` (JSON-ready; per-sample logs are not kept)."""
     lm_eval = require("lm_eval", "lm-evaluation-harness")
     from lm_eval.tasks import TaskManager
 
     if not tasks or not all(isinstance(t, str) and t for t in tasks):
         raise ConfigError(f"tasks={tasks!r}; allowed: a non-empty list of task names")
-    if include_path is None and not include_defaults:
-        raise ConfigError("include_path=None and include_defaults=False; allowed: a directory of task YAMLs, "
-                          "or include_defaults=True for lm_eval's own tasks")
-    if include_path is not None and not Path(include_path).exists():
-        raise ConfigError(f"include_path {str(include_path)!r} does not exist")
+    if not isinstance(settings, HarnessSettings):
+        raise ConfigError(f"settings: expected a HarnessSettings, got {type(settings).__name__}")
+    s, include_path = settings, settings.include_path
     manager = TaskManager(include_path=str(include_path) if include_path is not None else None,
-                          include_defaults=include_defaults)
+                          include_defaults=s.include_defaults)
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         raise ConfigError(f"tasks {unknown}: not found; allowed: tasks in {include_path or 'lm_eval'} "
                           f"({', '.join(sorted(manager.all_tasks)[:20])}{' ...' if len(manager.all_tasks) > 20 else ''})")
     check_finite_weights(model)  # lm_eval would report the accuracy of a model that computes NaN
-    out = lm_eval.simple_evaluate(model=harness_lm(model, tokenizer, batch_size=batch_size, max_length=max_length),
-                                  tasks=list(tasks), task_manager=manager, limit=limit, num_fewshot=num_fewshot,
-                                  log_samples=False, bootstrap_iters=0, random_seed=seed, numpy_random_seed=seed,
-                                  torch_random_seed=seed, fewshot_random_seed=seed)
+    out = lm_eval.simple_evaluate(model=harness_lm(model, tokenizer, batch_size=s.batch_size, max_length=s.max_length),
+                                  tasks=list(tasks), task_manager=manager, limit=s.limit, num_fewshot=s.num_fewshot,
+                                  log_samples=False, bootstrap_iters=0, random_seed=s.seed, numpy_random_seed=s.seed,
+                                  torch_random_seed=s.seed, fewshot_random_seed=s.seed)
     results = {task: {k: v for k, v in metrics.items() if isinstance(v, (int, float)) and k != "alias"}
                for task, metrics in out["results"].items()}
     return {"results": results, "n_samples": out.get("n-samples", {}), "versions": out.get("versions", {}),

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..bench.figures import speed_text
+from ..bench.settings import BenchSettings
 from ..bench.timing import benchmark
 from ..compression.entry import check_model, compress
 from ..compression.settings import PruneSettings
@@ -250,8 +251,9 @@ def bench_and_save(model: nn.Module, compressed: nn.Module, out: Path, tokenizer
     """Time ``model`` vs ``compressed`` at ``bench_batch`` (None: no timing), then save ``compressed`` to ``out``."""
     speed = None
     if bench_batch is not None:
-        speed = benchmark({"original": model, "compressed": compressed}, batch_sizes=(bench_batch,),
-                          seq_len=settings.seq_len, tgt_len=settings.tgt_len, repeats=bench_repeats, memory=False)
+        timing = BenchSettings(batch_sizes=(bench_batch,), seq_len=settings.seq_len, tgt_len=settings.tgt_len,
+                               repeats=bench_repeats, memory=False)
+        speed = benchmark({"original": model, "compressed": compressed}, timing)
     save_pruned(compressed, out, tokenizer=tokenizer)
     return speed
 

@@ -58,6 +58,34 @@ class CurveSettings:
             raise ConfigError(f"gqa={self.gqa!r}; allowed: {', '.join(GQA_MODES)}")
 
 
+@dataclass(frozen=True)
+class CurveInputs:
+    """What the orders read besides the model: ``importance(mask) -> {site: I_h}`` (the importance
+    orders; under ``mask`` for the iterative one), ``oracle`` {site: damage [H]} from a one-head ablation,
+    ``calibration() -> batches`` for the Fisher orders (disjoint from the evaluator's data)."""
+
+    importance: Callable[[Mapping[str, torch.Tensor] | None], dict[str, torch.Tensor]] | None = None
+    oracle: Mapping[str, torch.Tensor] | None = None
+    calibration: Callable[[], Iterable] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("importance", "calibration"):
+            if getattr(self, name) is not None and not callable(getattr(self, name)):
+                raise ConfigError(f"{name}={getattr(self, name)!r}; allowed: a callable or None")
+        if self.oracle is not None and not isinstance(self.oracle, Mapping):
+            raise ConfigError(f"oracle={type(self.oracle).__name__}; allowed: a mapping site -> damage per head")
+
+    def check(self, orders: Iterable[str]) -> None:
+        """Every order in ``orders`` has what it reads."""
+        for order in orders:
+            if order == "oracle" and self.oracle is None:
+                raise ConfigError("order 'oracle' needs one-head ablation damages (oracle=)")
+            if order.startswith("importance") and self.importance is None:
+                raise ConfigError(f"order {order!r} needs an importance scorer (importance=)")
+            if order in PLANNED and self.calibration is None:
+                raise ConfigError(f"order {order!r} needs calibration batches (calibration=)")
+
+
 def step_counts(total: int, fractions: Iterable[float]) -> list[int]:
     return [int(round(f * total)) for f in fractions]
 
@@ -67,12 +95,10 @@ def pruning_curves(
     evaluator,
     *,
     settings: CurveSettings,
-    importance: Callable[[Mapping[str, torch.Tensor] | None], dict[str, torch.Tensor]] | None = None,
-    oracle: Mapping[str, torch.Tensor] | None = None,
+    inputs: CurveInputs = CurveInputs(),
     run: RunDir | None = None,
     unit_prefix: str = "",
     progress: bool = True,
-    calibration: Callable[[], Iterable] | None = None,
     intervals: bool = False,
 ) -> list[dict]:
     """One row per (order, seed, step): fraction, heads pruned, score, score relative to unpruned.
@@ -82,41 +108,26 @@ def pruning_curves(
     (:func:`headprune.evaluation.significance.compare`, 1000 resamples where it resamples, seed 0;
     needs the ``study`` extra). :func:`no_significant_loss` reads them.
 
-    ``importance(mask) -> {site: I_h}`` scores heads (under ``mask`` for the iterative order);
-    ``oracle``: {site: damage [H]} from a one-head ablation; ``calibration() -> batches`` for the
-    Fisher orders (disjoint from the evaluator's data). Masks only: nothing is removed.
+    ``inputs``: what the orders read (:class:`CurveInputs`). Masks only: nothing is removed.
     """
     sites = find_sites(model)
     pool = [s.name for s in sites if settings.kinds is None or s.kind in settings.kinds]
     if not pool:
         raise ConfigError(f"kinds={settings.kinds}: the model has no such sites ({sorted({s.kind for s in sites})})")
-    shape = {s.name: s.num_heads for s in sites}
-    total = sum(shape[n] for n in pool)
+    jobs = [(o, seed) for o in settings.orders for seed in (settings.seeds if o == "random" else (0,))]
+    inputs.check(o for o, _ in jobs)
+    drops = _Drops(model, settings, inputs, sites, pool)
+    total = sum(drops.shape[n] for n in pool)
     counts = step_counts(total, settings.fractions)
     seen: dict[tuple, float] = {}
     higher_is_better = getattr(evaluator, "higher_is_better", True)
-    jobs = [(o, seed) for o in settings.orders for seed in (settings.seeds if o == "random" else (0,))]
     bar = progress_bar(total=len(jobs) * len(counts), desc="pruning curve", unit="step", show=progress)
-    fixed_scores: dict[str, torch.Tensor] | None = None
-    groups, rule = kv_groups(model), HeadRule(settings.gqa, settings.min_per_site)
-
-    def lowest(scores, n):  # the n lowest-scored heads of the pool, as the GQA mode allows
-        return select_gqa(scores, groups, Budget.of(n_drop=n), rule)
-
-    planned: dict = {}  # the Fisher and the calibration batches, computed once for all Fisher orders
     tests: dict[tuple, dict] = {}
     base_result: list = []  # the unpruned model's evaluation, made when the first interval needs it
-    for order, _ in jobs:
-        if order == "oracle" and oracle is None:
-            raise ConfigError("order 'oracle' needs one-head ablation damages (oracle=)")
-        if order.startswith("importance") and importance is None:
-            raise ConfigError(f"order {order!r} needs an importance scorer (importance=)")
-        if order in PLANNED and calibration is None:
-            raise ConfigError(f"order {order!r} needs calibration batches (calibration=)")
     by_job = {f"{unit_prefix}{order}:{seed}": (order, seed) for order, seed in jobs}
 
     def compute(job: str) -> list[tuple[str, dict]]:  # one order and seed: its steps, each needing the last
-        nonlocal fixed_scores, higher_is_better
+        nonlocal higher_is_better
         order, seed = by_job[job]
         done: list[tuple[str, dict]] = []
         dropped: dict[str, list[int]] = {}
@@ -128,20 +139,7 @@ def pruning_curves(
                 done.append((key, {k: v for k, v in record.items() if k != "unit"}))
                 bar.update()
                 continue
-            mask = None  # a float mask (tuned scales) instead of heads off
-            if order == "importance":
-                if fixed_scores is None:
-                    fixed_scores = importance(None)
-                dropped = lowest(_pool(fixed_scores, pool), n)
-            elif order == "importance-iterative":
-                dropped = _grow(dropped, n, importance(mask_from_heads(sites, dropped) if dropped else None),
-                                pool, lowest)
-            elif order == "oracle":
-                dropped = lowest(_pool(oracle, pool), n)
-            elif order in PLANNED:
-                dropped, mask = _planned(model, order, n, pool, shape, settings, calibration, planned)
-            else:
-                dropped = _random_drop(shape, pool, n, seed, lowest)
+            dropped, mask = drops.at(order, seed, n, dropped)  # mask: a float mask (tuned scales) or None
             plan_key = tuple(sorted((k, tuple(v)) for k, v in dropped.items()))
             if mask is not None:
                 plan_key += (tuple(round(float(x), 7) for v in mask.values() for x in v),)
@@ -164,11 +162,49 @@ def pruning_curves(
     found = map_units(list(by_job), compute, run)  # each (order, seed) once, on one rank under torchrun
     rows = [found[f"{job}:{step}"] for job in by_job for step in range(len(counts))]
     bar.close()
+    return _relative(rows, higher_is_better)
+
+
+def _relative(rows: list[dict], higher_is_better: bool) -> list[dict]:
+    """``rows`` with each score relative to the unpruned one: > 1 is better than unpruned, whatever the
+    metric's direction."""
     unpruned = next((r["score"] for r in rows if r["pruned"] == 0), None)
-    for r in rows:  # relative quality: > 1 is better than unpruned, whatever the metric's direction
+    for r in rows:
         ratio = (r["score"] / unpruned if higher_is_better else unpruned / r["score"]) if unpruned and r["score"] else 0.0
         r["relative"] = ratio
     return rows
+
+
+class _Drops:
+    """The heads each order drops at a step, over one pool of sites (I_h for the fixed order, and the Fisher
+    with its calibration batches for the Fisher orders, computed once when first needed)."""
+
+    def __init__(self, model: nn.Module, settings: CurveSettings, inputs: CurveInputs, sites: list, pool: list[str]):
+        self.model, self.settings, self.inputs, self.sites, self.pool = model, settings, inputs, sites, pool
+        self.shape = {s.name: s.num_heads for s in sites}
+        self.groups, self.rule = kv_groups(model), HeadRule(settings.gqa, settings.min_per_site)
+        self.fixed_scores: dict[str, torch.Tensor] | None = None
+        self.planned: dict = {}  # the Fisher and the calibration batches, for all Fisher orders
+
+    def lowest(self, scores, n: int) -> dict[str, list[int]]:
+        """The n lowest-scored heads of the pool, as the GQA mode allows."""
+        return select_gqa(scores, self.groups, Budget.of(n_drop=n), self.rule)
+
+    def at(self, order: str, seed: int, n: int, dropped: dict) -> tuple[dict, dict | None]:
+        """(heads dropped, tuned mask or None) by ``order`` at ``n`` pruned; ``dropped``: its previous step's."""
+        if order == "importance":
+            if self.fixed_scores is None:
+                self.fixed_scores = self.inputs.importance(None)
+            return self.lowest(_pool(self.fixed_scores, self.pool), n), None
+        if order == "importance-iterative":
+            scores = self.inputs.importance(mask_from_heads(self.sites, dropped) if dropped else None)
+            return _grow(dropped, n, scores, self.pool, self.lowest), None
+        if order == "oracle":
+            return self.lowest(_pool(self.inputs.oracle, self.pool), n), None
+        if order in PLANNED:
+            return _planned(self.model, order, n, self.pool, self.shape, self.settings, self.inputs.calibration,
+                            self.planned)
+        return _random_drop(self.shape, self.pool, n, seed, self.lowest), None
 
 
 def _interval(model, evaluator, result, base_result: list) -> dict:

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from ..bench.figures import speed_text
+from ..bench.settings import BenchSettings
 from ..bench.timing import benchmark
 from ..core.io import load_pruned, save_pruned
 from ..core.kvcache import kv_cache_bytes
@@ -48,7 +49,7 @@ from .demo_compress import (
     recovery_blocks,
     summary_rows,
 )
-from .rundir import RunDir
+from .rundir import RunDir, RunOutput
 from .study import run_ablation, run_curves
 
 STEPS = 11  # the steps run_demo prints, [1/11] ... [11/11]: act one 1-8, act two 9-11
@@ -194,13 +195,13 @@ def _study(model, calib: LanguageModelling, held_out: LanguageModelling, run: Ru
     chosen = [r["name"] for r in table if r["layer"] in top]
     print(f"[3/{STEPS}] one-head ablation of the {len(chosen) * table[0]['heads']} heads of layers {top[0]}-{top[-1]} "
           "(layers below replayed from a cache)")
-    ablation_report = run_ablation(model, held_out, output / "ablation", signature=run.signature, sites=chosen,
-                                   settings=SweepSettings(), fresh=False, progress=s.progress)
+    ablation_report = run_ablation(model, held_out, RunOutput(output / "ablation", run.signature, progress=s.progress),
+                                   sites=chosen, settings=SweepSettings())
 
     print(f"[4/{STEPS}] pruning curve on the calibration text: I_h order vs random order")
-    curve_report = run_curves(model, calib, output / "curve", fresh=False, signature=run.signature,
+    curve_report = run_curves(model, calib, RunOutput(output / "curve", run.signature, progress=s.progress),
                               settings=CurveSettings(fractions=s.fractions, orders=("importance", "random"), seeds=(0,)),
-                              importance_batches=calib.batches, progress=s.progress)
+                              importance_batches=calib.batches)
     curve = json.loads((output / "curve" / "results.json").read_text())["rows"]
     level = choose_level(curve, s.max_ppl_increase)
     if s.mode == "check" and level == 0:  # the check always exercises surgery, save/load and the speed check
@@ -243,8 +244,8 @@ def _prune_and_check(model, tokenizer, study: dict, held_out: LanguageModelling,
           f"(limit {reloaded['tolerance']:.2e}): equal")
 
     print(f"[7/{STEPS}] speed: examples/s of the original and the pruned model (alternated repeats)")
-    bench = benchmark({"original": original, "pruned": model}, batch_sizes=s.batch_sizes, seq_len=s.block_size,
-                      repeats=s.repeats, memory=False, progress=s.progress)
+    bench = benchmark({"original": original, "pruned": model}, BenchSettings(
+        batch_sizes=s.batch_sizes, seq_len=s.block_size, repeats=s.repeats, memory=False), progress=s.progress)
     bench.plot(output / "speed.png")
     return {"masked": masked_result.score, "pruned": pruned_result.score, "check": check, "reloaded": reloaded,
             "before": before, "after": after, "bench": bench, "n_drop": n_drop, "original": original}

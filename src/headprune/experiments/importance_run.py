@@ -22,7 +22,7 @@ from ..report import build_report
 from ..report import figures as fig
 from ..scoring.fisher import fisher_information
 from ..scoring.importance import importance_sums, normalize_per_site
-from .rundir import RunDir
+from .rundir import RunOutput
 
 SCORES = ("importance", "fisher")
 TITLES = {"importance": "Head importance I_h = E_x |dL(x)/dxi_h| (Michel et al. 2019, 4.1)",
@@ -60,17 +60,17 @@ def score_rows(model: nn.Module, scores: Mapping[str, torch.Tensor]) -> list[dic
             for name in scores for h, v in enumerate(scores[name].tolist())]
 
 
-def run_importance(model: nn.Module, batches: Callable[[], Iterable], out: str | Path, *,
-                   scores: str = "importance", absolute: str = "example", normalize: str | None = "l2",
-                   signature: dict | None = None, fresh: bool = False, progress: bool = False) -> Path:
-    """Score every head over ``batches()`` and write the run directory ``out`` (returns report.html)."""
+def run_importance(model: nn.Module, batches: Callable[[], Iterable], output: RunOutput, *,
+                   scores: str = "importance", absolute: str = "example", normalize: str | None = "l2") -> Path:
+    """Score every head over ``batches()`` and write the run directory ``output.path`` (returns report.html)."""
     check_settings(scores, absolute, normalize)
     settings = {"scores": scores, "absolute": absolute if scores == "importance" else None, "normalize": normalize}
-    sig = {"model": None, "data": None, "split": None, **(signature or {}), "method": scores, "settings": settings,
-           "seed": (signature or {}).get("seed", 0), "versions": versions()}
-    run = RunDir(out, sig, fresh=fresh)  # under torchrun: rank 0 writes, the ranks share the batches
+    signature = output.signature or {}
+    sig = {"model": None, "data": None, "split": None, **signature, "method": scores, "settings": settings,
+           "seed": signature.get("seed", 0), "versions": versions()}
+    run = output.open(sig)  # under torchrun: rank 0 writes, the ranks share the batches
     values, n = head_scores(model, batches(), scores=scores, absolute=absolute, normalize=normalize,
-                            progress=progress)
+                            progress=output.progress)
     plain = {name: v.tolist() for name, v in values.items()}
     run.write_json("importance.json", {"scores": plain, "n": n, "signature": run.signature})
     rows = score_rows(model, values)

@@ -33,9 +33,9 @@ def lm_blocks(tokenizer, config, data: str, block_size: int) -> torch.Tensor:
     """``[N, block_size]`` token windows of the text file ``data`` (or ``builtin:pydoc``): the one place recovery
     cuts text, through the language-modelling evaluator, so its windows are the ones ``headprune evaluate
     --task lm`` scores (and start as they do)."""
-    from ..evaluation.build import build_task
+    from ..evaluation.build import EvalOptions, TaskData, build_task
 
-    return build_task("lm", tokenizer, config, data=data, block_size=block_size).blocks
+    return build_task("lm", tokenizer, config, TaskData(data), EvalOptions(block_size=block_size)).blocks
 
 
 def run_recover(pruned_dir: str | Path, teacher_dir: str | Path, data: str, out: str | Path,

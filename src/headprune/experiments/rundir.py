@@ -31,6 +31,7 @@ import shutil
 import sys
 import tempfile
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.checkpoint import check_writable
@@ -48,6 +49,30 @@ LOCK, META, UNITS = "run.lock", "run.json", "units.jsonl"
 STOP_ENV = "HEADPRUNE_STOP_AFTER_UNITS"
 STOPPED = 75  # exit code of a run stopped by STOP_ENV (EX_TEMPFAIL: rerun to go on)
 _OPEN: weakref.WeakSet = weakref.WeakSet()  # runs of this process not yet closed
+
+
+@dataclass(frozen=True)
+class RunOutput:
+    """Where an experiment writes its run directory and what a resume of it must match: what every
+    ``run_*`` of :mod:`headprune.experiments` takes beside its model, data and settings."""
+
+    path: str | Path  # the run directory (new, or this run's to resume)
+    signature: dict | None = None  # the caller's part of run.json: model, data, split, n, command, ...
+    fresh: bool = False  # start over in ``path``, dropping its finished units
+    progress: bool = True  # progress bars on stderr
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.path, (str, Path)) or not str(self.path):
+            raise ConfigError(f"path={self.path!r}; allowed: a directory path (str or Path)")
+        if self.signature is not None and not isinstance(self.signature, dict):
+            raise ConfigError(f"signature={self.signature!r}; allowed: a dict or None")
+        for name in ("fresh", "progress"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"{name}={getattr(self, name)!r}; allowed: True or False")
+
+    def open(self, signature: dict) -> RunDir:
+        """The run directory at ``path`` under the full ``signature`` (the caller's and the method's)."""
+        return RunDir(self.path, signature, fresh=self.fresh)
 
 
 class RunDir:

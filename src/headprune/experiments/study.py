@@ -1,8 +1,9 @@
 """The paper's experiments as run directories: compute (resumably), then tables, figures, report.
 
-Each ``run_*`` takes a model, evaluator(s) and an output directory, and writes ``run.json`` (the
-signature), ``units.jsonl`` (finished units), ``results.json``, CSV tables, PNG figures and a
-self-contained ``report.html``. Rerunning the same command on the same directory resumes.
+Each ``run_*`` takes a model, evaluator(s) and a :class:`~.rundir.RunOutput` (the directory, the
+caller's signature, ``fresh``, ``progress``), and writes ``run.json`` (the signature), ``units.jsonl``
+(finished units), ``results.json``, CSV tables, PNG figures and a self-contained ``report.html``.
+Rerunning the same command on the same directory resumes.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from ..report import build_report
 from ..report import figures as fig
 from ..scoring.importance import head_importance
 from . import ablation
-from .curves import CURVE_ALPHA, CurveSettings, no_significant_loss, pruning_curves, summarize
-from .rundir import RunDir
+from .curves import CURVE_ALPHA, CurveInputs, CurveSettings, no_significant_loss, pruning_curves, summarize
+from .rundir import RunDir, RunOutput
 
 
 def _signature(signature: dict | None, method: str, settings: dict, *evaluators) -> dict:
@@ -67,13 +68,13 @@ def _significant_label(settings: ablation.SweepSettings, n: int, what: str) -> s
     return f"significant: {name}-adjusted p < {settings.alpha} over {n} {what}"
 
 
-def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dict | None = None,
-                 sites: Iterable[str] | None = None, settings: ablation.SweepSettings | None = None,
-                 fresh: bool = False, progress: bool = True) -> Path:
+def run_ablation(model: nn.Module, evaluator, output: RunOutput, *, sites: Iterable[str] | None = None,
+                 settings: ablation.SweepSettings | None = None) -> Path:
     """Paper 3.2 (Table 1, Fig. 1): one head masked at a time, with significance."""
     settings = (settings or ablation.SweepSettings()).for_units(ablation.sweep_units(model, sites, "head"))
-    run = RunDir(out, _signature(signature, "one-head ablation", {**vars(settings), "sites": sites}, evaluator), fresh=fresh)
-    sweep = ablation.one_head_ablation(model, evaluator, sites=sites, settings=settings, run=run, progress=progress)
+    run = output.open(_signature(output.signature, "one-head ablation", {**vars(settings), "sites": sites}, evaluator))
+    sweep = ablation.one_head_ablation(model, evaluator, sites=sites, settings=settings, run=run,
+                                       progress=output.progress)
     metric, base = sweep.base.metric, sweep.base.score
     table = run.write_csv("ablation.csv", _ablation_csv_rows(sweep.rows))
     run.write_csv("ablation_by_damage.csv", sorted(_ablation_csv_rows(sweep.rows), key=lambda r: -r["damage"]))
@@ -98,15 +99,14 @@ def run_ablation(model: nn.Module, evaluator, out: str | Path, *, signature: dic
     }, sweep.base)
 
 
-def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=None, signature: dict | None = None,
-                    sites: Iterable[str] | None = None, settings: ablation.SweepSettings | None = None,
-                    fresh: bool = False, progress: bool = True) -> Path:
+def run_all_but_one(model: nn.Module, evaluator, output: RunOutput, *, choose_on=None,
+                    sites: Iterable[str] | None = None, settings: ablation.SweepSettings | None = None) -> Path:
     """Paper 3.3 / App. A (Tables 2, 3, 5, 6): keep one head per site."""
     settings = (settings or ablation.SweepSettings()).for_units(ablation.sweep_units(model, sites, "site"))
     method = "all-but-one" + (" (head chosen on a held-out split)" if choose_on is not None else "")
-    run = RunDir(out, _signature(signature, method, {**vars(settings), "sites": sites}, evaluator, choose_on), fresh=fresh)
+    run = output.open(_signature(output.signature, method, {**vars(settings), "sites": sites}, evaluator, choose_on))
     sweep = ablation.all_but_one(model, evaluator, choose_on=choose_on, sites=sites, settings=settings, run=run,
-                                 progress=progress)
+                                 progress=output.progress)
     metric, base = sweep.base.metric, sweep.base.score
     worst = max(sweep.rows, key=lambda r: r["damage"])  # damage: the loss of quality, whichever way the metric points
     table = run.write_csv("all_but_one.csv", _csv_rows(sweep.rows, ("site", "kind", "layer", "kept_head", "chosen_on",
@@ -123,16 +123,15 @@ def run_all_but_one(model: nn.Module, evaluator, out: str | Path, *, choose_on=N
     }, sweep.base)
 
 
-def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, out: str | Path, *, names: tuple[str, str],
-                     signature: dict | None = None, sites: Iterable[str] | None = None,
-                     settings: ablation.SweepSettings | None = None, fresh: bool = False, progress: bool = True) -> Path:
+def run_cross_domain(model: nn.Module, evaluator_a, evaluator_b, output: RunOutput, *, names: tuple[str, str],
+                     sites: Iterable[str] | None = None, settings: ablation.SweepSettings | None = None) -> Path:
     """Paper 3.4 (Fig. 2): one-head ablation on two datasets, Pearson r."""
     settings = (settings or ablation.SweepSettings()).for_units(ablation.sweep_units(model, sites, "head"))
-    run = RunDir(out, _signature(signature, "cross-domain one-head ablation",
+    run = output.open(_signature(output.signature, "cross-domain one-head ablation",
                                  {**vars(settings), "sites": sites, "datasets": list(names)}, evaluator_a,
-                                 evaluator_b), fresh=fresh)
+                                 evaluator_b))
     result = ablation.cross_domain(model, evaluator_a, evaluator_b, sites=sites, settings=settings, run=run,
-                                   progress=progress)
+                                   progress=output.progress)
     a, b = result["a"], result["b"]
     table = run.write_csv("cross_domain.csv", [
         {"site": x["site"], "head": x["head"], f"delta_{names[0]}": x["delta"], f"delta_{names[1]}": y["delta"],
@@ -161,10 +160,10 @@ def importance_scorer(model: nn.Module, batches: Callable[[], Iterable]) -> Call
     return lambda mask: head_importance(model, batches(), mask=mask)
 
 
-def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveSettings,
-               importance_batches: Callable[[], Iterable] | None = None, signature: dict | None = None,
+def run_curves(model: nn.Module, evaluator, output: RunOutput, *, settings: CurveSettings,
+               importance_batches: Callable[[], Iterable] | None = None,
                sweep_settings: ablation.SweepSettings | None = None, oracle: dict | None = None,
-               fresh: bool = False, progress: bool = True, title: str = "") -> Path:
+               title: str = "") -> Path:
     """Paper 4.2 / 5 / App. B (Figs. 3, 4, 6): pruning curves by I_h, oracle and random order.
 
     ``oracle``: {site: damage [H]} from an earlier one-head ablation (see :func:`oracle_from_run`);
@@ -173,21 +172,22 @@ def run_curves(model: nn.Module, evaluator, out: str | Path, *, settings: CurveS
     if "oracle" in settings.orders and oracle is None:  # the oracle sweep's resamples, sized before the signature
         sweep_settings = (sweep_settings or ablation.SweepSettings()).for_units(
             ablation.sweep_units(model, settings.kinds, "head"))
-    run = RunDir(out, _signature(signature, "pruning curves", {
+    run = output.open(_signature(output.signature, "pruning curves", {
         "fractions": list(settings.fractions), "orders": list(settings.orders), "seeds": list(settings.seeds),
         "kinds": settings.kinds, "min_per_site": settings.min_per_site,
         "oracle_sweep": vars(sweep_settings) if sweep_settings is not None else None,
-        "interval_test": {"alpha": CURVE_ALPHA, "n_resamples": 1000, "seed": 0}}, evaluator), fresh=fresh)
+        "interval_test": {"alpha": CURVE_ALPHA, "n_resamples": 1000, "seed": 0}}, evaluator))
     if "oracle" in settings.orders and oracle is None:
         sweep = ablation.one_head_ablation(model, evaluator, sites=settings.kinds, settings=sweep_settings, run=run,
-                                           unit_prefix="oracle:", progress=progress)
+                                           unit_prefix="oracle:", progress=output.progress)
         oracle = {}
         for r in sweep.rows:
             oracle.setdefault(r["site"], {})[r["head"]] = r["damage"]
         oracle = {k: torch.tensor([v[h] for h in sorted(v)]) for k, v in oracle.items()}
     scorer = importance_scorer(model, importance_batches or evaluator.batches)
-    rows = pruning_curves(model, evaluator, settings=settings, importance=scorer, oracle=oracle, run=run,
-                          progress=progress, calibration=importance_batches or evaluator.batches, intervals=True)
+    inputs = CurveInputs(importance=scorer, oracle=oracle, calibration=importance_batches or evaluator.batches)
+    rows = pruning_curves(model, evaluator, settings=settings, inputs=inputs, run=run, progress=output.progress,
+                          intervals=True)
     summary = summarize(rows)
     metric = getattr(evaluator, "metric", "score")
     keys = ("order", "seed", "fraction", "pruned", "of", "score", "relative", "ci_low", "ci_high", "p_value")
@@ -237,9 +237,8 @@ def _within(summary: list[dict], order: str, level: float) -> float:
     return best
 
 
-def run_dynamics(checkpoints: list[tuple[int, Callable[[], tuple]]], out: str | Path, *,
-                 settings: CurveSettings, signature: dict | None = None, fresh: bool = False,
-                 progress: bool = True) -> Path:
+def run_dynamics(checkpoints: list[tuple[int, Callable[[], tuple]]], output: RunOutput, *,
+                 settings: CurveSettings) -> Path:
     """Paper 6 (Fig. 5): the I_h pruning curve at every epoch, relative to that epoch's unpruned model.
 
     ``checkpoints``: (epoch, load) pairs; ``load()`` returns (model, evaluator) or (model, evaluator,
@@ -248,21 +247,21 @@ def run_dynamics(checkpoints: list[tuple[int, Callable[[], tuple]]], out: str | 
     """
     settings = CurveSettings(fractions=settings.fractions, orders=("importance",), seeds=(0,), kinds=settings.kinds,
                              min_per_site=settings.min_per_site)
-    run = RunDir(out, _signature(signature, "pruning curves across training", {
-        "fractions": list(settings.fractions), "epochs": [e for e, _ in checkpoints], "kinds": settings.kinds}),
-        fresh=fresh)
+    run = output.open(_signature(output.signature, "pruning curves across training", {
+        "fractions": list(settings.fractions), "epochs": [e for e, _ in checkpoints], "kinds": settings.kinds}))
     rows, metric = [], "score"
     for epoch, load in checkpoints:  # a finished epoch costs only its loading on resume
         model, evaluator, *calibration = load()
         metric = getattr(evaluator, "metric", metric)
         scored_on = calibration[0] if calibration and calibration[0] is not None else evaluator
         curve = pruning_curves(model, evaluator, settings=settings, run=run, unit_prefix=f"epoch{epoch}:",
-                               importance=importance_scorer(model, scored_on.batches), progress=progress)
+                               inputs=CurveInputs(importance=importance_scorer(model, scored_on.batches)),
+                               progress=output.progress)
         rows += [{"epoch": epoch, "fraction": r["fraction"], "pruned": r["pruned"], "score": r["score"],
                   "relative": r["relative"]} for r in curve]
     table = run.write_csv("dynamics.csv", rows)
     fig.dynamics(rows, metric, run.path / "dynamics.png", source=table)
-    scored = (signature or {}).get("importance_data")
+    scored = (output.signature or {}).get("importance_data")
     return _finish(run, {
         "title": "Pruning curves across training epochs (Michel et al. 2019, 6)", "experiment": "dynamics",
         "metric": metric, "rows": rows, "importance_data": scored,

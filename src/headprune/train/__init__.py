@@ -27,12 +27,14 @@ from ..lazy import lazy_names
 SOURCES = {  # public name -> the module it is read from on first use
     "ACTIVATIONS": "settings", "ClassifierTrainSettings": "settings", "TranslationTrainSettings": "settings",
     "IGNORE": "translation", "build_translation_model": "translation", "train_translation": "translation",
-    "translate": "translation", "finetune_classifier": "classifier", "TrainResult": "loop",
+    "translate": "translation", "ClassifierData": "classifier", "finetune_classifier": "classifier",
+    "TrainResult": "loop",
 }
 
 __all__ = [
     "ACTIVATIONS",
     "IGNORE",
+    "ClassifierData",
     "ClassifierTrainSettings",
     "TrainResult",
     "TranslationTrainSettings",

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,68 +55,81 @@ def _pretrained_body(model_dir: str | Path, **config) -> nn.Module:
     return model
 
 
+@dataclass
+class ClassifierData:
+    """The examples to fine-tune on (``texts``, with ``text_pairs`` for pairs, and their integer ``labels``) and,
+    optionally, those scored after every epoch (``eval_*``, paired exactly when the training texts are).
+
+    The number of labels is ``len(label_names)``, else ``num_labels``, else ``max(labels) + 1``; once built,
+    ``num_labels`` holds it. ``label_names`` also set the config's ``id2label``/``label2id``."""
+
+    texts: list[str]
+    labels: list[int]
+    text_pairs: list[str] | None = None
+    eval_texts: list[str] | None = None
+    eval_labels: list[int] | None = None
+    eval_text_pairs: list[str] | None = None
+    label_names: list[str] | None = None
+    num_labels: int | None = None
+
+    def __post_init__(self) -> None:
+        self.texts = check_texts("texts", self.texts)
+        if not self.texts:
+            raise DataError("texts must hold at least one example, got 0")
+        if self.text_pairs is not None:
+            self.text_pairs = check_texts("text_pairs", self.text_pairs, len(self.texts))
+        if self.label_names is not None:
+            self.label_names = [str(x) for x in self.label_names]
+            if self.num_labels is not None and self.num_labels != len(self.label_names):
+                raise ConfigError(f"num_labels must equal len(label_names) ({len(self.label_names)}), "
+                                  f"got {self.num_labels}")
+            self.num_labels = len(self.label_names)
+        self.labels = _check_labels("labels", self.labels, len(self.texts), self.num_labels)
+        n_labels = self.num_labels if self.num_labels is not None else max(self.labels) + 1
+        if not is_int(n_labels) or n_labels < 2:
+            raise ConfigError(f"num_labels must be an int >= 2, got {n_labels!r}")
+        self.num_labels = n_labels
+        if self.eval_texts is not None or self.eval_labels is not None:
+            if self.eval_texts is None or self.eval_labels is None:
+                raise DataError("eval_texts and eval_labels must be given together")
+            self.eval_texts = check_texts("eval_texts", self.eval_texts)
+            self.eval_labels = _check_labels("eval_labels", self.eval_labels, len(self.eval_texts), n_labels)
+            if (self.eval_text_pairs is None) != (self.text_pairs is None):
+                raise DataError("eval_text_pairs must be given exactly when text_pairs is")
+            if self.eval_text_pairs is not None:
+                self.eval_text_pairs = check_texts("eval_text_pairs", self.eval_text_pairs, len(self.eval_texts))
+
+    @property
+    def has_eval(self) -> bool:
+        return self.eval_texts is not None
+
+
 def finetune_classifier(
     model_dir_or_model: str | Path | Any,
     tokenizer: Any | None,
-    texts: list[str],
-    labels: list[int],
+    data: ClassifierData,
     *,
     settings: ClassifierTrainSettings,
     output_dir: str | Path,
-    text_pairs: list[str] | None = None,
-    eval_texts: list[str] | None = None,
-    eval_labels: list[int] | None = None,
-    eval_text_pairs: list[str] | None = None,
-    label_names: list[str] | None = None,
-    num_labels: int | None = None,
     stop_after_epoch: int | None = None,
 ) -> TrainResult:
-    """Fine-tune an encoder for (pair) classification with cross-entropy; see the module doc.
+    """Fine-tune an encoder for (pair) classification with cross-entropy on ``data``; see the module doc.
 
     A directory is loaded with `AutoModelForSequenceClassification.from_pretrained(dir, num_labels=N)`
     (a fresh head drawn after `torch.manual_seed(seed)`), and its tokenizer when `tokenizer` is None.
     A model object is trained in place unless a checkpoint is resumed (then it is reloaded from there
-    with `type(model).from_pretrained`). N is `len(label_names)`, else `num_labels`, else
-    `max(labels) + 1`; `label_names` also set the config's `id2label`/`label2id`.
+    with `type(model).from_pretrained`). N is `data.num_labels`.
     `stop_after_epoch` ends this call early with a resumable checkpoint (no `final`).
     """
     s = settings
     if not isinstance(s, ClassifierTrainSettings):
         raise ConfigError(f"settings must be a ClassifierTrainSettings, got {type(s).__name__}")
     check_stop(stop_after_epoch)
-    texts = check_texts("texts", texts)
-    if not texts:
-        raise DataError("texts must hold at least one example, got 0")
-    pairs = None if text_pairs is None else check_texts("text_pairs", text_pairs, len(texts))
-    if label_names is not None:
-        label_names = [str(x) for x in label_names]
-        if num_labels is not None and num_labels != len(label_names):
-            raise ConfigError(f"num_labels must equal len(label_names) ({len(label_names)}), "
-                              f"got {num_labels}")
-        num_labels = len(label_names)
-    labels = _check_labels("labels", labels, len(texts), num_labels)
-    n_labels = num_labels if num_labels is not None else max(labels) + 1
-    if not is_int(n_labels) or n_labels < 2:
-        raise ConfigError(f"num_labels must be an int >= 2, got {n_labels!r}")
-    has_eval = eval_texts is not None or eval_labels is not None
-    if has_eval:
-        if eval_texts is None or eval_labels is None:
-            raise DataError("eval_texts and eval_labels must be given together")
-        eval_texts = check_texts("eval_texts", eval_texts)
-        eval_labels = _check_labels("eval_labels", eval_labels, len(eval_texts), n_labels)
-        if (eval_text_pairs is None) != (pairs is None):
-            raise DataError("eval_text_pairs must be given exactly when text_pairs is")
-        if eval_text_pairs is not None:
-            eval_text_pairs = check_texts("eval_text_pairs", eval_text_pairs, len(eval_texts))
-
+    if not isinstance(data, ClassifierData):
+        raise ConfigError(f"data must be a ClassifierData, got {type(data).__name__}")
+    n_labels, label_names = data.num_labels, data.label_names
     from_dir = isinstance(model_dir_or_model, (str, Path))
-    if tokenizer is None:
-        if not from_dir:
-            raise ConfigError("tokenizer must be given when model_dir_or_model is a model object, got None")
-        tokenizer = AutoTokenizer.from_pretrained(str(model_dir_or_model), local_files_only=True)
-    if tokenizer.pad_token_id is None:
-        raise ConfigError("tokenizer must have a pad token (tokenizer.pad_token_id is None)")
-
+    tokenizer = _tokenizer(model_dir_or_model, tokenizer, from_dir)
     label_kw: dict[str, Any] = {}
     if label_names is not None:
         label_kw = {"id2label": dict(enumerate(label_names)),
@@ -122,7 +137,7 @@ def finetune_classifier(
     torch.manual_seed(s.seed)  # the fresh head's draw; a body the weights do not hold is refused before out exists
     fresh = _pretrained_body(model_dir_or_model, num_labels=n_labels, **label_kw) if from_dir else None
     out = prepare_dir(output_dir)
-    fingerprint = data_fingerprint(texts, pairs, labels, label_names, n_labels)
+    fingerprint = data_fingerprint(data.texts, data.text_pairs, data.labels, label_names, n_labels)
     resume = find_resume(out, "classifier", s, fingerprint)
     if resume is not None or fresh is None:
         torch.manual_seed(s.seed)
@@ -139,19 +154,10 @@ def finetune_classifier(
         for k, v in label_kw.items():
             setattr(model.config, k, v)
     model.config.problem_type = "single_label_classification"
-
-    def encode(a: list[str], b: list[str] | None) -> list[dict[str, list[int]]]:
-        enc = tokenizer(a, b, truncation=True, max_length=s.max_length)
-        keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc]
-        return [{k: enc[k][i] for k in keys} for i in range(len(a))]
-
-    def collate(feats: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
-        pad_id = tokenizer.pad_token_id
-        return {k: pad_rows([f[k] for f in feats], pad_id if k == "input_ids" else 0) for k in feats[0]}
-
-    train = encode(texts, pairs)
+    encode, collate = _encoding(tokenizer, s.max_length)
+    train = encode(data.texts, data.text_pairs)
     lengths = [len(f["input_ids"]) for f in train]
-    y = torch.tensor(labels)
+    y = torch.tensor(data.labels)
 
     def batches(epoch: int) -> list[list[int]]:
         return length_buckets(lengths, rng=random.Random(epoch_seed(s.seed, epoch)),
@@ -167,30 +173,59 @@ def finetune_classifier(
         logits = m(**collate([train[i] for i in idx])).logits  # [B, num_labels]
         return F.cross_entropy(logits, y[idx]), len(idx), len(idx)
 
-    evaluate = None
-    if has_eval:
-        ev = encode(eval_texts, eval_text_pairs)
-        ev_order = sorted(range(len(ev)), key=lambda i: len(ev[i]["input_ids"]))
-        ev_y = torch.tensor(eval_labels)
-
-        @torch.no_grad()
-        def evaluate(m: Any) -> dict:
-            m.eval()
-            nll, correct = 0.0, 0
-            for start in range(0, len(ev_order), s.eval_batch_size):
-                idx = ev_order[start:start + s.eval_batch_size]
-                logits = m(**collate([ev[i] for i in idx])).logits
-                nll += F.cross_entropy(logits, ev_y[idx], reduction="sum").item()
-                correct += (logits.argmax(-1) == ev_y[idx]).sum().item()
-            return {"eval_loss": nll / len(ev), "eval_accuracy": correct / len(ev), "eval_n": len(ev)}
-
-    info = {"task": "classifier", "n_train": len(texts), "n_eval": len(eval_texts) if has_eval else 0,
-            "num_labels": n_labels, "label_names": label_names, "pairs": pairs is not None,
+    evaluate = _evaluator(data, encode, collate, s.eval_batch_size) if data.has_eval else None
+    info = {"task": "classifier", "n_train": len(data.texts), "n_eval": len(data.eval_texts) if data.has_eval else 0,
+            "num_labels": n_labels, "label_names": label_names, "pairs": data.text_pairs is not None,
             "model": own_name(model_dir_or_model) if from_dir else type(model).__name__,
             "n_parameters": sum(p.numel() for p in model.parameters()), "total_steps": total,
             "settings": settings_json(s), "data_sha256": fingerprint, "versions": versions()}
     return fit(Job("classifier", model, tokenizer, s, out, info, resume, batches, loss, lr_factor, evaluate,
                      stop_after_epoch))
+
+
+def _tokenizer(model_dir_or_model: Any, tokenizer: Any | None, from_dir: bool) -> Any:
+    """``tokenizer``, else the model directory's own; one with a pad token."""
+    if tokenizer is None:
+        if not from_dir:
+            raise ConfigError("tokenizer must be given when model_dir_or_model is a model object, got None")
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir_or_model), local_files_only=True)
+    if tokenizer.pad_token_id is None:
+        raise ConfigError("tokenizer must have a pad token (tokenizer.pad_token_id is None)")
+    return tokenizer
+
+
+def _encoding(tokenizer: Any, max_length: int) -> tuple[Callable, Callable]:
+    """``encode(texts, pairs) -> [features]`` (truncated to ``max_length``) and ``collate(features) -> batch``."""
+    def encode(a: list[str], b: list[str] | None) -> list[dict[str, list[int]]]:
+        enc = tokenizer(a, b, truncation=True, max_length=max_length)
+        keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in enc]
+        return [{k: enc[k][i] for k in keys} for i in range(len(a))]
+
+    def collate(feats: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        pad_id = tokenizer.pad_token_id
+        return {k: pad_rows([f[k] for f in feats], pad_id if k == "input_ids" else 0) for k in feats[0]}
+
+    return encode, collate
+
+
+def _evaluator(data: ClassifierData, encode: Callable, collate: Callable, batch_size: int) -> Callable[[Any], dict]:
+    """``evaluate(model) -> {eval_loss, eval_accuracy, eval_n}`` on ``data``'s evaluation examples (shortest first)."""
+    ev = encode(data.eval_texts, data.eval_text_pairs)
+    ev_order = sorted(range(len(ev)), key=lambda i: len(ev[i]["input_ids"]))
+    ev_y = torch.tensor(data.eval_labels)
+
+    @torch.no_grad()
+    def evaluate(m: Any) -> dict:
+        m.eval()
+        nll, correct = 0.0, 0
+        for start in range(0, len(ev_order), batch_size):
+            idx = ev_order[start:start + batch_size]
+            logits = m(**collate([ev[i] for i in idx])).logits
+            nll += F.cross_entropy(logits, ev_y[idx], reduction="sum").item()
+            correct += (logits.argmax(-1) == ev_y[idx]).sum().item()
+        return {"eval_loss": nll / len(ev), "eval_accuracy": correct / len(ev), "eval_n": len(ev)}
+
+    return evaluate
 
 
 def _check_labels(name: str, labels: Any, n: int, num_labels: int | None) -> list[int]:

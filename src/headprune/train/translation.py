@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -98,18 +99,12 @@ def train_translation(
     if not isinstance(s, TranslationTrainSettings):
         raise ConfigError(f"settings must be a TranslationTrainSettings, got {type(s).__name__}")
     check_stop(stop_after_epoch)
-    sources = check_texts("sources", sources)
-    targets = check_texts("targets", targets, len(sources))
-    if not sources:
-        raise DataError("sources must hold at least one pair, got 0")
+    sources, targets = _checked_pairs("sources", "targets", sources, targets)
     has_eval = eval_sources is not None or eval_targets is not None
     if has_eval:
         if eval_sources is None or eval_targets is None:
             raise DataError("eval_sources and eval_targets must be given together")
-        eval_sources = check_texts("eval_sources", eval_sources)
-        eval_targets = check_texts("eval_targets", eval_targets, len(eval_sources))
-        if not eval_sources:
-            raise DataError("eval_sources must hold at least one pair, got 0")
+        eval_sources, eval_targets = _checked_pairs("eval_sources", "eval_targets", eval_sources, eval_targets)
 
     out = prepare_dir(output_dir)
     fingerprint = data_fingerprint(sources, targets)
@@ -139,14 +134,6 @@ def train_translation(
                 "decoder_input_ids": pad_rows([[start] + t[:-1] for t in tgt], pad),  # [B, T], teacher forcing
                 "labels": pad_rows(tgt, IGNORE)}  # [B, T]
 
-    def forward_loss(m: Any, batch: dict[str, torch.Tensor], smoothing: float) -> tuple[torch.Tensor, int]:
-        labels = batch.pop("labels")
-        logits = m(**batch).logits  # [B, T, V]
-        total = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE,
-                                label_smoothing=smoothing, reduction="sum")
-        n_tokens = int((labels != IGNORE).sum())
-        return total / n_tokens, n_tokens
-
     lengths = [max(len(a), len(b)) for a, b in zip(src_ids, tgt_ids, strict=True)]
 
     def batches(epoch: int) -> list[list[int]]:
@@ -157,34 +144,11 @@ def train_translation(
         return n / s.warmup_steps if n <= s.warmup_steps else math.sqrt(s.warmup_steps / n)
 
     def loss(m: Any, idx: list[int]) -> tuple[torch.Tensor, int, int]:
-        mean, n_tokens = forward_loss(m, collate([src_ids[i] for i in idx], [tgt_ids[i] for i in idx]),
+        mean, n_tokens = _forward_loss(m, collate([src_ids[i] for i in idx], [tgt_ids[i] for i in idx]),
                                       s.label_smoothing)
         return mean, n_tokens, len(idx)
 
-    evaluate = None
-    if has_eval:
-        import sacrebleu
-
-        ev_src = [x[:s.max_length - 1] + [tokenizer.eos_token_id] if len(x) > s.max_length else x
-                  for x in _encode_eos(tokenizer, eval_sources)]
-        ev_tgt = [x[:s.max_length] for x in _encode_eos(tokenizer, eval_targets)]
-
-        @torch.no_grad()
-        def evaluate(m: Any) -> dict:
-            m.eval()
-            nll, n_tok = 0.0, 0
-            for st in range(0, len(ev_src), s.eval_batch_size):
-                sl = slice(st, st + s.eval_batch_size)
-                mean, n = forward_loss(m, collate(ev_src[sl], ev_tgt[sl]), 0.0)
-                nll, n_tok = nll + mean.item() * n, n_tok + n
-            hyps = translate(m, tokenizer, eval_sources, max_length=s.max_length,
-                             batch_size=s.eval_batch_size)
-            bleu = sacrebleu.metrics.BLEU()
-            score = bleu.corpus_score(hyps, [eval_targets])
-            return {"eval_nll": nll / n_tok, "eval_bleu": round(score.score, 2), "eval_bleu_exact": score.score,
-                    "bleu_signature": str(bleu.get_signature()), "eval_n": len(eval_sources),
-                    "generation": generation_protocol(1)}
-
+    evaluate = _bleu_evaluator(tokenizer, s, eval_sources, eval_targets, collate) if has_eval else None
     info = {"task": "translation", "architecture": "MarianMTModel", "n_pairs": len(sources),
             "n_train": len(keep), "n_skipped_too_long": len(sources) - len(keep),
             "n_eval": len(eval_sources) if has_eval else 0, "vocab_size": len(tokenizer),
@@ -192,3 +156,49 @@ def train_translation(
             "data_sha256": fingerprint, "versions": versions()}
     return fit(Job("translation", model, tokenizer, s, out, info, resume, batches, loss, lr_factor,
                      evaluate, stop_after_epoch))
+
+
+def _checked_pairs(name: str, name2: str, sources: Any, targets: Any) -> tuple[list[str], list[str]]:
+    """``sources`` and ``targets`` as lists of strings of one length, at least one pair."""
+    sources = check_texts(name, sources)
+    targets = check_texts(name2, targets, len(sources))
+    if not sources:
+        raise DataError(f"{name} must hold at least one pair, got 0")
+    return sources, targets
+
+
+def _forward_loss(m: Any, batch: dict[str, torch.Tensor], smoothing: float) -> tuple[torch.Tensor, int]:
+    """(label-smoothed cross-entropy per target token, number of target tokens) of ``batch`` (its labels popped)."""
+    labels = batch.pop("labels")
+    logits = m(**batch).logits  # [B, T, V]
+    total = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE,
+                            label_smoothing=smoothing, reduction="sum")
+    n_tokens = int((labels != IGNORE).sum())
+    return total / n_tokens, n_tokens
+
+
+def _bleu_evaluator(tokenizer: Any, s: TranslationTrainSettings, eval_sources: list[str], eval_targets: list[str],
+                    collate: Callable) -> Callable[[Any], dict]:
+    """``evaluate(model)``: ``eval_nll`` per token (no smoothing) and detokenised sacreBLEU of greedy translations."""
+    import sacrebleu
+
+    ev_src = [x[:s.max_length - 1] + [tokenizer.eos_token_id] if len(x) > s.max_length else x
+              for x in _encode_eos(tokenizer, eval_sources)]
+    ev_tgt = [x[:s.max_length] for x in _encode_eos(tokenizer, eval_targets)]
+
+    @torch.no_grad()
+    def evaluate(m: Any) -> dict:
+        m.eval()
+        nll, n_tok = 0.0, 0
+        for st in range(0, len(ev_src), s.eval_batch_size):
+            sl = slice(st, st + s.eval_batch_size)
+            mean, n = _forward_loss(m, collate(ev_src[sl], ev_tgt[sl]), 0.0)
+            nll, n_tok = nll + mean.item() * n, n_tok + n
+        hyps = translate(m, tokenizer, eval_sources, max_length=s.max_length, batch_size=s.eval_batch_size)
+        bleu = sacrebleu.metrics.BLEU()
+        score = bleu.corpus_score(hyps, [eval_targets])
+        return {"eval_nll": nll / n_tok, "eval_bleu": round(score.score, 2), "eval_bleu_exact": score.score,
+                "bleu_signature": str(bleu.get_signature()), "eval_n": len(eval_sources),
+                "generation": generation_protocol(1)}
+
+    return evaluate
