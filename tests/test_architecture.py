@@ -33,7 +33,7 @@ MANY_PARAMETERS = {
 }
 NESTED = ["compression/compensations", "scoring/scorers"]  # one module per method, registered by name
 SUBPACKAGES = {"core", "scoring", "selection", "compression", "evaluation", "experiments", "bench", "report",
-               "cli", "train", "export"}
+               "cli", "train", "export", "peers"}
 
 
 def _module_name(path: Path) -> str:
