@@ -7,7 +7,8 @@ output embeddings) two ways, on the same calibration text:
 - headprune: ``compress(model, batches, PruneSettings(...))`` with the configuration the peer table selects
   at 20% (``headprune-fisher+linear`` in ``benchmarks/peers/headprune_rows.py``: Fisher scores of heads and
   FFN neurons under one parameter budget, each removed feature replaced by its least-squares affine
-  prediction from the kept ones, damping 0.3), the budget converted as that file does;
+  prediction from the kept ones, damping 0.3), the budget converted as that file does, every width it changes
+  a multiple of 32 (Q8_0's block, as the README's llama.cpp table prunes: the GGUF file shrinks with the model);
 - FLAP (An et al. 2024, :mod:`headprune.peers.flap`), under the same exactly priced budget.
 
 Then the held-out perplexities side by side, each with a paired bootstrap interval of its ratio to the
@@ -37,6 +38,10 @@ from ..peers.ledger import nonembedding_params
 
 HEADPRUNE = "headprune-fisher+linear"  # benchmarks/peers/headprune_rows.py: the peer table's choice at 20%
 HEADPRUNE_FIELDS = {"units": "both", "price": "params", "scores": "fisher", "compensate": ["linear"], "damping": 0.3}
+# Every width the plan changes a multiple of 32, Q8_0's block (as the README's llama.cpp table prunes): an FFN width
+# off the block leaves its down projection in F16 in the GGUF, and the file barely shrinks (a first run: 28 of 30
+# down projections, 0.96x the unpruned Q8_0 file at 20% removed).
+ALIGN = 32
 
 
 @dataclass(frozen=True)
@@ -55,10 +60,11 @@ class ActTwo:
 
 
 def compress_settings(model: nn.Module, budget: float) -> PruneSettings:
-    """:data:`HEADPRUNE`'s PruneSettings removing ``budget`` of ``model``'s non-embedding parameters: PruneSettings'
-    ``share`` is the share of the pool's parameters kept, so ``1 - ceil(budget x non-embedding) / pool``."""
+    """:data:`HEADPRUNE`'s PruneSettings removing ``budget`` of ``model``'s non-embedding parameters (widths on
+    :data:`ALIGN`): PruneSettings' ``share`` is the share of the pool's parameters kept, so
+    ``1 - ceil(budget x non-embedding) / pool``."""
     target = math.ceil(budget * nonembedding_params(model))
-    return PruneSettings(share=1 - target / unit_costs(model, "params").total(), **HEADPRUNE_FIELDS)
+    return PruneSettings(share=1 - target / unit_costs(model, "params").total(), multiple_of=ALIGN, **HEADPRUNE_FIELDS)
 
 
 def compare_methods(original: nn.Module, calib: LanguageModelling, held_out: LanguageModelling, a: ActTwo, *,
