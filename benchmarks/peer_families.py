@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import re
 import sys
 import time
 import warnings
@@ -110,6 +111,12 @@ def planned(plan_fn, model, batches, settings: dict) -> tuple:
         peers.plan.peer_plan = original
 
 
+def _line(e: BaseException) -> str:
+    """The error's first line, a temporary folder a trial used named as such (no machine path in the results)."""
+    line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    return f"{type(e).__name__}: " + re.sub(r"/tmp/[^'\"\s]+", "<temporary folder>", line)
+
+
 def one(model, method: str, plan_fn, settings: dict, batches) -> dict:
     """The row of ``method`` on ``model``: ok / not run / failed, with what was measured."""
     start = time.perf_counter()
@@ -120,10 +127,9 @@ def one(model, method: str, plan_fn, settings: dict, batches) -> dict:
         plan, made = planned(plan_fn, model, batches, settings)
         pruned = apply_plan(copy.deepcopy(model), plan)
     except (HeadpruneError, ValueError, RuntimeError, NotImplementedError) as e:
-        line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return {"method": method, "status": "not run", "reason": f"{type(e).__name__}: {line}"[:300]}
+        return {"method": method, "status": "not run", "reason": _line(e)[:300]}
     except Exception as e:  # noqa: BLE001  (anything else is a bug of the peer or of headprune: recorded as such)
-        return {"method": method, "status": "failed", "reason": f"{type(e).__name__}: {e}"[:300]}
+        return {"method": method, "status": "failed", "reason": _line(e)[:300]}
     ids = batches[0]["input_ids"]
     want, got = reference(model, made, ids), _logits(pruned, ids)
     diff = float((got - want).abs().max())
@@ -148,8 +154,7 @@ def headprune_one(model, method: str, batches, start: float) -> dict:
     try:
         result = compress(model, batches, settings_for(method, model, BUDGET))
     except (HeadpruneError, ValueError, RuntimeError, NotImplementedError) as e:
-        line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return {"method": method, "status": "not run", "reason": f"{type(e).__name__}: {line}"[:300]}
+        return {"method": method, "status": "not run", "reason": _line(e)[:300]}
     replayed = apply_plan(copy.deepcopy(model), result.plan)
     mine, theirs = result.model.state_dict(), replayed.state_dict()
     same = mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
