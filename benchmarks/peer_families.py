@@ -169,7 +169,7 @@ def survey(model_type: str, plans: dict) -> dict:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            row["class"], _, model = families.build(model_type)
+            row["class"], _, model = families.build(model_type, build_limit=600.0)
         except Exception as e:  # noqa: BLE001  (the tiny model could not be made here: every method not run, why)
             line = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
             reason = f"the tiny model ({LAYERS} layers) could not be built: {type(e).__name__}: {line}"

@@ -58,7 +58,7 @@ def test_decoder_families_are_listed():
 
 @pytest.mark.parametrize("model_type", DECODERS)
 def test_perplexity_equals_hand_computation_with_bos(model_type):
-    _, _, model = families.build(model_type)
+    _, _, model = families.build(model_type, build_limit=600.0)  # a slow build on a busy machine is no failure
     tok = word_tokenizer(TEXTS)
     task = LanguageModelling(tok, TEXTS, block_size=BLOCK, batch_size=2, max_blocks=BLOCKS)
     assert task.signature["prefix_token"] == tok.bos_token_id == 1

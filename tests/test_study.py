@@ -15,6 +15,7 @@ from headprune.cli import app
 from headprune.evaluation import Classification
 from headprune.experiments.ablation import SweepSettings, all_but_one, one_head_ablation
 from headprune.experiments.curves import CurveInputs, CurveSettings, pruning_curves
+from headprune.provenance import portable_path
 from shared_data import shared_root
 from tiny import build, word_tokenizer
 
@@ -263,7 +264,7 @@ def test_cross_domain_curve_and_dynamics_commands(tiny_dir, tmp_path):
                                  "--calib-limit", "16", "-o", str(calibrated)])
     assert result.exit_code == 0, result.output
     signature = json.loads((calibrated / "run.json").read_text())["signature"]
-    assert signature["importance_data"] == str(SST2_TRAIN) and signature["importance_n"] == 16
+    assert signature["importance_data"] == portable_path(SST2_TRAIN) and signature["importance_n"] == 16
     assert "--calib-data" in signature["data_sha256"]
     other = _rows(calibrated / "dynamics.csv")
     assert [r["score"] for r in other if r["fraction"] == "0.0"] == [r["score"] for r in rows if r["fraction"] == "0.0"]
