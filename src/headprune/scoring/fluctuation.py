@@ -97,9 +97,16 @@ class StatsCollector:
         self.current = dict(batch)
         self.seen = set()
 
+    def _of_this_batch(self, z: torch.Tensor) -> bool:
+        """Whether an input ``[B, T, C]`` is the current batch's: the own-loss check of a scoring pass runs the
+        batch's fullest row alone first (``[1, T, C]``), which must neither count nor stand for the batch's
+        forward (its hooks would then skip the real one as a recomputation)."""
+        mask = self.current.get("attention_mask") if self.current else None
+        return not (isinstance(mask, torch.Tensor) and z.dim() == 3 and z.shape[0] != mask.shape[0])
+
     def _hook(self, name: str, kind: str):
         def pre(_module, args):
-            if name in self.seen:  # a recomputation of this batch's forward
+            if name in self.seen or not self._of_this_batch(args[0]):  # a recomputation, or another input's forward
                 return
             self.seen.add(name)
             z = args[0].detach()  # [B, T, C] (or [N, C])
