@@ -148,7 +148,8 @@ def _sweep(model, ids: torch.Tensor, units: int) -> dict:
     from headprune.evaluation.lm import LanguageModelling
     from headprune.experiments.prefix_stream import replay, streaming
 
-    ev = LanguageModelling(_Ids(), [" ".join(map(str, ids.flatten().tolist()))], block_size=ids.shape[1], batch_size=1)
+    ev = LanguageModelling(_Ids(), [" ".join(map(str, ids.flatten().tolist()))], block_size=ids.shape[1], batch_size=1,
+                           prefix=False)  # the prepared random sequences as they are (a memory envelope, no text)
     sites = hp.find_sites(model)
     last, before = sites[-1], sites[-2]
     plan = [(before, h) for h in range(units - units // 2)] + [(last, h) for h in range(units // 2)]

@@ -107,9 +107,10 @@ def test_cli_records_the_prefix_token(tmp_path):
     data = tmp_path / "t.txt"
     data.write_text("\n\n".join(TEXTS * 20))
     out = {}
-    for flag in ("--prefix-token", "--no-prefix-token"):
+    for flag in ("--prefix-token", "--no-prefix-token"):  # the default, and the switch
         res = CliRunner().invoke(app, ["evaluate", str(tmp_path / "m"), "--task", "lm", "--data", str(data),
-                                       "--block-size", "8", "--limit", "6", flag, "--json"])
+                                       "--block-size", "8", "--limit", "6", "--json",
+                                       *([flag] if flag == "--no-prefix-token" else [])])
         assert res.exit_code == 0, res.output
         out[flag] = json.loads(res.stdout)
     assert out["--prefix-token"]["signature"]["prefix_token"] == 1

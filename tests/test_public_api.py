@@ -31,7 +31,7 @@ DEPRECATED: list[str] = []  # none since 0.3.0 (the former names are gone, not k
 
 TASK = ["--task", "--data", "--data2", "--split", "--text-column", "--text-pair-column", "--label-column",
         "--source-column", "--target-column", "--label-map", "--limit", "--batch-size", "--metric", "--beams",
-        "--device", "--dtype", "--prefix-token"]
+        "--device", "--dtype", "--no-prefix-token"]
 SWEEP = ["--sites", "--alpha", "--resamples", "--seed", "--correction", "--prefix-cache"]
 COMMANDS = {
     "ablate": [*TASK, *SWEEP, "--output", "--fresh", "--quiet"],

@@ -88,10 +88,10 @@ class TaskFlags(Flags):
     label_map: str = dataclasses.field(default=LABEL_MAP)
     device: str = dataclasses.field(default=DEVICE)
     dtype: str = dataclasses.field(default=DTYPE)
-    prefix_token: bool = dataclasses.field(default=typer.Option(
-        True, "--prefix-token/--no-prefix-token", help="LM: start every block with the model's prefix token (its BOS, "
-        "else EOS), as the model is used and as lm-evaluation-harness measures it; --no-prefix-token cuts plain "
-        "text blocks. Recorded in the run's signature."))
+    no_prefix_token: bool = dataclasses.field(default=typer.Option(
+        False, "--no-prefix-token", help="LM: cut plain text blocks (default: every block starts with the model's "
+        "prefix token, its BOS else EOS, as the model is used and as lm-evaluation-harness measures it). Recorded in "
+        "the run's signature."))
 
     def columns(self) -> dict:
         """The column flags as library arguments: digits are a position (a headerless file), else a name."""
@@ -241,6 +241,6 @@ class TaskSetup:
         with in_cli_terms(flag):
             examples = TaskData(data, data2, columns=f.columns(), limit=f.limit if limit is None else limit,
                                 split=split, label_map=self.label_map)
-            settings = EvalOptions(batch_size=f.batch_size, metric=f.metric, beams=f.beams, prefix=f.prefix_token,
+            settings = EvalOptions(batch_size=f.batch_size, metric=f.metric, beams=f.beams, prefix=not f.no_prefix_token,
                                    **options)
             return build_task(self.task, self.tokenizer, self.model.config, examples, settings)
