@@ -104,11 +104,15 @@ def planned(plan_fn, model, batches, settings: dict) -> tuple:
         made.update(heads=heads, neurons=neurons, biases=biases or {}, weights=weights or {})
         return original(model, method, heads, neurons, biases=biases, weights=weights, info=info)
 
-    peers.plan.peer_plan = capture
+    users = [m for name, m in sys.modules.items() if (name == "peers" or name.startswith("peers."))
+             and getattr(m, "peer_plan", None) is original]  # peers.plan's Ledger and a peer importing it (FLAP)
+    for module in users:
+        module.peer_plan = capture
     try:
         return plan_fn(model, batches, BUDGET, **settings), made
     finally:
-        peers.plan.peer_plan = original
+        for module in users:
+            module.peer_plan = original
 
 
 def _line(e: BaseException) -> str:
@@ -195,14 +199,17 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--families {','.join(unknown)}: not an exact decoder family installed here; allowed: "
                          + ", ".join(every))
     torch.set_num_threads(1)
-    families.tiny_configs.LAYERS = LAYERS
-    plans = peer_plans()
-    out = {"name": "peer_families", "command": command(__file__, argv), "budget": BUDGET, "tolerance": TOLERANCE, "layers": LAYERS,
-           "methods": list(plans), "transformers": __import__("transformers").__version__, "families": []}
-    for name in names:
-        out["families"].append(survey(name, plans))
-        statuses = [r["status"] for r in out["families"][-1]["rows"]]
-        print(f"{name}: " + ", ".join(f"{m} {s}" for m, s in zip(plans, statuses, strict=True)), flush=True)
+    layers, families.tiny_configs.LAYERS = families.tiny_configs.LAYERS, LAYERS  # restored after: a module global
+    try:
+        plans = peer_plans()
+        out = {"name": "peer_families", "command": command(__file__, argv), "budget": BUDGET, "tolerance": TOLERANCE, "layers": LAYERS,
+               "methods": list(plans), "transformers": __import__("transformers").__version__, "families": []}
+        for name in names:
+            out["families"].append(survey(name, plans))
+            statuses = [r["status"] for r in out["families"][-1]["rows"]]
+            print(f"{name}: " + ", ".join(f"{m} {s}" for m, s in zip(plans, statuses, strict=True)), flush=True)
+    finally:
+        families.tiny_configs.LAYERS = layers
     target = args.output or RESULTS
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text(json.dumps(out, indent=1) + "\n")

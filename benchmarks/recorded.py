@@ -1,5 +1,5 @@
 """What a benchmark's results file records of where it ran: ``python benchmarks/X.py ARGS``, every path in it
-relative to the repository root (a sibling such as ``../shared/data`` included) or else by its own name --
+relative to the repository root (the shared data beside it, ``../shared/data``, included) or else by its own name --
 never this machine's folders or its virtual environment's python (``tests/test_no_machine_paths.py`` scans
 the committed files)."""
 
@@ -15,15 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def repo_path(path: str | Path) -> str:
-    """An absolute path relative to the repository root (``/work/repo/runs/m`` -> ``runs/m``, ``/work/shared/data``
-    -> ``../shared/data``), else by its own name (``/tmp/x/cache`` -> ``cache``); anything else unchanged."""
+    """An absolute path relative to the repository root (``/work/repo/runs/m`` -> ``runs/m``; the workplace's shared
+    data beside the clone, ``/work/shared/data`` -> ``../shared/data``), else by its own name (``/tmp/x/cache`` ->
+    ``cache``, whether or not the clone is in ``/tmp`` too); anything else unchanged."""
     text = str(path)
     if not os.path.isabs(text):
         return text
     relative = Path(os.path.relpath(text, ROOT))
-    if relative.parts.count("..") <= 1:
+    if ".." not in relative.parts or relative.parts[:2] == ("..", "shared"):  # in the clone, or the shared data
         return relative.as_posix()
-    return Path(text).name or text
+    return Path(text).name or text  # elsewhere (a temporary folder beside the clone too): its own name
 
 
 def repo_word(word: str) -> str:

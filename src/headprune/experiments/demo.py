@@ -121,7 +121,7 @@ class DemoSettings:
                        act_two=ActTwo(budgets=(0.2,), recover_tokens=256, recover_batch=2, n_resamples=200))
         if mode == "quick":  # seconds: fewer blocks and curve steps than the real demo
             return cls(mode="quick", eval_blocks=4, calib_blocks=8, fractions=(0.0, 0.1, 0.2, 0.3, 0.5, 1.0),
-                       batch_sizes=(1, 4), repeats=2, act_two=ActTwo(recover_tokens=1024, recover_batch=2))
+                       batch_sizes=(1, 4), repeats=2, act_two=ActTwo(recover_tokens=1024, recover_batch=2, multiple_of=1))
         raise ConfigError(f"mode={mode!r}; allowed: 'full', 'check', 'quick'")
 
 

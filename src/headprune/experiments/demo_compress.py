@@ -57,14 +57,16 @@ class ActTwo:
     recover_lr: float = 1e-4  # fixed: lr="auto" would train a copy per candidate first
     recover_held: int = 2  # calibration-half blocks recovery evaluates, never trains on
     n_resamples: int = 1000  # paired bootstrap of the perplexity ratios
+    multiple_of: int = ALIGN  # widths on Q8_0's block; 1 for the tiny random model (its widths are a block or two)
 
 
-def compress_settings(model: nn.Module, budget: float) -> PruneSettings:
+def compress_settings(model: nn.Module, budget: float, multiple_of: int = ALIGN) -> PruneSettings:
     """:data:`HEADPRUNE`'s PruneSettings removing ``budget`` of ``model``'s non-embedding parameters (widths on
     :data:`ALIGN`): PruneSettings' ``share`` is the share of the pool's parameters kept, so
     ``1 - ceil(budget x non-embedding) / pool``."""
     target = math.ceil(budget * nonembedding_params(model))
-    return PruneSettings(share=1 - target / unit_costs(model, "params").total(), multiple_of=ALIGN, **HEADPRUNE_FIELDS)
+    return PruneSettings(share=1 - target / unit_costs(model, "params").total(), multiple_of=multiple_of,
+                         **HEADPRUNE_FIELDS)
 
 
 def compare_methods(original: nn.Module, calib: LanguageModelling, held_out: LanguageModelling, a: ActTwo, *,
@@ -83,7 +85,8 @@ def compare_methods(original: nn.Module, calib: LanguageModelling, held_out: Lan
             if method == "flap":
                 model = apply_flap(copy.deepcopy(original), flap(original, calib.batches(), budget))
             else:
-                model = compress(original, calib.batches(), compress_settings(original, budget), progress=progress).model
+                model = compress(original, calib.batches(), compress_settings(original, budget, a.multiple_of),
+                                 progress=progress).model
             seconds = time.perf_counter() - start
             result = held_out.evaluate(model, progress=progress)
             kept = nonembedding_params(model)
