@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 
 import headprune as hp
 from headprune.cli import app
-from headprune.compression.recover import RecoverSettings, block_order, progress_line, recover
+from headprune.compression.recover import RecoverHooks, RecoverSettings, block_order, progress_line, recover
 from headprune.errors import ConfigError
 from llm_tiny import TEXTS, bpe_tokenizer, tiny_decoder
 
@@ -58,7 +58,7 @@ def test_a_run_killed_after_a_checkpoint_resumes_to_the_same_weights_bit_for_bit
 
     cut = copy.deepcopy(pruned)
     with pytest.raises(Killed):
-        recover(cut, teacher, train, held, SETTINGS, directory=tmp_path / "cut", on_checkpoint=kill)
+        recover(cut, teacher, train, held, SETTINGS, directory=tmp_path / "cut", hooks=RecoverHooks(on_checkpoint=kill))
     assert sorted(p.name for p in (tmp_path / "cut").iterdir()) == ["checkpoint-3", "recover.json"]
     resumed = copy.deepcopy(pruned)  # a fresh process: the pruned model as saved, the rest from the checkpoint
     again = recover(resumed, teacher, train, held, SETTINGS, directory=tmp_path / "cut")
@@ -124,11 +124,31 @@ def test_hidden_states_and_bfloat16_train_too():
     assert all(p.dtype == torch.float32 for p in student.parameters())
 
 
+def test_lm_objective_trains_only_the_matched_parameters_on_the_texts_own_loss():
+    teacher, student = _pair()
+    train, held = _blocks(6), _blocks(3, seed=4)
+    settings = RecoverSettings(tokens=4 * 2 * 16, block_size=16, batch_size=2, lr=1e-3, held_out_blocks=3,
+                               objective="lm", train_only=r"mlp\.down_proj", eval_every=64)
+    first = train[block_order(6, settings.steps, 2, 0)[:2]]
+    with torch.no_grad():  # the reference: the model's own loss with labels
+        want = float(student(input_ids=first, labels=first).loss)
+    before = {n: p.detach().clone() for n, p in student.named_parameters()}
+    grads = {n: p.requires_grad for n, p in student.named_parameters()}
+    seen = []
+    out = recover(student, teacher, train, held, settings, hooks=RecoverHooks(on_evaluation=seen.append))
+    assert out.log["losses"][0] == pytest.approx(want, rel=1e-5)
+    moved = {n for n, p in student.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all("mlp.down_proj" in n for n in moved)
+    assert seen == [e["step"] for e in out.log["evals"]] == [0, 2, 4]
+    assert {n: p.requires_grad for n, p in student.named_parameters()} == grads  # restored
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"tokens": 31}, "tokens=31; allowed: an integer >= block_size x batch_size = 16 x 2 = 32"),
     ({"tokens": 0}, "tokens=0"), ({"lr": "fast"}, "lr='fast'"), ({"lr": -1.0}, "lr=-1.0"),
     ({"eval_every": 8}, "eval_every=8"), ({"dtype": "float16"}, "dtype='float16'"),
-    ({"lr_grid": ()}, "lr_grid"), ({"lr_steps": 50}, "lr_steps=50")])
+    ({"lr_grid": ()}, "lr_grid"), ({"lr_steps": 50}, "lr_steps=50"), ({"objective": "mse"}, "objective='mse'"),
+    ({"objective": "lm", "hidden_weight": 1.0}, "hidden_weight=1.0"), ({"train_only": "(["}, "train_only='(\\['")])
 def test_bad_settings_are_refused_naming_the_field(kwargs, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         RecoverSettings(**{"tokens": 256, "block_size": 16, "batch_size": 2, **kwargs})

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
@@ -135,23 +136,27 @@ def _hidden_mismatch(s_out: TokenOutputs, t_out: TokenOutputs, keep: torch.Tenso
 
 
 @contextmanager
-def trainable(student: nn.Module, teacher: nn.Module) -> Iterator[list[nn.Parameter]]:
-    """Inside: both models in eval mode (no dropout: the student learns what the teacher computes) and every
-    floating-point parameter of ``student`` trainable (yielded, in ``parameters()`` order); restored after."""
-    params = [p for p in student.parameters() if p.is_floating_point()]
+def trainable(student: nn.Module, teacher: nn.Module, only: str | None = None) -> Iterator[list[nn.Parameter]]:
+    """Inside: both models in eval mode (no dropout: the student learns what the teacher computes) and the
+    floating-point parameters of ``student`` whose names match the regular expression ``only`` (None: every
+    one) trainable, the others frozen (yielded: the trainable ones, in ``parameters()`` order); restored after."""
+    named = [(n, p) for n, p in student.named_parameters() if p.is_floating_point()]
+    params = [p for n, p in named if only is None or re.search(only, n)]
     if not params:
-        raise ConfigError(f"{type(student).__name__} has no floating-point parameters to train")
-    was = (student.training, teacher.training, [p.requires_grad for p in params])
+        raise ConfigError(f"{type(student).__name__} has no floating-point parameters to train"
+                          + ("" if only is None else f" matching train_only={only!r}"))
+    was = (student.training, teacher.training, [p.requires_grad for _, p in named])
     student.eval()
     teacher.eval()
-    for p in params:
-        p.requires_grad_(True)
+    chosen = {id(p) for p in params}
+    for _, p in named:
+        p.requires_grad_(id(p) in chosen)
     try:
         yield params
     finally:
         student.train(was[0])
         teacher.train(was[1])
-        for p, g in zip(params, was[2], strict=True):
+        for (_, p), g in zip(named, was[2], strict=True):
             p.requires_grad_(g)
 
 

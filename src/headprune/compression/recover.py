@@ -46,6 +46,7 @@ from ..safefiles import read_text, write_atomic
 from ..train.checkpoint import load_optimizer, save_optimizer
 from .distill import distill_loss, train_step, trainable
 
+OBJECTIVES = ("distill", "lm")
 DTYPES = {"float32": None, "bfloat16": torch.bfloat16}  # compute dtype -> autocast dtype (None: off)
 LOG = "recover.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")
@@ -64,6 +65,8 @@ class RecoverSettings:
     held_out_blocks: int = 8  # the last blocks of the text: never trained on
     eval_every: int | None = None  # tokens between held-out evaluations (None: at the start and the end only)
     hidden_weight: float = 0.0  # weight of the hidden states' mismatch beside the KL (0: logits only)
+    objective: str = "distill"  # distill: KL to the teacher's next-token softmax | lm: the text's own cross-entropy
+    train_only: str | None = None  # a regular expression: only parameters whose names match it train (None: all)
     dtype: str = "float32"  # compute dtype of the forward passes (bfloat16: autocast; weights stay float32)
     seed: int = 0  # the order of the training blocks
     checkpoint_every: float = 300.0  # seconds between checkpoints (0: after every step); not part of the result
@@ -89,6 +92,15 @@ class RecoverSettings:
         check_int("held_out_blocks", self.held_out_blocks, 1)
         check_int("eval_every", self.eval_every, self.tokens_per_step, optional=True)
         check_number("hidden_weight", self.hidden_weight, low=0)
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(f"objective={self.objective!r}; allowed: {', '.join(OBJECTIVES)}")
+        if self.objective == "lm" and self.hidden_weight:
+            raise ConfigError(f"hidden_weight={self.hidden_weight}; allowed: 0 with objective='lm' (no teacher states)")
+        if self.train_only is not None:
+            try:
+                re.compile(self.train_only)
+            except (re.error, TypeError) as e:
+                raise ConfigError(f"train_only={self.train_only!r}; allowed: a regular expression ({e})") from None
         if self.dtype not in DTYPES:
             raise ConfigError(f"dtype={self.dtype!r}; allowed: {', '.join(DTYPES)}")
         check_int("seed", self.seed, 0)
@@ -106,6 +118,17 @@ class RecoverSettings:
     def result_dict(self) -> dict:
         """The fields that shape the result, as JSON (what a resume must find unchanged)."""
         return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items() if k not in self.RESULT_FREE}
+
+
+@dataclass(frozen=True)
+class RecoverHooks:
+    """What a caller hears during :func:`recover`: ``report(line)`` a progress line at most every
+    ``progress_every`` seconds; ``on_checkpoint(step)`` after each checkpoint is in place; ``on_evaluation(step)``
+    after each held-out evaluation (step 0 included), with the student as it is at that step."""
+
+    report: Callable[[str], None] | None = None
+    on_checkpoint: Callable[[int], None] | None = None
+    on_evaluation: Callable[[int], None] | None = None
 
 
 @dataclass
@@ -141,14 +164,12 @@ def block_order(n_blocks: int, steps: int, batch_size: int, seed: int) -> torch.
 
 def recover(student: nn.Module, teacher: nn.Module, train_blocks: torch.Tensor, held_blocks: torch.Tensor,
             settings: RecoverSettings, *, directory: str | Path | None = None,
-            report: Callable[[str], None] | None = None,
-            on_checkpoint: Callable[[int], None] | None = None) -> RecoverResult:
+            hooks: RecoverHooks | None = None) -> RecoverResult:
     """Train ``student`` in place towards ``teacher`` on ``train_blocks`` ([N, T] token ids) for
     ``settings.steps`` steps (see the module doc); ``held_blocks`` ([M, T]) are evaluated, never trained on.
 
     ``directory``: where checkpoints and ``recover.json`` go; the newest checkpoint there is resumed (one
-    written with other settings is refused). ``report``: receives a progress line at most every
-    ``settings.progress_every`` seconds. ``on_checkpoint(step)``: called after each checkpoint is in place.
+    written with other settings is refused). ``hooks``: progress lines, checkpoints and evaluations as they happen.
     """
     if not isinstance(settings, RecoverSettings):
         raise ConfigError(f"settings={type(settings).__name__}; allowed: a RecoverSettings")
@@ -160,7 +181,7 @@ def recover(student: nn.Module, teacher: nn.Module, train_blocks: torch.Tensor, 
         raise DataError(f"train_blocks: {train_blocks.shape[0]} blocks, fewer than one batch of {settings.batch_size}")
     check_pair(student, teacher)
     run = _Run(student, teacher, train_blocks, held_blocks, settings, directory)
-    return run.go(report, on_checkpoint)
+    return run.go(hooks or RecoverHooks())
 
 
 def check_pair(student: nn.Module, teacher: nn.Module, student_tokenizer=None, teacher_tokenizer=None,
@@ -203,6 +224,8 @@ class _Run:
 
     def loss(self, model: nn.Module, step: int) -> torch.Tensor:
         with self.autocast():
+            if self.s.objective == "lm":
+                return text_loss(model, self.batch(step))
             return distill_loss(model, self.teacher, self.batch(step), hidden_weight=self.s.hidden_weight)
 
     @torch.no_grad()
@@ -217,16 +240,17 @@ class _Run:
             total, count = total + float(nll.double().sum()), count + nll.numel()
         return total / count
 
-    def go(self, report, on_checkpoint) -> RecoverResult:
+    def go(self, hooks: RecoverHooks) -> RecoverResult:
         start = time.perf_counter()
-        with trainable(self.student, self.teacher) as params:
+        self.hooks = hooks
+        with trainable(self.student, self.teacher, self.s.train_only) as params:
             self.opt = torch.optim.AdamW(params, lr=1.0, weight_decay=0.0)  # lr set per step
             try:
                 state = self.resume()
                 first = state["step"] if state else 0
                 if state is None:
                     self.log = self.fresh_log()
-                self.train(first, report, on_checkpoint, start)
+                self.train(first, start)
             finally:
                 self.opt.zero_grad(set_to_none=True)
         return RecoverResult(log=self.log, resumed_from=first, seconds=time.perf_counter() - start,
@@ -258,17 +282,21 @@ class _Run:
     def trial(self, lr: float) -> dict:
         """A copy of the student trained ``lr_steps`` steps at ``lr`` (decaying to 0): its losses, held-out loss."""
         model, steps = copy.deepcopy(self.student), self.s.lr_steps
-        opt = torch.optim.AdamW([p for p in model.parameters() if p.is_floating_point()], lr=lr, weight_decay=0.0)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr, weight_decay=0.0)
         losses = [train_step(opt, functools.partial(self.loss, model, i), lr * (1 - i / steps)) for i in range(steps)]
         held = self.held_out(model) if all(map(math.isfinite, losses)) else math.inf
         return {"losses": losses, **_loss_record(held)}
 
     def evaluation(self, step: int, seconds: float) -> dict:
-        return {"step": step, "tokens": step * self.s.tokens_per_step, "seconds": round(seconds, 3),
-                **_loss_record(self.held_out(self.student))}
+        out = {"step": step, "tokens": step * self.s.tokens_per_step, "seconds": round(seconds, 3),
+               **_loss_record(self.held_out(self.student))}
+        if self.hooks.on_evaluation is not None:
+            self.hooks.on_evaluation(step)
+        return out
 
-    def train(self, first: int, report, on_checkpoint, start: float) -> None:
+    def train(self, first: int, start: float) -> None:
         s, log = self.s, self.log
+        report, on_checkpoint = self.hooks.report, self.hooks.on_checkpoint
         earlier, last_report, last_saved = log["seconds"], start, time.perf_counter()
         for step in range(first, s.steps):
             loss = train_step(self.opt, functools.partial(self.loss, self.student, step), log["lr"] * (1 - step / s.steps))
@@ -357,6 +385,13 @@ class _Run:
         random.setstate(_tuple_state(state["python_random"]))
         self.log = state["log"]
         return state
+
+
+def text_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The mean next-token cross-entropy of ``model`` on the batch's own text (objective ``lm``), chunk by chunk."""
+    x = batch["input_ids"].to(input_device(model))  # [B, T]
+    out = token_outputs(model, {"input_ids": x, "attention_mask": torch.ones_like(x)})
+    return out.shifted().token_nll(x[:, 1:]).mean()
 
 
 def _checkpoints(directory: Path) -> list[int]:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from ..compression import PruneSettings, compress
-from ..compression.recover import RecoverSettings, recover, split_blocks
+from ..compression.recover import RecoverHooks, RecoverSettings, recover, split_blocks
 from ..core.unit_cost import unit_costs
 from ..evaluation.lm import LanguageModelling, lm_blocks
 from ..evaluation.significance import perplexity_ratio
@@ -110,8 +110,8 @@ def recovery(student: nn.Module, teacher: nn.Module, blocks: torch.Tensor, held_
     settings = RecoverSettings(tokens=a.recover_tokens, block_size=blocks.shape[1], batch_size=a.recover_batch,
                                lr=a.recover_lr, held_out_blocks=a.recover_held)
     train, held = split_blocks(blocks, settings)
-    result = recover(student, teacher, train, held, settings,
-                     report=(lambda line: print(f"      {line}")) if progress else None)
+    hooks = RecoverHooks(report=(lambda line: print(f"      {line}")) if progress else None)
+    result = recover(student, teacher, train, held, settings, hooks=hooks)
     after = held_out.evaluate(student, progress=progress)
     log = result.log
     out = {"tokens": log["tokens"], "steps": log["steps"], "lr": a.recover_lr, "seconds": result.seconds,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..compression.recover import RecoverResult, RecoverSettings, check_pair, recover, split_blocks
+from ..compression.recover import RecoverHooks, RecoverResult, RecoverSettings, check_pair, recover, split_blocks
 from ..core.devices import resolve_device
 from ..core.io import load_model, load_tokenizer, save_pruned
 from ..errors import ConfigError
@@ -70,7 +70,7 @@ def run_recover(pruned_dir: str | Path, teacher_dir: str | Path, data: str, out:
         elif (out / MODEL).is_dir():  # finished earlier: the model is there
             return out / MODEL, None
         run.write_json("signature.json", signature)  # the run's first file (run.json is written with it)
-        result = recover(student, teacher, train, held, settings, directory=out, report=report)
+        result = recover(student, teacher, train, held, settings, directory=out, hooks=RecoverHooks(report=report))
         save_pruned(student.eval(), out / MODEL, tokenizer=tokenizer)
     finally:
         run.close()
