@@ -143,6 +143,15 @@ def test_lm_objective_trains_only_the_matched_parameters_on_the_texts_own_loss()
     assert {n: p.requires_grad for n, p in student.named_parameters()} == grads  # restored
 
 
+def test_an_evaluation_before_the_first_checkpoint_writes_the_log(tmp_path):
+    teacher, student = _pair()
+    settings = RecoverSettings(tokens=4 * 2 * 16, block_size=16, batch_size=2, lr=1e-3, held_out_blocks=3,
+                               eval_every=64, checkpoint_every=3600)
+    out = recover(student, teacher, _blocks(5), _blocks(3, seed=4), settings, directory=tmp_path / "new" / "run")
+    on_disk = json.loads((tmp_path / "new" / "run" / "recover.json").read_text())
+    assert on_disk["done"] and [e["step"] for e in on_disk["evals"]] == [e["step"] for e in out.log["evals"]] == [0, 2, 4]
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"tokens": 31}, "tokens=31; allowed: an integer >= block_size x batch_size = 16 x 2 = 32"),
     ({"tokens": 0}, "tokens=0"), ({"lr": "fast"}, "lr='fast'"), ({"lr": -1.0}, "lr=-1.0"),

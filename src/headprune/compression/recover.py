@@ -325,6 +325,7 @@ class _Run:
 
     def write_log(self) -> None:
         if self.directory is not None:
+            self.directory.mkdir(parents=True, exist_ok=True)  # an evaluation may come before the first checkpoint
             write_atomic(self.directory / LOG, json.dumps(self.log, indent=1))
 
     def save_checkpoint(self, step: int) -> None:

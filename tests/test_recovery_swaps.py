@@ -1,4 +1,4 @@
-"""benchmarks/recovery.py and its LoRA (benchmarks/peers/lora.py): a fresh adapter changes nothing, a merged
+"""benchmarks/recovery_swaps.py and its LoRA (benchmarks/peers/lora.py): a fresh adapter changes nothing, a merged
 adapter gives the logits of the unmerged one and of the weights ``W + (alpha / r) B A`` written by hand; the
 quick run (training losses fall, the schema, the recovered share by its definition, resume); the docs block."""
 
@@ -76,7 +76,7 @@ def test_bad_arguments_are_refused():
 
 
 def _bench():
-    spec = importlib.util.spec_from_file_location("recovery", ROOT / "benchmarks" / "recovery.py")
+    spec = importlib.util.spec_from_file_location("recovery", ROOT / "benchmarks" / "recovery_swaps.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     return bench
@@ -166,4 +166,4 @@ def test_the_committed_docs_block_is_what_the_committed_results_generate(tmp_pat
     page = tmp_path / "recovery.md"
     page.write_text(committed)
     _bench().main(["--write-docs", str(page)])
-    assert page.read_text() == committed, "run: python benchmarks/recovery.py --write-docs docs/recovery.md"
+    assert page.read_text() == committed, "run: python benchmarks/recovery_swaps.py --write-docs docs/recovery.md"
