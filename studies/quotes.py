@@ -424,9 +424,28 @@ def _headline_time(times: dict | None, selected: dict) -> list[str]:
                                       "(its row's pruning seconds are in the results table)." if other else "")]
 
 
+def _headline_curve(rec: dict | None) -> list[str]:
+    """The recovery curve (``recovery.json``): per model and budget, each method at the most tokens both reached."""
+    if rec is None or not rec.get("rows"):
+        return ["Recovery curve: not measured yet (`benchmarks/recovery.py`)."]
+    cells = []
+    for (model, budget) in sorted({(r["model"], r["budget"]) for r in rec["rows"]}):
+        rows = [r for r in rec["rows"] if r["model"] == model and r["budget"] == budget and r["start_tokens"] == 0]
+        at = [{p["tokens"]: p for p in r["points"]} for r in rows]
+        common = set.intersection(*(set(a) for a in at)) if at else set()
+        if not common:
+            continue
+        t = max(common)
+        window = next(iter(at[0][t]["perplexity"]))
+        cells.append(f"{rec['models'][model]['settings']['model']} at {budget:.0%}, after {t:,} tokens: " + ", ".join(
+            f"{r['pruner']} + {r['recovery']} {a[t]['perplexity'][window]:.2f} (x{a[t]['ratio'][window]:.3f} the "
+            f"unpruned{'' if r['done'] else ', run unfinished'})" for r, a in zip(rows, at, strict=True)))
+    return ["Recovery curve (`recovery.json`, window 128, the news text's first tokens): " + "; ".join(cells) + "."]
+
+
 def _headline_recovery(rec: dict | None) -> list[str]:
     if rec is None:
-        return ["Recovery: not measured yet (`benchmarks/recovery.py`)."]
+        return ["Recovery: not measured yet (`benchmarks/recovery_swaps.py`)."]
     out = ["| pruner + recovery | removed | training tokens | minutes | window 128 before -> after | "
            "window 2048 before -> after | lost perplexity back per 1k tokens (w128) |",
            "|---|---|---|---|---|---|---|"]
@@ -460,7 +479,8 @@ def block_llm_headline() -> str:
     peers = bench("llm_peers")
     out = _headline_quality(peers, _optional("llm_peers_texts"))
     out += [""] + _headline_time(_optional("prune_time"), peers["selected"])
-    out += [""] + _headline_recovery(_optional("recovery"))
+    out += [""] + _headline_curve(_optional("recovery"))
+    out += [""] + _headline_recovery(_optional("recovery_swaps"))
     out += [""] + _headline_scale(_optional("compress_scale"))
     out += [""] + _headline_gpu(_optional("gpu_bench"))
     return "\n".join(out)
