@@ -10,7 +10,10 @@ tokens of CPython's docs). Recorded: the peak growth of the process's resident s
 (``headprune.bench.machine.peak_rss_delta``: the model and the batches are loaded before), the model's weight bytes
 in float32 (every parameter once, tied ones once), their ratio, and what one batch's ``[B, T, V]`` float32 logits
 would take, which the chunked losses (``headprune.core.chunked``) never hold at once: with Gemma-3's 262,144-token
-vocabulary, 1.07 GB for a batch of 4 x 256 tokens. Written to ``benchmarks/results/compress_memory.json`` (the quick
+vocabulary, 1.07 GB for a batch of 4 x 256 tokens. With ``--cli``, the same configuration also runs as a user runs it,
+``headprune compress MODEL --task lm ... 2>log`` in a child process with stderr to a file (not a terminal): the
+child's peak resident set (``getrusage``, the whole process: loading, evaluation, compress, saving) over the
+float32 weights, and the progress lines the log holds. Written to ``benchmarks/results/compress_memory.json`` (the quick
 run: ``compress_memory_quick.json``), one entry per model, replaced when run again.
 """
 
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
+import resource
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -27,7 +32,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llm_peers  # noqa: E402
-from peers.headprune_rows import headprune_row  # noqa: E402
+from apply_replay import cli_flags  # noqa: E402
+from peers.headprune_rows import headprune_row, settings_for  # noqa: E402
+from recorded import command, repo_path  # noqa: E402
 
 from headprune.bench.machine import loadavg, machine_info, peak_rss_delta  # noqa: E402
 from headprune.core.chunked import LOGIT_BYTES, chunk_rows  # noqa: E402
@@ -47,10 +54,14 @@ def parse(argv=None) -> argparse.Namespace:
                                                   "(as llm_peers.py --model); required unless --quick.")
     p.add_argument("--quick", action="store_true", help="A tiny random Llama on CPython's docs (seconds).")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--cli", action="store_true", help="Also run headprune compress in a child process, stderr to a file.")
+    p.add_argument("--work", type=Path, default=Path("runs") / "compress_memory", help="The --cli run's folder.")
     p.add_argument("--output", type=Path, default=None)
     args = p.parse_args(argv)
     if (args.model is None) == (not args.quick):
         raise SystemExit("give exactly one of --model PATH and --quick")
+    if args.cli and args.quick:
+        raise SystemExit("--cli with --quick; allowed: --cli with --model (the quick model is not a folder)")
     if args.threads < 1:
         raise SystemExit(f"--threads {args.threads}; allowed: >= 1")
     return args
@@ -89,16 +100,43 @@ def measure(args: argparse.Namespace) -> dict:
             "heads_removed": info["heads"], "neurons_removed": info["neurons"]}
 
 
+def cli_run(args: argparse.Namespace, model: torch.nn.Module, weights: int) -> dict:
+    """``headprune compress`` in a child process, stderr to a file: its peak RSS and the progress lines it left."""
+    peer_args = llm_peers.parse(["--model", str(args.model)])
+    path = llm_peers.model_path(str(args.model))
+    share = settings_for(CONFIGURATION, model, BUDGET).share
+    args.work.mkdir(parents=True, exist_ok=True)
+    out, log = args.work / "compressed", args.work / "compress.log"
+    argv = ["compress", str(path), "--task", "lm", "--data", str(peer_args.eval), "--limit", "4", "--calib-data",
+            str(peer_args.calib), "--calib-limit", str(peer_args.calib_blocks), "--share", repr(share),
+            *cli_flags(CONFIGURATION), "--no-bench", "--device", "cpu", "-o", str(out)]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": str(args.threads)}
+    start = time.perf_counter()
+    with open(log, "w") as err:
+        done = subprocess.run([sys.executable, "-m", "headprune", *argv], stdout=subprocess.DEVNULL, stderr=err,
+                              cwd=ROOT, env=env)
+    seconds = time.perf_counter() - start
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # kB on Linux
+    lines = [line.rstrip() for line in log.read_text().splitlines() if line.strip()]
+    progress = [line for line in lines if line.startswith("headprune: ") and line.endswith("elapsed")]
+    return {"command": "headprune " + " ".join(repo_path(w) for w in argv), "exit_code": done.returncode,
+            "seconds": seconds, "peak_rss_bytes": peak, "peak_over_weights": peak / weights,
+            "stderr_lines": len(lines), "progress_lines": len(progress), "progress_sample": progress[:3] + progress[-2:]}
+
+
 def main(argv=None) -> dict:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     output = args.output or (OUTPUT.with_name("compress_memory_quick.json") if args.quick else OUTPUT)
     start = {"machine": machine_info() | {"loadavg_at_start": loadavg()}}
     row = measure(args) | start | {"loadavg_at_end": loadavg(), "threads": args.threads}
+    if args.cli:
+        model, _, _ = calibration(args)
+        row["cli"] = cli_run(args, model, row["weights_float32_bytes"])
+        del model
     out = json.loads(output.read_text()) if output.is_file() else {"name": "compress_memory", "rows": []}
     out["rows"] = [r for r in out["rows"] if r.get("model") != row["model"]] + [row]
-    out.update({"command": shlex.join([sys.executable, "benchmarks/compress_memory.py",
-                                       *(sys.argv[1:] if argv is None else argv)]), "versions": versions()})
+    out.update({"command": command(__file__, sys.argv[1:] if argv is None else argv), "versions": versions()})
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(out, indent=1) + "\n")
     ratio = row["peak_over_weights"]
