@@ -90,7 +90,7 @@ def as_settings(config: dict) -> dict:
     damping = {"damping": config.get("damping")}
     fields["compensate"] = [with_settings(c, damping) for c in get_compensations(config["compensate"].split("+"))]
     if config.get("step_standin") is not None:
-        step = config.get("step_damping", config.get("damping"))
+        step = config.get("damping") if config.get("step_damping") is None else config["step_damping"]
         fields["step_standin"] = with_settings(get_compensations(config["step_standin"])[0], {"damping": step})
     return fields
 

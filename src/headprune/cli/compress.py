@@ -86,7 +86,10 @@ class PruneFlags(Flags):
                               "affine prediction from the kept ones, folded into the kept columns and the biases; same "
                               "single pass), linear-seq (the same, fitted block after block on the pruned model's "
                               "inputs; decoder stacks), obs-seq (linear-seq, the units within each site and FFN first re-chosen by "
-                              "their OBS error there: the scores set how many each loses); or a name added by headprune.compression.register_compensation. Several: a "
+                              "their OBS error there: the scores set how many each loses), distill (the pruned model trained "
+                              "towards the unpruned one's outputs, kept only if the validation loss drops; "
+                              "--distill-epochs, --distill-lr); or a name added by "
+                              "headprune.compression.register_compensation. Several: a "
                               "comma list, run in order (e.g. bias,reconstruct: the refit then fits the bias too).")
     gqa: str = dataclasses.field(default=GQA)
     same_per_site: bool = _option(False, "--same-per-site", "Keep the same number of heads in every site (with --gqa "
