@@ -134,7 +134,8 @@ def _rounds(run: Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict, d
     heads_before = kept_heads(model) if settings.steps > 1 else {}
     neurons_before = kept_neurons(model) if settings.steps > 1 and find_ffns(model, skip_moe=True) else {}
     total, kept_share = costs.total(), 1.0 if settings.share is None else settings.share  # None: refused by _select
-    once = settings.round_standin is not None  # the rounds fold step_standin; settings' own stand-in runs once, after
+    step = settings.round_standin
+    once = step is not None  # the rounds fold step_standin; settings' own stand-in runs once, after
     rounds = replace(run, settings=_step_settings(settings)) if once else run
     for i in range(1, settings.steps + 1):
         t = time.perf_counter()
@@ -160,11 +161,11 @@ def _rounds(run: Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict, d
         after_h, after_n = _without(after_h, drop_h), _without(after_n, drop_n)
     drop_h = _dropped(heads_before, after_h)
     drop_n = _dropped(neurons_before, after_n) if neurons_before else {}
-    if not once:
+    if step is None:
         return current, drop_h, drop_n, {"steps": records}
     del current  # the rounds chose the units; the stand-in now runs once on the model passed (its indices)
     pruned, drop_h, drop_n = _cut(run, model, calib, None, drop_h, drop_n)
-    return pruned, drop_h, drop_n, {"steps": records, "step_standin": compensation_spec(settings.round_standin)}
+    return pruned, drop_h, drop_n, {"steps": records, "step_standin": compensation_spec(step)}
 
 
 def _step_settings(settings: PruneSettings) -> PruneSettings:
