@@ -48,6 +48,7 @@ import torch
 from headprune.bench.settings import BenchSettings
 from headprune.bench.timing import benchmark
 from headprune.compression import PruneSettings, compress
+from headprune.compression.compensations import Distill
 from headprune.core.cost import flop_breakdown
 from headprune.core.unit_cost import unit_costs
 from headprune.evaluation.multiplicity import holm
@@ -346,8 +347,9 @@ def main(argv=None):
     rows, pruned = [], {}
     for budget in budgets:  # every compression before the first test evaluation
         share = unit_share(model, budget, seq, tgt)
+        distill = [Distill(epochs=args.distill_epochs, lr=args.distill_lr)] if args.distill_epochs else []
         settings = PruneSettings(share=share, units="both", seq_len=seq, tgt_len=tgt,
-                                 distill_epochs=args.distill_epochs, distill_lr=args.distill_lr)
+                                 compensate=["reconstruct", *distill] if distill else None)
         t = time.perf_counter()
         result = compress(model, calib, settings, val_batches=val, fit_batches=fit)
         seconds = time.perf_counter() - t

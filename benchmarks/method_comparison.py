@@ -35,10 +35,12 @@ import torch
 
 import headprune as hp
 from headprune.compression import PruneSettings, plan_heads, score_heads
+from headprune.compression.compensation import get_compensations
 from headprune.errors import ConfigError
 from headprune.evaluation.data import same_data
 from headprune.evaluation.multiplicity import adjust_rows
 from headprune.evaluation.significance import compare
+from headprune.methods import with_settings
 from headprune.provenance import versions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -211,8 +213,9 @@ def curves(model, evaluator, calib, args) -> tuple[object, list[dict], dict, dic
             timing.setdefault(method, {"score_s": scored.seconds, "plan_s": []})
             for fraction in fractions:
                 n_keep = total - int(round(fraction * total))
-                settings = PruneSettings(n_keep=max(n_keep, 1), scores=family, compensate=_compensate(method),
-                                         min_per_site=args.min_per_site, damping=args.damping, seed=seed)
+                compensate = [with_settings(c, {"damping": args.damping}) for c in get_compensations(_compensate(method))]
+                settings = PruneSettings(n_keep=max(n_keep, 1), scores=family, compensate=compensate,
+                                         min_per_site=args.min_per_site, seed=seed)
                 t0 = time.perf_counter()
                 plan = plan_heads(model, calib, settings, scored=scored, n_keep=n_keep)  # 0 at the last step
                 timing[method]["plan_s"].append(time.perf_counter() - t0)

@@ -240,12 +240,13 @@ def test_head_and_neuron_fisher_and_flop_count_on_the_model_device(device):
 def test_reconstruction_and_distillation_on_the_model_device(device):
     """The refit and the distillation follow the model's device and compute what they compute on the CPU,
     from one plan (the plan is chosen once: on CUDA, rounding can flip the order of near-tied units)."""
-    from headprune.compression import PruneSettings, compress
+    from headprune.compression import Distill, PruneSettings, compress
     from headprune.compression.distill import distill
     from headprune.compression.reconstruct import reconstruct
 
     teacher, batches = build("llama"), _batches("llama") * 2
-    settings = PruneSettings(units="both", share=0.5, seq_len=8, distill_epochs=1, distill_lr=1e-3, guard=False)
+    settings = PruneSettings(units="both", share=0.5, seq_len=8, compensate=["reconstruct", Distill(lr=1e-3)],
+                             guard=False)
     plan = compress(teacher, batches, settings)
     placed_teacher, mode = _placed(teacher, device)
     with mode:  # the whole pipeline on the device: no tensor left on the CPU, the same budget met

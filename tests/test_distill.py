@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import headprune as hp
-from headprune.compression import PruneSettings, compress
+from headprune.compression import Distill, PruneSettings, compress
 from headprune.compression.distill import distill
 from headprune.core.prune import prune_neurons
 from headprune.errors import ConfigError
@@ -74,16 +74,16 @@ def test_the_teacher_is_left_alone_and_bad_values_are_refused():
             distill(student, teacher, _batches("bert", n=1), **kwargs)
     with pytest.raises(ConfigError, match="batches: empty"):
         distill(student, teacher, [])
-    with pytest.raises(ConfigError, match="distill_lr"):
-        PruneSettings(units="both", share=0.5, distill_epochs=1, distill_lr=-1.0)
+    with pytest.raises(ConfigError, match=r"^lr=-1.0; allowed"):
+        PruneSettings(units="both", share=0.5, compensate=[Distill(lr=-1.0)])
 
 
 def test_compress_keeps_distillation_only_where_the_validation_loss_drops():
     model = build("bert")
     batches = _batches("bert", n=6, batch=6)
     calib, val = batches[:4], batches[4:]
-    result = compress(model, calib, PruneSettings(units="both", share=0.4, seq_len=12, compensate="none",
-                                                  distill_epochs=4, distill_lr=1e-3), val_batches=val)
+    result = compress(model, calib, PruneSettings(units="both", share=0.4, seq_len=12,
+                                                  compensate=[Distill(epochs=4, lr=1e-3)]), val_batches=val)
     v = result.losses
     kept = v["distilled"] <= v["pruned"]
     assert result.stages["distill"].startswith("kept" if kept else "rejected")

@@ -12,12 +12,16 @@ import torch
 from torch import nn
 
 import headprune as hp
-from headprune.compression import PruneSettings, compress
+from headprune.compression import Linear, PruneSettings, compress
 from headprune.errors import ConfigError
 from tiny import build, inputs, labels
 
 DAMPING = 0.3
-SETTINGS = dict(units="both", share=0.25, price="params", scores="fisher", damping=DAMPING, seq_len=16)
+SETTINGS = dict(units="both", share=0.25, price="params", scores="fisher", seq_len=16)
+
+
+def _linear(variant: str) -> Linear:
+    return Linear(variant=variant, damping=DAMPING)
 
 
 def _batches(family, n=4):
@@ -88,8 +92,8 @@ def test_linear_seq_equals_a_numpy_reference_on_the_pruned_models_inputs():
     torch.manual_seed(0)
     model = build("llama")
     batches = _batches("llama")
-    seq = compress(model, batches, PruneSettings(**SETTINGS, compensate="linear-seq"))
-    plain = compress(model, batches, PruneSettings(**SETTINGS, compensate="linear"))
+    seq = compress(model, batches, PruneSettings(**SETTINGS, compensate=_linear("linear-seq")))
+    plain = compress(model, batches, PruneSettings(**SETTINGS, compensate=_linear("linear")))
     assert seq.dropped_heads == plain.dropped_heads and seq.dropped_neurons == plain.dropped_neurons
     assert any(seq.dropped_heads.values()) and any(seq.dropped_neurons.values())
     assert seq.stages["linear-seq"].startswith("kept")
@@ -110,7 +114,7 @@ def test_linear_seq_is_not_worse_than_linear_on_the_calibration_loss():
     batches = _batches("llama")
     losses = {}
     for comp in ("linear", "linear-seq"):
-        r = compress(model, batches, PruneSettings(**SETTINGS, compensate=comp))
+        r = compress(model, batches, PruneSettings(**SETTINGS, compensate=_linear(comp)))
         with torch.no_grad():
             losses[comp] = float(np.mean([float(r.model(**b).loss) for b in batches]))
     assert losses["linear-seq"] <= losses["linear"] * 1.05
@@ -121,4 +125,4 @@ def test_linear_seq_is_refused_where_blocks_cannot_be_replayed():
     x = inputs("bart", batch=5, seed=0)
     batches = [{**x, "labels": labels("bart", x, seed=0)}]
     with pytest.raises(ConfigError, match="linear-seq.*allowed: compensate='linear'"):
-        compress(model, batches, PruneSettings(**SETTINGS, compensate="linear-seq"))
+        compress(model, batches, PruneSettings(**SETTINGS, compensate=_linear("linear-seq")))

@@ -15,13 +15,12 @@ import pytest
 import torch
 
 import headprune as hp
-from headprune.compression import PruneSettings, compress
-from headprune.compression.compensations.linear import Linear
+from headprune.compression import Distill, Linear, PruneSettings, compress
 from headprune.errors import ConfigError
 from test_fluctuation import _batches, _real_inputs, _units, cli_fixture
 from tiny import SEQ2SEQ, build, inputs, labels
 
-SELECTED = dict(units="both", share=0.25, price="params", scores="fisher", compensate="linear", damping=0.3, seq_len=16)
+SELECTED = dict(units="both", share=0.25, price="params", scores="fisher", compensate=Linear(damping=0.3), seq_len=16)
 
 
 def _probe(family):
@@ -94,7 +93,7 @@ def test_each_block_gets_the_moments_of_the_unpruned_model(family):
 
 def test_what_needs_the_unpruned_model_is_refused():
     for extra, named in (({"compensate": ["linear", "reconstruct"]}, "compensate=\\['linear', 'reconstruct'\\]"),
-                         ({"distill_epochs": 1}, "distill_epochs=1"),
+                         ({"compensate": [Linear(damping=0.3), Distill()]}, "compensate=\\['linear', 'distill'\\]"),
                          ({"units": "heads", "price": "flops", "compensate": "none", "scores": "fisher"},
                           "the head plan")):
         with pytest.raises(ConfigError, match=f"low_memory=True with {named}.*allowed"):

@@ -206,6 +206,8 @@ def test_a_scorer_returning_nan_is_refused_naming_the_site(tokenizer):
     from headprune.scoring.scorers import RandomScorer
 
     class Broken(RandomScorer):
+        name = "broken"  # what a method is: a class variable, not a setting
+
         def score(self, model, batches, request):
             heads = super().score(model, batches, request).heads
             heads["decoder.1.self"][2] = float("nan")
@@ -213,7 +215,7 @@ def test_a_scorer_returning_nan_is_refused_naming_the_site(tokenizer):
 
     with pytest.raises(NonFiniteError, match=r"the broken scores of 'decoder.1.self' are not finite: 1 NaN of 4 values "
                                               r"\(the first at index \[2\]\)") as excinfo:
-        hp.score_heads(tiny_decoder(layers=2), _lm_batches(tokenizer), Broken(name="broken"))
+        hp.score_heads(tiny_decoder(layers=2), _lm_batches(tokenizer), Broken())
     _one_line(excinfo)
 
 

@@ -27,8 +27,8 @@ from peers.headprune_rows import CONFIGURATIONS, as_settings  # noqa: E402
 EXTRA = {  # the stages no shipped configuration keeps on this model: the refit, distillation, the head plan's tuning
     "reconstruct": {"units": "both", "price": "params", "scores": "fisher", "compensate": ["reconstruct"],
                     "guard": False},
-    "distill": {"units": "both", "price": "params", "scores": "fisher", "compensate": ["linear", "reconstruct"],
-                "distill_epochs": 1, "guard": False},
+    "distill": {"units": "both", "price": "params", "scores": "fisher", "compensate": ["linear", "reconstruct", "distill"],
+                "guard": False},
     "tune": {"units": "heads", "price": "count", "scores": "fisher", "compensate": ["tune"], "guard": False},
     "fisher+linear low_memory": {**as_settings(CONFIGURATIONS["headprune-fisher+linear"]), "low_memory": True},
 }

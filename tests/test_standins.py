@@ -197,13 +197,17 @@ def test_the_cli_runs_linear_stand_ins_and_the_saved_model_loads_as_another_mode
     base = cli_fixture(tmp_path)
     runner = CliRunner()
     runs = {}
-    for compensate, damping in (("linear", "0.3"), ("bias", "0.3")):
+    for compensate, flags in (("linear", ["--damping", "0.3"]), ("bias", [])):
         out = tmp_path / compensate
-        result = runner.invoke(app, [*base, "--compensate", compensate, "--damping", damping, "-o", str(out)])
+        result = runner.invoke(app, [*base, "--compensate", compensate, *flags, "-o", str(out)])
         assert result.exit_code == 0, result.output
         record = json.loads((out / "compress.json").read_text())
-        assert record["settings"]["compensate"] == [compensate] and record["stages"][compensate].startswith("kept")
+        spec = {"name": "linear", "damping": 0.3} if flags else compensate  # a method's settings travel with it
+        assert record["settings"]["compensate"] == [spec] and record["stages"][compensate].startswith("kept")
         runs[compensate] = hp.load_pruned(out)
+    refused = runner.invoke(app, [*base, "--compensate", "bias", "--damping", "0.3", "-o", str(tmp_path / "x")])
+    assert refused.exit_code != 0 and "--damping 0.3 with --compensate bias: no method given has" in refused.output
+    assert not (tmp_path / "x").exists()
     probe = inputs("bert", batch=2, seed=5)
     with torch.no_grad():
         got, held = runs["linear"](**probe).logits, runs["bias"](**probe).logits

@@ -11,11 +11,12 @@ import pytest
 import torch
 
 import headprune as hp
-from headprune.compression import PruneSettings, compress
+from headprune.compression import Linear, PruneSettings, compress
 from headprune.errors import ConfigError
 from tiny import build, inputs, labels
 
 BASE = dict(units="both", price="params", scores="fisher", seq_len=16)
+OBS = Linear(variant="obs-seq", damping=0.01)
 
 
 def _batches(n=3):
@@ -35,12 +36,11 @@ def test_two_rounds_equal_two_calls_on_the_smaller_model():
     torch.manual_seed(0)
     model, batches = build("llama"), _batches()
     share = 0.5
-    got = compress(model, batches, PruneSettings(**BASE, share=share, compensate="obs-seq", damping=0.01, steps=2))
+    got = compress(model, batches, PruneSettings(**BASE, share=share, compensate=OBS, steps=2))
     p0 = _pool_params(model)
-    first = compress(model, batches, PruneSettings(**BASE, share=1 - (1 - share) / 2, compensate="obs-seq",
-                                                   damping=0.01))
+    first = compress(model, batches, PruneSettings(**BASE, share=1 - (1 - share) / 2, compensate=OBS))
     second = compress(first.model, batches, PruneSettings(**BASE, share=p0 * share / _pool_params(first.model),
-                                                          compensate="obs-seq", damping=0.01))
+                                                          compensate=OBS))
     probe = inputs("llama", batch=3, seed=9, pad=False)
     with torch.no_grad():
         a, b = got.model(**probe).logits, second.model(**probe).logits
@@ -123,9 +123,9 @@ def test_step_standin_rounds_choose_then_one_fold_on_the_model_passed():
     least-squares stand-ins on the unpruned model's inputs."""
     torch.manual_seed(0)
     model, batches = build("llama"), _batches(4)
-    rounds = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate="linear", damping=0.3, steps=2))
-    got = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate="linear", damping=0.0, steps=2,
-                                                 step_standin="linear", step_damping=0.3))
+    rounds = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate=Linear(damping=0.3), steps=2))
+    got = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate=Linear(damping=0.0), steps=2,
+                                                 step_standin=Linear(damping=0.3)))
     assert got.dropped_heads == rounds.dropped_heads and got.dropped_neurons == rounds.dropped_neurons
     assert any(got.dropped_neurons.values())
     ref = _affine_reference(model, batches, got.dropped_heads, got.dropped_neurons)
@@ -142,9 +142,9 @@ def test_step_standin_three_rounds_choose_what_plain_rounds_choose():
     second round left, is mapped back to the model passed through both earlier cuts."""
     torch.manual_seed(1)
     model, batches = build("llama"), _batches(4)
-    rounds = compress(model, batches, PruneSettings(**BASE, share=0.4, compensate="linear", damping=0.3, steps=3))
+    rounds = compress(model, batches, PruneSettings(**BASE, share=0.4, compensate=Linear(damping=0.3), steps=3))
     got = compress(model, batches, PruneSettings(**BASE, share=0.4, compensate="linear", steps=3,
-                                                 step_standin="linear", step_damping=0.3))
+                                                 step_standin=Linear(damping=0.3)))
     assert got.dropped_heads == rounds.dropped_heads and got.dropped_neurons == rounds.dropped_neurons
     assert len(got.selection["steps"]) == 3 and any(got.dropped_neurons.values())
 
@@ -155,16 +155,16 @@ def test_obs_seq_once_after_linear_rounds():
     torch.manual_seed(0)
     model, batches = build("llama"), _batches(4)
     before = {f.name: f.down.weight.detach().clone() for f in hp.find_ffns(model)}
-    rounds = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate="linear", damping=0.3, steps=2))
-    got = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate="obs-seq", damping=0.01, steps=2,
-                                                 step_standin="linear", step_damping=0.3))
+    rounds = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate=Linear(damping=0.3), steps=2))
+    got = compress(model, batches, PruneSettings(**BASE, share=0.5, compensate=OBS, steps=2,
+                                                 step_standin=Linear(damping=0.3)))
     for name, drop in rounds.dropped_neurons.items():
         assert len(got.dropped_neurons[name]) == len(drop)
     for name, drop in rounds.dropped_heads.items():
         assert len(got.dropped_heads[name]) == len(drop)
     for ffn in hp.find_ffns(got.model):
         assert ffn.down.weight.shape[1] == before[ffn.name].shape[1] - len(got.dropped_neurons[ffn.name])
-    assert got.selection["step_standin"] == "linear" and len(got.selection["steps"]) == 2
+    assert got.selection["step_standin"] == {"name": "linear", "damping": 0.3} and len(got.selection["steps"]) == 2
     assert got.plan.dropped_neurons == got.dropped_neurons
 
 
@@ -213,8 +213,8 @@ def test_score_batches_per_round_round_trip_through_toml(tmp_path):
     (dict(step_standin="linear"), "step_standin='linear' with steps=1"),
     (dict(steps=2, step_standin="linear", low_memory=True), "step_standin='linear' with low_memory=True"),
     (dict(steps=2, step_standin="reconstruct"), "step_standin='reconstruct'; allowed: None or a stand-in"),
-    (dict(steps=2, step_damping=0.3), "step_damping=0.3 without step_standin"),
-    (dict(steps=2, step_standin="linear", step_damping=-1.0), "step_damping=-1.0"),
+    (dict(steps=2, step_standin={"name": "linear", "damping": -1.0}), "damping=-1.0; allowed"),
+    (dict(steps=2, step_standin=["linear"]), "step_standin=['linear']; allowed: None or a stand-in"),
     (dict(score_batches=-1), "score_batches=-1"),
     (dict(steps=2, score_batches=[2]), "score_batches=[2]; allowed: an integer >= 0, or a list of 2 of them"),
     (dict(steps=2, score_batches=[2, -1]), "score_batches=[2, -1]; allowed"),

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import headprune as hp
-from headprune.compression import PruneSettings, compress
+from headprune.compression import PruneSettings, Reconstruct, compress
 from headprune.compression.reconstruct import reconstruct
 from headprune.core.cost import flop_breakdown
 from headprune.core.ffn import find_ffns
@@ -158,7 +158,8 @@ def test_the_refit_reads_the_fit_batches_and_needs_separate_validation():
     model = build("bert")
     batches = _batches("bert", n=6)
     calib, fit, val = batches[:2], batches[:5], batches[5:]
-    result = compress(model, calib, PruneSettings(units="both", share=0.4, seq_len=12, target="output"),
+    result = compress(model, calib, PruneSettings(units="both", share=0.4, seq_len=12,
+                                                  compensate=Reconstruct(target="output")),
                       val_batches=val, fit_batches=fit)
     assert result.split["fit_examples"] == 30 and result.split["calib_examples"] == 12
     # the reference: the unpruned first output projection's squared outputs over the fit batches' real tokens

@@ -70,7 +70,8 @@ def test_cli_fit_limit_fits_on_more_calibration_examples_than_the_scores(saved, 
 
 def test_cli_distill_runs_after_the_reconstruction_and_the_summary_says_if_it_was_kept(saved, tmp_path):
     result, record = _units_run(saved, tmp_path, "--distill-epochs", "2", "--distill-lr", "1e-4")
-    assert record["settings"]["distill_epochs"] == 2 and record["distillation"]["steps"] >= 2
+    assert record["settings"]["compensate"] == ["reconstruct", {"name": "distill", "epochs": 2, "lr": 1e-4}]
+    assert record["distillation"]["steps"] >= 2
     stage = record["stages"]["distill"]
     assert f"distill {stage}" in result.output
     assert stage.startswith("kept") == (record["losses"]["distilled"] <= min(

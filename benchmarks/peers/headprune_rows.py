@@ -2,7 +2,8 @@
 ``headprune.compression.compress(model, batches, PruneSettings(...))``, nothing else.
 
 :data:`CONFIGURATIONS` is the one place they are listed (name -> PruneSettings fields other than the
-budget). Another configuration -- e.g. FLAP-style ``scores="fluctuation"``, ``compensate="bias"`` once
+budget, and the settings of the methods they name: ``damping``, ``step_damping``, in the flat form the committed rows
+were recorded with; :func:`as_settings` builds the method objects, as the CLI builds them from its flags). Another configuration -- e.g. FLAP-style ``scores="fluctuation"``, ``compensate="bias"`` once
 PruneSettings accepts them -- is one more entry here.
 
 Budget: the harness asks for a share ``b`` of the non-embedding parameters removed; PruneSettings' ``share`` is
@@ -19,7 +20,9 @@ import time
 from torch import nn
 
 from headprune import PruneSettings, compress
+from headprune.compression.compensation import get_compensations
 from headprune.core.unit_cost import unit_costs
+from headprune.methods import with_settings
 
 from .plan import nonembedding_params
 
@@ -79,9 +82,17 @@ def settings_for(name: str, model: nn.Module, budget: float) -> PruneSettings:
 
 
 def as_settings(config: dict) -> dict:
-    """A configuration as PruneSettings fields: ``compensate`` as the list of compensations run in order (the
-    configurations keep the one-word form their committed rows were recorded with, e.g. ``bias+reconstruct``)."""
-    return {**config, "compensate": config["compensate"].split("+")}
+    """A configuration as PruneSettings fields: ``compensate`` as the list of compensation objects run in order,
+    each with ``damping`` where it has that setting, and ``step_standin`` as an object with ``step_damping`` (else
+    ``damping``). The configurations keep the flat form their committed rows were recorded with (e.g.
+    ``"compensate": "bias+reconstruct"``, ``"damping": 0.3``)."""
+    fields = {k: v for k, v in config.items() if k not in ("damping", "step_damping")}
+    damping = {"damping": config.get("damping")}
+    fields["compensate"] = [with_settings(c, damping) for c in get_compensations(config["compensate"].split("+"))]
+    if config.get("step_standin") is not None:
+        step = config.get("damping") if config.get("step_damping") is None else config["step_damping"]
+        fields["step_standin"] = with_settings(get_compensations(config["step_standin"])[0], {"damping": step})
+    return fields
 
 
 def headprune_row(name: str, model: nn.Module, batches, budget: float) -> tuple[nn.Module, dict]:

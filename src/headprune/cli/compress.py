@@ -3,7 +3,9 @@
 headprune compress MODEL_DIR --task classification --data dev.tsv --calib-data train.tsv --share 0.5 -o OUT
 
 The command parses and calls: :class:`PruneFlags` are :class:`~headprune.compression.PruneSettings`'s fields,
-one flag each, built once into the settings; :class:`InputFlags` the calibration, validation and fit data;
+one flag each, and the settings of the methods they name (``--damping``, ``--max-scale``, ``--target``,
+``--distill-epochs``, ``--distill-lr``, ``--step-damping``: fields of the compensation objects), built once into
+the settings; :class:`InputFlags` the calibration, validation and fit data;
 :class:`BenchFlags` the speed measurement. :func:`headprune.experiments.compress.run_compress` then calls
 :func:`headprune.compression.compress`, the library's one entry point, and writes the run directory.
 """
@@ -40,15 +42,18 @@ from .options import (
 )
 
 DEFAULT_SEQ_LEN = 128
-# PruneSettings field -> its flag (the one mapping from the library's words to the command line's)
+# PruneSettings field, or a setting of the methods it names -> its flag (the one mapping from the library's words to
+# the command line's)
 SETTING_FLAGS = {"share": "--share", "n_keep": "--n-keep", "price": "--price", "scores": "--scores",
                  "compensate": "--compensate", "units": "--units", "target": "--target", "gqa": "--gqa",
                  "max_scale": "--max-scale", "val_share": "--val-share", "same_per_site": "--same-per-site",
                  "min_per_site": "--min-per-site", "seq_len": "--seq-len", "tgt_len": "--tgt-len",
-                 "damping": "--damping", "distill_epochs": "--distill-epochs", "distill_lr": "--distill-lr",
+                 "damping": "--damping", "epochs": "--distill-epochs", "lr": "--distill-lr",
                  "seed": "--seed", "guard": "--no-guard", "multiple_of": "--multiple-of",
                  "low_memory": "--low-memory", "steps": "--steps", "step_standin": "--step-standin",
-                 "step_damping": "--step-damping", "score_batches": "--score-batches"}
+                 "score_batches": "--score-batches"}
+METHOD_FLAGS = ("damping", "max_scale", "target", "distill_epochs", "distill_lr", "step_damping")  # not fields of
+# PruneSettings: settings of the methods --compensate and --step-standin name
 
 
 def _option(default, flag: str, text: str):
@@ -57,7 +62,8 @@ def _option(default, flag: str, text: str):
 
 @dataclasses.dataclass
 class PruneFlags(Flags):
-    """The fields of :class:`~headprune.compression.PruneSettings`, one flag each."""
+    """The fields of :class:`~headprune.compression.PruneSettings`, one flag each, and the settings of the methods
+    they name (:data:`METHOD_FLAGS`)."""
 
     units: str = _option("heads", "--units", "What to prune: heads, neurons (FFN) or both, under one budget.")
     share: float = _option(None, "--share", "Budget: the share of the units' --price kept, in (0, 1]; required: "
@@ -80,7 +86,10 @@ class PruneFlags(Flags):
                               "affine prediction from the kept ones, folded into the kept columns and the biases; same "
                               "single pass), linear-seq (the same, fitted block after block on the pruned model's "
                               "inputs; decoder stacks), obs-seq (linear-seq, the units within each site and FFN first re-chosen by "
-                              "their OBS error there: the scores set how many each loses); or a name added by headprune.compression.register_compensation. Several: a "
+                              "their OBS error there: the scores set how many each loses), distill (the pruned model trained "
+                              "towards the unpruned one's outputs, kept only if the validation loss drops; "
+                              "--distill-epochs, --distill-lr); or a name added by "
+                              "headprune.compression.register_compensation. Several: a "
                               "comma list, run in order (e.g. bias,reconstruct: the refit then fits the bias too).")
     gqa: str = dataclasses.field(default=GQA)
     same_per_site: bool = _option(False, "--same-per-site", "Keep the same number of heads in every site (with --gqa "
@@ -90,10 +99,13 @@ class PruneFlags(Flags):
     seq_len: int = _option(None, "--seq-len", f"Tokens per example for FLOPs and timing (default {DEFAULT_SEQ_LEN}, at "
                            "most the model's positions).")
     tgt_len: int = _option(None, "--tgt-len", "Encoder-decoders: decoder tokens (default: --seq-len).")
-    damping: float = _option(1e-2, "--damping", "tune / reconstruct: ridge towards the unpruned solution (relative); "
-                             "linear: ridge towards the mean stand-in (relative to the kept features' mean variance).")
-    max_scale: float = _option(10.0, "--max-scale", "tune: scales outside [-max, max] are refused (unit scales kept).")
-    target: str = _option("residual", "--target", "tune / reconstruct: what each site reproduces: residual (the "
+    damping: float = _option(None, "--damping", "The damping of every method of --compensate and --step-standin that "
+                             "has one: tune / reconstruct: ridge towards the unpruned solution (relative); linear, "
+                             "linear-seq, obs-seq: ridge towards the mean stand-in (relative to the kept features' "
+                             "mean variance) (default: each method's own, 1e-2).")
+    max_scale: float = _option(None, "--max-scale", "tune: scales outside [-max, max] are refused (unit scales kept; "
+                               "default 10).")
+    target: str = _option(None, "--target", "tune / reconstruct: what each site reproduces: residual (the "
                           "stream after it, Kwon et al.; the default) or output (its projection's).")
     no_guard: bool = _option(False, "--no-guard", "Keep rearrangement, tuning and reconstruction even where they "
                              "raise the calibration / validation loss.")
@@ -101,8 +113,10 @@ class PruneFlags(Flags):
                                "batches held out (spread over their lengths) for the guard.")
     distill_epochs: int = _option(0, "--distill-epochs", "After the reconstruction, train the pruned model for N passes "
                                   "over the fit examples to match the unpruned model's outputs (no labels read; kept "
-                                  "only if it lowers the validation loss; default 0: off).")
-    distill_lr: float = _option(2e-5, "--distill-lr", "--distill-epochs: peak learning rate (AdamW, linear decay to 0).")
+                                  "only if it lowers the validation loss): adds distill after --compensate's methods, "
+                                  "or sets the epochs of a distill in it (default 0: off).")
+    distill_lr: float = _option(None, "--distill-lr", "--distill-epochs: peak learning rate (AdamW, linear decay to 0; "
+                                "default 2e-5).")
     seed: int = _option(0, "--seed", "Seed of --scores random and of the distillation order.")
     multiple_of: int = _option(1, "--multiple-of", "Every FFN width and attention width (heads x head_dim) pruning "
                                "changes is a multiple of N: 32 / 256 for llama.cpp's Q4_0 / Q8_0 and K-quant blocks, "
@@ -118,7 +132,8 @@ class PruneFlags(Flags):
                                 "the rounds then only choose the units, and --compensate's stand-in runs once after "
                                 "them on the loaded model (obs-seq: re-choosing which units of each site and FFN go; "
                                 "default: none, every round folds --compensate's).")
-    step_damping: float = _option(None, "--step-damping", "--step-standin's damping (default: --damping).")
+    step_damping: float = _option(None, "--step-damping", "--step-standin's damping (default: --damping, else the "
+                                  "stand-in's own).")
     score_batches: str = _option("0", "--score-batches", "Score on N of the calibration batches, spread over them, "
                                  "or on N1,N2,... in the rounds of --steps, one number each (the budget over heads "
                                  "and neurons; block-by-block stand-ins and refits read all; default 0: all).")
@@ -137,8 +152,8 @@ class PruneFlags(Flags):
                 raise ConfigError(f"--config with {given[0]}; allowed: the settings in one place, the file or the "
                                   "flags")
             return PruneSettings.from_toml(self.config)
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("no_guard",
-                                                                                                   "config")}
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                  if f.name not in ("no_guard", "config", *METHOD_FLAGS)}
         compensate = self.compensate
         if compensate is not None and "," in compensate:  # several, run in order
             compensate = [c.strip() for c in compensate.split(",") if c.strip()]
@@ -146,7 +161,44 @@ class PruneFlags(Flags):
                       score_batches=_counts("--score-batches", self.score_batches),
                       seq_len=DEFAULT_SEQ_LEN if self.seq_len is None else self.seq_len, guard=not self.no_guard)
         with in_setting_terms():
-            return PruneSettings(**fields)
+            return self._configured(PruneSettings(**fields))
+
+    def _configured(self, settings):
+        """``settings`` with its methods built from the method flags: each flag sets the field of that name of every
+        method of --compensate (or its default) and --step-standin that has one; a flag no method has is refused."""
+        from ..compression.compensation import get_compensations
+        from ..compression.compensations import Distill
+        from ..compression.settings import default_compensate
+        from ..methods import settings_of, with_settings
+
+        methods = list(settings.compensations)
+        if self.distill_epochs or self.distill_lr is not None:
+            if "distill" not in settings.compensation_names:
+                if not self.distill_epochs:
+                    raise ConfigError(f"--distill-lr {self.distill_lr} without --distill-epochs; allowed: with "
+                                      "--distill-epochs N (N >= 1), or --compensate ...,distill")
+                if self.compensate is None:  # distillation runs after the cut: the default of that pipeline first
+                    methods = list(get_compensations(default_compensate(settings.scorer, pool=True)))
+                methods.append(Distill())
+            methods = [with_settings(m, {"epochs": self.distill_epochs or None, "lr": self.distill_lr}) for m in methods]
+        knobs = {"damping": self.damping, "max_scale": self.max_scale, "target": self.target}
+        methods = [with_settings(m, knobs) for m in methods]
+        step = settings.round_standin
+        if step is not None:
+            with in_setting_terms({"damping": "--step-damping"} if self.step_damping is not None else None):
+                step = with_settings(step, {"damping": self.damping if self.step_damping is None else
+                                            self.step_damping})
+        elif self.step_damping is not None:
+            raise ConfigError(f"--step-damping {self.step_damping} without --step-standin; allowed: with it")
+        has = set().union(*(settings_of(m) for m in (*methods, step) if m is not None))
+        unread = [(SETTING_FLAGS[k], v) for k, v in knobs.items() if v is not None and k not in has]
+        if self.step_damping is not None and "damping" not in settings_of(step):
+            unread.append(("--step-damping", self.step_damping))
+        if unread:
+            flag, value = unread[0]
+            given = f"--compensate {_names(methods)}" + (f" --step-standin {step.name}" if step is not None else "")
+            raise ConfigError(f"{flag} {value} with {given}: no method given has that setting; allowed: leave it out")
+        return replace(settings, compensate=methods, step_standin=step)
 
 
 def _counts(flag: str, text: str) -> int | list[int]:
@@ -224,7 +276,7 @@ class InputFlags(Flags):
         if fit is not None and val is None:
             raise ConfigError(f"--fit-limit {fit} without --val-data: the guard's validation part would be held out "
                               "of calibration examples the fit also reads; allowed: give --val-data (disjoint data)")
-        if fit is not None and not settings.refits and not settings.distill_epochs:
+        if fit is not None and not settings.refits:
             raise ConfigError(f"--fit-limit with --compensate {_names(settings)}; allowed: only with a "
                               "reconstruction (--compensate reconstruct, bias,reconstruct or linear,reconstruct) or "
                               "--distill-epochs")
@@ -245,8 +297,9 @@ class BenchFlags(Flags):
 
 
 def _names(settings) -> str:
-    """The compensations as ``--compensate`` takes them."""
-    return ",".join(settings.compensation_names) or "none"
+    """The compensations of ``settings`` (or a list of compensations) as ``--compensate`` takes them."""
+    names = [c.name for c in settings] if isinstance(settings, list) else settings.compensation_names
+    return ",".join(names) or "none"
 
 
 @contextmanager

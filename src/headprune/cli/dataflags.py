@@ -33,8 +33,7 @@ ARGUMENT_FLAGS = {"text_column": "--text-column", "text_pair_column": "--text-pa
                   "max_new_tokens": "--max-new-tokens", "block_size": "--block-size",
                   "n_resamples": "--resamples", "alpha": "--alpha", "min_per_site": "--min-per-site",
                   "seq_len": "--seq-len", "tgt_len": "--tgt-len", "n_keep": "--n-keep", "share": "--share",
-                  "damping": "--damping", "target": "--target", "gqa": "--gqa", "price": "--price", "units": "--units",
-                  "distill_epochs": "--distill-epochs", "distill_lr": "--distill-lr"}
+                  "damping": "--damping", "target": "--target", "gqa": "--gqa", "price": "--price", "units": "--units"}
 # whole library phrases whose CLI form is not a flag name
 PHRASES = (
     ("label2id={label: id}", "--label-map LABEL=ID,... (e.g. negative=0,positive=1)"),

@@ -81,7 +81,7 @@ def blockwise_standins(model: nn.Module, batches: Sequence[Mapping[str, torch.Te
             heads = {k: list(v) for k, v in drop_heads.items() if k in names}
             neurons = {k: list(v) for k, v in drop_neurons.items() if k in names}
             if sequential and getattr(standin, "reselect", False):  # which units go, on the pruned model's inputs
-                heads, neurons = reselect(model, stats, heads, neurons, standin.ridge(settings))
+                heads, neurons = reselect(model, stats, heads, neurons, standin.damping)
                 chosen[0].update(heads)
                 chosen[1].update(neurons)
             done.add(standin.apply(model, model, stats, heads, neurons, settings))

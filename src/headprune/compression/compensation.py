@@ -1,7 +1,12 @@
 """The ``Compensation`` protocol -- what makes up for the units cut -- and the registry of compensations by name.
 
-``PruneSettings(compensate=...)`` takes a name, an object or a list of them, run in order; the CLI's
-``--compensate`` a comma list of registered names. A compensation declares its ``stage``:
+``PruneSettings(compensate=...)`` takes a name, an object, a spec table (``{"name": "linear", "damping": 0.3}``:
+:mod:`headprune.methods`) or a list of them, run in order; the CLI's ``--compensate`` a comma list of registered
+names, whose settings its flags set (``--damping``, ``--target``, ...). A compensation is an object with its own
+settings: the built-in ones are frozen dataclasses whose fields are their settings, validated in their own
+``__post_init__`` (``Tune(damping=1e-2, max_scale=10.0, target="residual")``, ``Linear(variant="obs-seq",
+damping=0.01)``); a name stands for the object registered under it, default-configured. A compensation declares
+its ``stage``:
 
 - ``"plan"``: ``refine(ctx, plan) -> plan`` refines the head plan before anything is cut, through the guard on
   the calibration loss (``rearrange``, ``tune``: they read the Fisher blocks, so need ``scores="fisher"``;
@@ -11,7 +16,8 @@
   ``linear``; at most one. Returning ``(note, {name: bias shift})`` instead says its whole effect is those
   bias shifts, which the plan then records (replayable);
 - ``"refit"``: ``apply(student, teacher, batches, settings, progress) -> rows`` on a copy of the pruned model,
-  kept only where the validation loss drops (``done``: its key among the losses): ``reconstruct``.
+  kept only where the validation loss drops (``done``: its key among the losses): ``reconstruct`` (its rows: the
+  result's ``reconstruction``); ``distill``, whose one record (a dict, not rows) is the result's ``distillation``.
 
 Stages run in that order (plan, stand-in, cut, refits in the order given). Adding a method is one class in
 its own module and one :func:`register_compensation` call; the built-in ones are in
@@ -20,9 +26,11 @@ its own module and one :func:`register_compensation` call; the built-in ones are
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol, cast, runtime_checkable
 
 from ..errors import ConfigError
+from ..methods import from_spec, spec_of
 from .compensations import BUILT_IN
 
 STAGES = ("plan", "standin", "refit")
@@ -38,8 +46,9 @@ class Compensation(Protocol):
     def stage(self) -> str: ...
 
 
-_REGISTRY: dict[str, Compensation] = {c.name: c for c in BUILT_IN}  # the registry (name -> compensation): the
-# names settings and the CLI accept; a documented module-level table, added to only by register_compensation
+_REGISTRY: dict[str, Compensation] = {c.name: c for c in BUILT_IN}  # the registry (name -> default-configured
+# compensation): the names settings and the CLI accept; a documented module-level table, added to only by
+# register_compensation
 
 
 def register_compensation(compensation: Compensation) -> Compensation:
@@ -68,7 +77,8 @@ def check_compensation(c: object) -> Compensation:
 
 
 def get_compensations(compensate) -> tuple[Compensation, ...]:
-    """``compensate`` (a name, an object, or a list / tuple of them; ``"none"`` or ``[]``: nothing) as objects."""
+    """``compensate`` (a name, a spec table, an object, or a list / tuple of them; ``"none"`` or ``[]``: nothing)
+    as objects."""
     items = [compensate] if isinstance(compensate, str) or not isinstance(compensate, list | tuple) else compensate
     out = []
     for c in items:
@@ -79,8 +89,16 @@ def get_compensations(compensate) -> tuple[Compensation, ...]:
                 raise ConfigError(f"compensate={c!r}; allowed: none, {', '.join(compensation_names())}, or a list of "
                                   "them run in order")
             c = _REGISTRY[c]
+        elif isinstance(c, Mapping):
+            c = from_spec(c, _REGISTRY, "compensate")
         out.append(check_compensation(c))
     return tuple(out)
+
+
+def compensation_spec(compensation: Compensation) -> str | dict:
+    """How ``compensation`` is written down: its name, or ``{"name": ..., setting: value}`` for the settings it has
+    unlike the compensation registered under that name (:func:`headprune.methods.spec_of`)."""
+    return spec_of(compensation, _REGISTRY)
 
 
 def compensation_names() -> tuple[str, ...]:

@@ -21,12 +21,12 @@ Stages (each recorded; the summary says which were kept):
    few thousand tokens (on the SST-2 MiniLM classifier at 60% of FLOPs, 4096 phrases instead of 512
    cut the KL divergence from the unpruned model by a third on held-out sentences,
    ``benchmarks/fit_size.py``) -- kept only if it lowers the mean loss on the
-   *validation* batches, which neither the scores nor the fit saw (``val_batches``; else ``val_share`` of the
+   *validation* batches, which neither the scores nor the fit saw (``val_batches``; else the settings' ``val_share`` of the
    calibration batches, spread over their order, are held out for it). With three disjoint sets --
    calibration, validation, and the test data the result is reported on -- the guard cannot hide a
    fit that only helps the examples it was fitted to.
-6. *distill* (``distill_epochs`` > 0, off by default): every weight of the pruned model trained for a few
-   passes over the fit batches to match the unpruned model's output distribution
+6. *distill* (``compensate=[..., "distill"]`` or ``Distill(epochs=..., lr=...)``, off by default): every weight of
+   the pruned model trained for a few passes over the fit batches to match the unpruned model's output distribution
    (:mod:`.distill`; no labels read), kept only if it lowers the validation loss further.
 
 ``low_memory=True`` (for a model near the machine's memory; no refit, no distillation) changes how, not what:
@@ -64,7 +64,7 @@ from ..selection.budgets import Budget
 from ..selection.gqa import kv_groups
 from ..selection.units import select_units
 from .blockwise import blockwise_standins
-from .distill import distill
+from .compensation import compensation_spec
 from .guard import Guard, State
 from .settings import PruneSettings
 
@@ -134,7 +134,8 @@ def _rounds(run: Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict, d
     heads_before = kept_heads(model) if settings.steps > 1 else {}
     neurons_before = kept_neurons(model) if settings.steps > 1 and find_ffns(model, skip_moe=True) else {}
     total, kept_share = costs.total(), 1.0 if settings.share is None else settings.share  # None: refused by _select
-    once = settings.step_standin is not None  # the rounds fold step_standin; settings' own stand-in runs once, after
+    step = settings.round_standin
+    once = step is not None  # the rounds fold step_standin; settings' own stand-in runs once, after
     rounds = replace(run, settings=_step_settings(settings)) if once else run
     for i in range(1, settings.steps + 1):
         t = time.perf_counter()
@@ -160,18 +161,16 @@ def _rounds(run: Run, calib: list, costs: UnitCosts) -> tuple[nn.Module, dict, d
         after_h, after_n = _without(after_h, drop_h), _without(after_n, drop_n)
     drop_h = _dropped(heads_before, after_h)
     drop_n = _dropped(neurons_before, after_n) if neurons_before else {}
-    if not once:
+    if step is None:
         return current, drop_h, drop_n, {"steps": records}
     del current  # the rounds chose the units; the stand-in now runs once on the model passed (its indices)
     pruned, drop_h, drop_n = _cut(run, model, calib, None, drop_h, drop_n)
-    return pruned, drop_h, drop_n, {"steps": records, "step_standin": settings.step_standin}
+    return pruned, drop_h, drop_n, {"steps": records, "step_standin": compensation_spec(step)}
 
 
 def _step_settings(settings: PruneSettings) -> PruneSettings:
-    """The settings of the rounds when ``step_standin`` is set: that stand-in alone, with ``step_damping``."""
-    damping = settings.damping if settings.step_damping is None else settings.step_damping
-    return replace(settings, compensate=[settings.step_standin], step_standin=None, step_damping=None,
-                   damping=damping, distill_epochs=0)
+    """The settings of the rounds when ``step_standin`` is set: that stand-in alone (with its own settings)."""
+    return replace(settings, compensate=[settings.round_standin], step_standin=None)
 
 
 def _scoring_batches(calib: list, k: int) -> list:
@@ -252,8 +251,9 @@ def _cut(run: Run, model: nn.Module, calib: list, stats, drop_h: dict, drop_n: d
 
 
 def refits(run: Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.Module, list, dict]:
-    """(the model kept, the refits' rows, the distillation's record): the refits in order, then distillation, each
-    kept only where the guard says so."""
+    """(the model kept, the refits' rows, the distillation's record): the refit-stage compensations in the order
+    given (``reconstruct``, ``distill``), each kept only where the guard says so. A refit returns rows (the result's
+    ``reconstruction``) or one dict (its record: ``distill``'s is the result's ``distillation``)."""
     model, settings = run.model, run.settings
     rows: list = []
     distilled: dict = {}
@@ -263,18 +263,13 @@ def refits(run: Run, pruned: nn.Module, fit: list, val: list) -> tuple[nn.Module
     for refit in refit_stages:  # in the order given, each on the model the ones before left
         t = time.perf_counter()
         candidate = copy.deepcopy(current.model)
-        rows += refit.apply(candidate, model, fit, settings, run.progress) or []
+        found = refit.apply(candidate, model, fit, settings, run.progress)
+        if isinstance(found, dict):
+            distilled = found
+        else:
+            rows += found or []
         run.seconds[refit.name] = time.perf_counter() - t
         current = run.keep_if_better(refit.name, getattr(refit, "done", refit.name), candidate, current)
-    if settings.distill_epochs:
-        t = time.perf_counter()
-        candidate = copy.deepcopy(current.model)
-        info = distill(candidate, model, fit, epochs=settings.distill_epochs, lr=settings.distill_lr,
-                       seed=settings.seed, progress=run.progress)
-        distilled = {k: v for k, v in info.items() if k != "losses"} | {"loss_first": info["losses"][0],
-                                                                        "loss_last": info["losses"][-1]}
-        run.seconds["distill"] = time.perf_counter() - t
-        current = run.keep_if_better("distill", "distilled", candidate, current)
     return current.model, rows, distilled
 
 
@@ -323,7 +318,7 @@ def split(batches: list, val_batches, settings: PruneSettings) -> tuple[list, li
 
 def guarded(settings: PruneSettings) -> bool:
     """Whether a compensation stage runs and is judged on validation data."""
-    return settings.guard and (bool(settings.refits) or settings.distill_epochs > 0)
+    return settings.guard and bool(settings.refits)
 
 
 def held_out(n: int, n_val: int) -> set[int]:

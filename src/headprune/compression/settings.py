@@ -12,9 +12,19 @@ object), and the loss of what is cut is made up for by
 scales fitted by least squares and folded into the weights, Kwon et al. 2022); ``reconstruct`` (every pruned
 projection refitted by least squares, kept only if it lowers the loss on held-out validation batches);
 ``bias`` (every removed unit held at its calibration mean, folded into the output projection's bias: FLAP's
-compensation, exact, no labels); ``linear``; a list runs in order (``["bias", "reconstruct"]``: the refit then
-fitting the bias too); left out, the pipeline's own (``tune`` for the head plan, ``reconstruct`` for the budget over heads and neurons, ``bias``
-with either ``fluctuation`` score).
+compensation, exact, no labels); ``linear`` / ``linear-seq`` / ``obs-seq`` (removed units replaced by their
+least-squares prediction from the kept ones); ``distill`` (the pruned model trained towards the unpruned one); a
+list runs in order (``["bias", "reconstruct"]``: the refit then fitting the bias too); left out, the pipeline's own
+(``tune`` for the head plan, ``reconstruct`` for the budget over heads and neurons, ``bias`` with either
+``fluctuation`` score).
+
+The settings here are the pipeline's: the budget, the units, the selection's rules, the lengths FLOPs are priced
+at, the guard, the rounds. A method owns its own settings: a scorer or compensation is an object whose fields are
+its knobs, validated by its own class (``Tune(damping=1e-2, max_scale=10.0, target="residual")``,
+``Reconstruct(damping=..., target=...)``, ``Linear(variant="obs-seq", damping=0.01)``, ``Distill(epochs=2,
+lr=1e-4)``, :mod:`headprune.compression.compensations`); a name (``"linear"``) is the object registered under it,
+default-configured, and a spec table (``{"name": "linear", "damping": 0.3}``, :mod:`headprune.methods`) the same
+with some settings changed -- the form :meth:`PruneSettings.to_dict` and :meth:`PruneSettings.to_toml` write.
 
 One pipeline runs them (:func:`headprune.compression.compress`), whose selection step the settings choose
 (:attr:`PruneSettings.head_plan`, read in :mod:`headprune.compression` only): heads alone with a ``count`` /
@@ -33,15 +43,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, fields
 
-from ..checks import check_choice, check_int, check_number, check_share, is_int
+from ..checks import check_choice, check_int, check_share, is_int
 from ..errors import ConfigError
-from ..scoring.registry import get_scorer, scorer_names
+from ..scoring.registry import get_scorer, scorer_names, scorer_spec
 from ..scoring.scorer import Scorer
 from ..selection.budgets import Budget, HeadRule
 from ..selection.gqa import GQA_MODES
 from ..selection.units import UNITS
-from .compensation import Compensation, compensation_names, get_compensations
-from .tuning import TARGETS
+from .compensation import Compensation, compensation_names, compensation_spec, get_compensations
 
 PRICES = ("count", "flops", "kv", "params", "latency")
 HEAD_PLAN_PRICES = ("count", "flops", "kv")  # what the head plan can budget
@@ -56,11 +65,13 @@ class PruneSettings:
     share: float | None = None  # share of the pool's price kept, in (0, 1]
     n_keep: int | None = None  # number of units kept (the head plan: heads), >= 1
     price: str = "flops"  # what share measures: count | flops (at seq_len) | params | kv (cache bytes) | latency
-    scores: str | Scorer = "fisher"  # ih | fisher | random | fluctuation (FLAP: one forward, no labels, no
+    scores: str | dict | Scorer = "fisher"  # ih | fisher | random | fluctuation (FLAP: one forward, no labels, no
     # gradients; standardised per kind) | fluctuation-raw (the same, not standardised: heads and neurons traded by
     # price) | any registered name | a Scorer object
-    compensate: str | Compensation | list | None = None  # none | rearrange | tune | reconstruct | bias | linear |
-    # any registered name | a Compensation object | a list of them, run in order (None: tune
+    compensate: str | dict | Compensation | list | None = None  # none | rearrange | tune | reconstruct | bias |
+    # linear | linear-seq | obs-seq | distill | any registered name (default-configured) | a Compensation object with
+    # its own settings (Tune(damping=...), Linear(variant=..., damping=...), Distill(epochs=...)) | a spec table
+    # ({"name": "linear", "damping": 0.3}) | a list of them, run in order (None: tune
     # for the head plan with Fisher scores, none with other scores; for the budget over heads and neurons
     # reconstruct, or bias with scores='fluctuation'; set on creation)
     gqa: str = "uniform"  # grouped-query attention: uniform | groups | free (headprune.selection.gqa)
@@ -68,14 +79,10 @@ class PruneSettings:
     same_per_site: bool = False  # the head plan: the same heads kept in every site (a stock config describes it)
     seq_len: int = 128  # tokens per example for FLOP prices (encoder / decoder-only)
     tgt_len: int | None = None  # decoder tokens of encoder-decoders (None: seq_len)
-    damping: float = 1e-2  # tune / reconstruct: ridge towards the unpruned solution, relative
-    max_scale: float = 10.0  # tune: scales outside [-max_scale, max_scale] are refused (unit scales kept)
-    target: str = "residual"  # tune / reconstruct: what each site reproduces, the residual stream or its output
     guard: bool = True  # keep each compensation stage only where it lowers the (calibration / validation) loss
-    val_share: float = 0.25  # reconstruct, without val_batches: share of the calibration batches held out
-    distill_epochs: int = 0  # after reconstruct: passes of distillation over the fit batches (0: none)
-    distill_lr: float = 2e-5  # its peak learning rate
-    seed: int = 0  # of scores="random" and of the distillation order
+    val_share: float = 0.25  # the guard of the stages after the cut (refits, distillation), without val_batches:
+    # the share of the calibration batches held out for it
+    seed: int = 0  # of scores="random" and of distill's order
     multiple_of: int = 1  # every FFN width and attention width (heads x head_dim) pruning changes is a multiple
     # of this: 32 / 256 for llama.cpp's legacy / K-quant blocks, 64 / 128 for GPU tiles (1: any width; the budget
     # over heads and neurons, headprune.selection.aligned)
@@ -85,10 +92,10 @@ class PruneSettings:
     # read the unpruned model)
     steps: int = 1  # the budget over heads and neurons: rounds of score, select, stand-in and cut, each taking an
     # equal part of the budget from the model the round before left (its scores see what is already gone)
-    step_standin: str | None = None  # steps > 1: the stand-in every round folds (e.g. "linear"); the rounds then only
-    # choose the units, and compensate's stand-in runs once, after them, on the model passed (an obs-seq one re-choosing
-    # which units of each site / FFN go among all of them, on the pruned model's inputs)
-    step_damping: float | None = None  # step_standin's damping (None: damping)
+    step_standin: str | dict | Compensation | None = None  # steps > 1: the stand-in every round folds (e.g. "linear",
+    # or Linear(damping=0.3)); the rounds then only choose the units, and compensate's stand-in runs once, after them,
+    # on the model passed (an obs-seq one re-choosing which units of each site / FFN go among all of them, on the pruned
+    # model's inputs)
     score_batches: int | list[int] = 0  # the budget over heads and neurons: the scoring pass (the scores, and the
     # stand-in moments it gathers) reads this many calibration batches, spread over their order from the first (0: all
     # of them); a list: one number per round of ``steps``; block-by-block stand-ins, refits and the guard read all
@@ -97,23 +104,17 @@ class PruneSettings:
         check_choice("units", self.units, UNITS)
         check_choice("price", self.price, PRICES)
         self._scorer = get_scorer(self.scores)
-        self._compensations = ()
+        self._compensations, self._step_standin = (), None
         if self.compensate is None:
-            self.compensate = ("bias" if self._scorer.label_free else "reconstruct") if self._pool_reason() \
-                else "tune" if self._scorer.fisher else "none"
+            self.compensate = default_compensate(self._scorer, pool=bool(self._pool_reason()))
         self._compensations = get_compensations(self.compensate)
         check_choice("gqa", self.gqa, GQA_MODES)
         self._check_budget()
-        for name in ("min_per_site", "seq_len", "distill_epochs", "seed", "multiple_of", "steps"):
-            check_int(name, getattr(self, name), 0 if name in ("min_per_site", "distill_epochs", "seed") else 1)
+        for name in ("min_per_site", "seq_len", "seed", "multiple_of", "steps"):
+            check_int(name, getattr(self, name), 0 if name in ("min_per_site", "seed") else 1)
         self._check_score_batches()
-        check_number("step_damping", self.step_damping, low=0, optional=True)
         check_int("tgt_len", self.tgt_len, 1, optional=True)
-        check_number("damping", self.damping, low=0)
-        check_number("max_scale", self.max_scale, low=0, strict=True)
-        check_choice("target", self.target, TARGETS)
         check_share("val_share", self.val_share, one=False)
-        check_number("distill_lr", self.distill_lr, low=0, strict=True)
         for name in ("guard", "same_per_site", "low_memory"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"{name}={getattr(self, name)!r}; allowed: True or False")
@@ -140,13 +141,11 @@ class PruneSettings:
             other = " | ".join(self._pool_names()) if self._scorer.pool else "'none'"
             raise ConfigError(f"compensate={self._compensate_text()} with scores={name!r}; allowed: scores='fisher' "
                               f"(rearrangement and tuning read the Fisher matrix), or compensate {other}")
-        if self.low_memory and (self.head_plan or self.refits or self.distill_epochs):
-            given = f"compensate={self._compensate_text()}" if self.refits else \
-                f"distill_epochs={self.distill_epochs}" if self.distill_epochs else "the head plan"
+        if self.low_memory and (self.head_plan or self.refits):
+            given = f"compensate={self._compensate_text()}" if self.refits else "the head plan"
             raise ConfigError(f"low_memory=True with {given}: low_memory prunes the model in place, and refits and "
                               "distillation read the unpruned one; allowed: the budget over heads and neurons "
-                              "(units neurons | both, or price params) with compensate none | bias | linear and "
-                              "distill_epochs=0")
+                              "(units neurons | both, or price params) with compensate none | bias | linear")
         self._check_steps()
         if self.head_plan and self.steps > 1:
             raise ConfigError(f"steps={self.steps} with the head plan; allowed: steps=1, or the budget over heads and "
@@ -186,23 +185,25 @@ class PruneSettings:
         return value[i - 1] if isinstance(value, list) else value
 
     def _check_steps(self) -> None:
-        """``step_standin`` / ``step_damping`` / ``score_batches`` against the rounds and the pipeline that runs them."""
+        """``step_standin`` / ``score_batches`` against the rounds and the pipeline that runs them."""
         if self.head_plan and any(self.round_score_batches(i) for i in range(1, self.steps + 1)):
             raise ConfigError(f"score_batches={self.score_batches} with the head plan; allowed: 0, or the budget over "
                               "heads and neurons (units neurons | both, or price params)")
+        self._step_standin = None
         if self.step_standin is None:
-            if self.step_damping is not None:
-                raise ConfigError(f"step_damping={self.step_damping!r} without step_standin; allowed: None")
             return
         standins = [n for n in compensation_names() if get_compensations(n)[0].stage == "standin"]
-        if not isinstance(self.step_standin, str) or self.step_standin not in standins:
+        given = None if isinstance(self.step_standin, list | tuple) else self.step_standin
+        found = get_compensations(given) if given is not None and given != "none" else ()
+        if len(found) != 1 or found[0].stage != "standin":
             raise ConfigError(f"step_standin={self.step_standin!r}; allowed: None or a stand-in: "
-                              f"{' | '.join(standins)}")
+                              f"{' | '.join(standins)} (a name, a spec table or an object)")
+        self._step_standin = found[0]
         if self.steps < 2 or self.standin is None or self.low_memory:
             why = f"steps={self.steps}" if self.steps < 2 else "low_memory=True" if self.low_memory else \
                 f"compensate={self._compensate_text()}"
-            raise ConfigError(f"step_standin={self.step_standin!r} with {why}; allowed: steps >= 2, a stand-in in "
-                              "compensate (it runs once after the rounds, on the model passed, which low_memory "
+            raise ConfigError(f"step_standin={self._step_standin.name!r} with {why}; allowed: steps >= 2, a stand-in "
+                              "in compensate (it runs once after the rounds, on the model passed, which low_memory "
                               "cuts in the first round)")
 
     @staticmethod
@@ -237,6 +238,11 @@ class PruneSettings:
         return next((c for c in self._compensations if c.stage == "standin"), None)
 
     @property
+    def round_standin(self) -> Compensation | None:
+        """The stand-in the rounds of ``steps`` fold (``step_standin`` as an object), or None."""
+        return self._step_standin
+
+    @property
     def refits(self) -> tuple[Compensation, ...]:
         """The compensations run on the pruned model and guarded on validation data, in order."""
         return tuple(c for c in self._compensations if c.stage == "refit")
@@ -255,8 +261,7 @@ class PruneSettings:
                                 (f"price={self.price!r}", self.price not in HEAD_PLAN_PRICES),
                                 (f"scores={self._scorer.name!r}", not self._scorer.plan),
                                 (f"multiple_of={self.multiple_of}", self.multiple_of > 1),
-                                (f"compensate={self._compensate_text()}", pool_stage),
-                                (f"distill_epochs={self.distill_epochs}", self.distill_epochs > 0)):
+                                (f"compensate={self._compensate_text()}", pool_stage)):
             if applies:
                 return reason
         return ""
@@ -267,12 +272,18 @@ class PruneSettings:
         return "+".join((self._scorer.name, *self.compensation_names))
 
     def to_dict(self) -> dict:
-        """The settings as JSON: methods by name (``compensate`` a list of names, ``[]`` for none)."""
+        """The settings as JSON: methods as specs (:mod:`headprune.methods`: a name, or ``{"name": ..., setting:
+        value}`` for a method whose settings are not those of its name; ``compensate`` a list of them, ``[]`` for
+        none); ``PruneSettings(**settings.to_dict())`` is the same settings."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
-        return out | {"scores": self._scorer.name, "compensate": list(self.compensation_names)}
+        step = self._step_standin
+        return out | {"scores": scorer_spec(self._scorer), "compensate": [compensation_spec(c) for c in
+                                                                           self._compensations],
+                      "step_standin": None if step is None else compensation_spec(step)}
 
     def to_toml(self) -> str:
-        """The settings as a ``[settings]`` TOML table (methods by name, unset fields left out): the file
+        """The settings as a ``[settings]`` TOML table (methods as specs: a name, or an inline table of the method's
+        name and the settings it sets, ``{name = "linear", damping = 0.3}``; unset fields left out): the file
         ``headprune compress --config`` reads, written into every compress run directory."""
         lines = ["# headprune compress --config: PruneSettings fields (headprune.compression.PruneSettings)",
                  "[settings]"]
@@ -310,12 +321,22 @@ class PruneSettings:
         return HeadRule(self.gqa, self.min_per_site, None if sites is None else tuple(sites), self.same_per_site)
 
 
+def default_compensate(scorer: Scorer, *, pool: bool) -> str:
+    """The compensation ``compensate=None`` stands for: with the budget over heads and neurons (``pool``) ``bias``
+    for a label-free scorer, else ``reconstruct``; with the head plan ``tune`` for Fisher scores, else ``none``."""
+    if pool:
+        return "bias" if scorer.label_free else "reconstruct"
+    return "tune" if scorer.fisher else "none"
+
+
 def _toml_value(value) -> str:
-    """A TOML literal of a settings value (string, boolean, number or list of strings)."""
+    """A TOML literal of a settings value (string, boolean, number, a method's spec table, or a list of them)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
         return repr(value)
     if isinstance(value, str):
         return json.dumps(value)  # a TOML basic string: JSON's escapes are TOML's
+    if isinstance(value, dict):  # an inline table: keys are field names (bare keys)
+        return "{" + ", ".join(f"{k} = {_toml_value(v)}" for k, v in value.items()) + "}"
     return "[" + ", ".join(_toml_value(v) for v in value) + "]"

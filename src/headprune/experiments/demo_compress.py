@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from ..compression import PruneSettings, compress
+from ..compression.compensations import Linear
 from ..compression.recover import RecoverHooks, RecoverSettings, recover, split_blocks
 from ..core.unit_cost import unit_costs
 from ..evaluation.lm import LanguageModelling, lm_blocks
@@ -37,7 +38,7 @@ from ..peers.flap import apply_flap, flap
 from ..peers.ledger import nonembedding_params
 
 HEADPRUNE = "headprune-fisher+linear"  # benchmarks/peers/headprune_rows.py: the peer table's choice at 20%
-HEADPRUNE_FIELDS = {"units": "both", "price": "params", "scores": "fisher", "compensate": ["linear"], "damping": 0.3}
+HEADPRUNE_FIELDS = {"units": "both", "price": "params", "scores": "fisher", "compensate": [Linear(damping=0.3)]}
 # Every width the plan changes a multiple of 32, Q8_0's block (as the README's llama.cpp table prunes): an FFN width
 # off the block leaves its down projection in F16 in the GGUF, and the file barely shrinks (a first run: 28 of 30
 # down projections, 0.96x the unpruned Q8_0 file at 20% removed).

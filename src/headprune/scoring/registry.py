@@ -5,13 +5,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import cast
 
 from ..errors import ConfigError
+from ..methods import from_spec, spec_of
 from .scorer import Scorer
 from .scorers import BUILT_IN
 
-_REGISTRY: dict[str, Scorer] = {s.name: s for s in BUILT_IN}  # the registry (name -> scorer): the names
+_REGISTRY: dict[str, Scorer] = {s.name: s for s in BUILT_IN}  # the registry (name -> default-configured scorer): the names
 # settings and the CLI accept; a documented module-level table, added to only by register_scorer
 
 
@@ -38,13 +40,22 @@ def check_scorer(scorer: object) -> Scorer:
     return cast(Scorer, scorer)
 
 
-def get_scorer(scores: str | Scorer) -> Scorer:
-    """The scorer ``scores`` names (or ``scores`` itself, checked)."""
+def get_scorer(scores: str | Mapping | Scorer) -> Scorer:
+    """The scorer ``scores`` names (a name, or a spec table ``{"name": ..., setting: value}``: :mod:`headprune.methods`),
+    or ``scores`` itself, checked."""
     if isinstance(scores, str):
         if scores not in _REGISTRY:
             raise ConfigError(f"scores={scores!r}; allowed: {', '.join(scorer_names())}")
         return _REGISTRY[scores]
+    if isinstance(scores, Mapping):
+        return check_scorer(from_spec(scores, _REGISTRY, "scores"))
     return check_scorer(scores)
+
+
+def scorer_spec(scorer: Scorer) -> str | dict:
+    """How ``scorer`` is written down: its name, or ``{"name": ..., setting: value}`` for the settings it has unlike
+    the scorer registered under that name (:func:`headprune.methods.spec_of`)."""
+    return spec_of(scorer, _REGISTRY)
 
 
 def scorer_names() -> tuple[str, ...]:

@@ -1,12 +1,14 @@
 """The built-in compensations, one module each; :mod:`headprune.compression.compensation` registers them
-(``linear-seq`` and ``obs-seq`` are settings of :class:`Linear`)."""
+(``linear-seq`` and ``obs-seq`` are variants of :class:`Linear`, not classes of their own)."""
 
 from .bias import Bias
-from .linear import LINEAR_SEQ, OBS_SEQ, Linear
+from .distill import Distill
+from .linear import Linear
 from .rearrange import Rearrange
 from .refit import Reconstruct
 from .tune import Tune
 
-BUILT_IN = (Rearrange(), Tune(), Reconstruct(), Bias(), Linear(), LINEAR_SEQ, OBS_SEQ)
+BUILT_IN = (Rearrange(), Tune(), Reconstruct(), Bias(), Linear(), Linear(variant="linear-seq"),
+            Linear(variant="obs-seq"), Distill())
 
-__all__ = ["Bias", "Linear", "Rearrange", "Reconstruct", "Tune", "BUILT_IN"]
+__all__ = ["Bias", "Distill", "Linear", "Rearrange", "Reconstruct", "Tune", "BUILT_IN"]

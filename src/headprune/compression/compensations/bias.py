@@ -4,15 +4,18 @@ compensation; exact mean replacement, no labels, so not guarded). Runs before th
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ...core.biases import mean_shifts, shift_biases
 
 
 @dataclass(frozen=True)
 class Bias:
-    name: str = "bias"
-    stage: str = "standin"
-    gram: bool = False  # needs the channel means only
+    """No settings: the means are exact."""
+
+    name: ClassVar[str] = "bias"
+    stage: ClassVar[str] = "standin"
+    gram: ClassVar[bool] = False  # needs the channel means only
 
     def apply(self, pruned, model, stats, dropped_heads, dropped_neurons, settings) -> tuple[str, dict]:
         """(the stage's note, the bias shifts added: the plan records them, so a replay needs no statistics)."""

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
+from typing import ClassVar
 
 from ...selection.rearrange import rearrange
 
 
 @dataclass(frozen=True)
 class Rearrange:
-    name: str = "rearrange"
-    stage: str = "plan"
+    """No settings: the swaps are exact on the Fisher estimate."""
+
+    name: ClassVar[str] = "rearrange"
+    stage: ClassVar[str] = "plan"
 
     def refine(self, ctx, plan):
         """The plan with the swaps (key ``rearranged``) if the guard keeps them, else ``plan``."""

@@ -9,6 +9,7 @@ in the same forwards when asked (``request.stats``): no second pass over the cal
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ..fisher import fisher_information
 from ..fluctuation import StatsCollector
@@ -18,11 +19,13 @@ from ..units import unit_fisher
 
 @dataclass(frozen=True)
 class FisherScorer:
-    name: str = "fisher"
-    plan: bool = True
-    pool: bool = True
-    fisher: bool = True
-    label_free: bool = False
+    """No settings."""
+
+    name: ClassVar[str] = "fisher"
+    plan: ClassVar[bool] = True
+    pool: ClassVar[bool] = True
+    fisher: ClassVar[bool] = True
+    label_free: ClassVar[bool] = False
 
     def score(self, model, batches, request: ScoreRequest) -> UnitScores:
         if request.blocks:

@@ -4,12 +4,14 @@
 ranks heads and neurons together (:func:`~headprune.scoring.fluctuation.knapsack_scores`);
 ``fluctuation-raw`` keeps the expected squared output change of holding each unit at its mean, an additive
 score the budget trades against price like the Fisher's. The channel statistics come along for the
-stand-ins (:mod:`headprune.core.biases`, :mod:`headprune.core.standins`).
+stand-ins (:mod:`headprune.core.biases`, :mod:`headprune.core.standins`). One class: the two names are the two
+values of its setting ``standardise``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ...errors import ConfigError
 from ..fluctuation import fluctuation_scores, knapsack_scores
@@ -18,11 +20,16 @@ from ..scorer import ScoreRequest, UnitScores
 
 @dataclass(frozen=True)
 class FluctuationScorer:
-    standardise: bool = True
-    plan: bool = False
-    pool: bool = True
-    fisher: bool = False
-    label_free: bool = True
+    plan: ClassVar[bool] = False
+    pool: ClassVar[bool] = True
+    fisher: ClassVar[bool] = False
+    label_free: ClassVar[bool] = True
+    standardise: bool = True  # fluctuation (standardised per kind, a knapsack value per price) | fluctuation-raw
+
+    def __post_init__(self):
+        if not isinstance(self.standardise, bool):
+            raise ConfigError(f"standardise={self.standardise!r}; allowed: True (fluctuation) or False "
+                              "(fluctuation-raw)")
 
     @property
     def name(self) -> str:

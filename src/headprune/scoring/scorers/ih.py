@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from ...errors import ConfigError
 from ..importance import head_importance
@@ -11,11 +12,13 @@ from ..scorer import ScoreRequest, UnitScores
 
 @dataclass(frozen=True)
 class IhScorer:
-    name: str = "ih"
-    plan: bool = True
-    pool: bool = False
-    fisher: bool = False
-    label_free: bool = False
+    """No settings."""
+
+    name: ClassVar[str] = "ih"
+    plan: ClassVar[bool] = True
+    pool: ClassVar[bool] = False
+    fisher: ClassVar[bool] = False
+    label_free: ClassVar[bool] = False
 
     def score(self, model, batches, request: ScoreRequest) -> UnitScores:
         if request.units != "heads":

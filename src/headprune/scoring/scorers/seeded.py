@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -14,11 +15,13 @@ from ..scorer import ScoreRequest, UnitScores
 
 @dataclass(frozen=True)
 class RandomScorer:
-    name: str = "random"
-    plan: bool = True
-    pool: bool = False
-    fisher: bool = False
-    label_free: bool = True
+    """No settings."""
+
+    name: ClassVar[str] = "random"
+    plan: ClassVar[bool] = True
+    pool: ClassVar[bool] = False
+    fisher: ClassVar[bool] = False
+    label_free: ClassVar[bool] = True
 
     def score(self, model, batches, request: ScoreRequest) -> UnitScores:
         if request.units != "heads":
