@@ -18,7 +18,14 @@ from pathlib import Path
 
 import torch
 
-from ..compression.recover import RecoverHooks, RecoverResult, RecoverSettings, check_pair, recover, split_blocks
+from ..compression.recover import (
+    RecoverHooks,
+    RecoverResult,
+    RecoverSettings,
+    check_pair,
+    recover,
+    split_blocks,
+)
 from ..core.devices import resolve_device
 from ..core.io import load_model, load_tokenizer, save_pruned
 from ..errors import ConfigError
