@@ -40,9 +40,9 @@ from recorded import command  # noqa: E402
 
 from headprune import compress  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
-from headprune.core.ffn import find_ffns  # noqa: E402
-from headprune.core.sites import find_sites  # noqa: E402
-from headprune.core.unit_cost import unit_costs  # noqa: E402
+from headprune.core.model.ffn import find_ffns  # noqa: E402
+from headprune.core.model.sites import find_sites  # noqa: E402
+from headprune.core.model.unit_cost import unit_costs  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 from headprune.scoring.scorer import ScoreRequest, UnitScores  # noqa: E402
 

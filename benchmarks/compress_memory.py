@@ -9,7 +9,7 @@ removing 20% of the non-embedding parameters, on the calibration blocks of ``ben
 tokens of CPython's docs). Recorded: the peak growth of the process's resident set while compress runs
 (``headprune.bench.machine.peak_rss_delta``: the model and the batches are loaded before), the model's weight bytes
 in float32 (every parameter once, tied ones once), their ratio, and what one batch's ``[B, T, V]`` float32 logits
-would take, which the chunked losses (``headprune.core.chunked``) never hold at once: with Gemma-3's 262,144-token
+would take, which the chunked losses (``headprune.core.model.chunked``) never hold at once: with Gemma-3's 262,144-token
 vocabulary, 1.07 GB for a batch of 4 x 256 tokens. Written to ``benchmarks/results/compress_memory.json`` (the quick
 run: ``compress_memory_quick.json``), one entry per model, replaced when run again.
 """
@@ -30,7 +30,7 @@ import llm_peers  # noqa: E402
 from peers.headprune_rows import headprune_row  # noqa: E402
 
 from headprune.bench.machine import loadavg, machine_info, peak_rss_delta  # noqa: E402
-from headprune.core.chunked import LOGIT_BYTES, chunk_rows  # noqa: E402
+from headprune.core.model.chunked import LOGIT_BYTES, chunk_rows  # noqa: E402
 from headprune.evaluation.lm import LanguageModelling  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 

@@ -40,7 +40,7 @@ import headprune as hp  # noqa: E402
 from headprune.bench.decode import generated_cache  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.bench.protocol import ProtocolSettings, paired_rounds  # noqa: E402
-from headprune.core.cost import flop_breakdown  # noqa: E402
+from headprune.core.model.cost import flop_breakdown  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

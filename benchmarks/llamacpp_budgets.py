@@ -89,7 +89,7 @@ def load(args):
         return tiny_decoder("llama", layers=4), bpe_tokenizer(), None, text, text, {
             "model": "tiny random Llama (4 layers, 4 heads / 2 KV heads of 16, FFN 128)", "calib": "llm_tiny.TEXTS",
             "eval": "llm_tiny.TEXTS (quick: the same text)"}
-    from headprune.core.gguf import load_gguf, load_gguf_tokenizer
+    from headprune.core.store.gguf import load_gguf, load_gguf_tokenizer
     from headprune.experiments.demo import SMOLLM2_FILE, SMOLLM2_PACKAGE
     from headprune.provenance import file_sha256
 

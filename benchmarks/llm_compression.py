@@ -34,7 +34,7 @@ import torch
 
 from headprune.bench.machine import machine_info
 from headprune.compression import PruneSettings, plan_heads, score_heads
-from headprune.core.kvcache import kv_head_bytes
+from headprune.core.model.kvcache import kv_head_bytes
 from headprune.evaluation.lm import LanguageModelling
 from headprune.provenance import versions
 from headprune.selection.gqa import kv_groups, kv_growth
@@ -89,7 +89,7 @@ def main(argv=None) -> dict | None:
         name, block, n_calib, n_eval = "tiny-random-llama", 64, 4, 4
         sources = {"calib": "pydoc_data.topics, 1st half", "eval": "pydoc_data.topics, 2nd half"}
     else:
-        from headprune.core.gguf import load_gguf, load_gguf_tokenizer
+        from headprune.core.store.gguf import load_gguf, load_gguf_tokenizer
         from headprune.experiments.demo import SMOLLM2_FILE, SMOLLM2_PACKAGE
 
         spec = importlib.util.find_spec(SMOLLM2_PACKAGE)

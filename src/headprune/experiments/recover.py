@@ -18,9 +18,16 @@ from pathlib import Path
 
 import torch
 
-from ..compression.recover import RecoverHooks, RecoverResult, RecoverSettings, check_pair, recover, split_blocks
-from ..core.devices import resolve_device
+from ..compression.recover import (
+    RecoverHooks,
+    RecoverResult,
+    RecoverSettings,
+    check_pair,
+    recover,
+    split_blocks,
+)
 from ..core.io import load_model, load_tokenizer, save_pruned
+from ..core.model.devices import resolve_device
 from ..errors import ConfigError
 from ..evaluation.build import check_model
 from ..provenance import code_identity, model_sha256, versions

@@ -1,5 +1,5 @@
 """``linear``, ``linear-seq``, ``obs-seq``: every removed unit replaced by its least-squares affine prediction from
-the kept ones, folded into the kept columns and the biases (:func:`headprune.core.standins.linear_standins`). One
+the kept ones, folded into the kept columns and the biases (:func:`headprune.core.cut.standins.linear_standins`). One
 class; the three names are three settings of it. Runs before the cut, on the channel means and second moments;
 not guarded (the fit is exact on the calibration tokens).
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...checks import check_number
-from ...core.standins import linear_standins
+from ...core.cut.standins import linear_standins
 from ...errors import ConfigError
 
 _NOTES = {(False, False): "removed units replaced by their least-squares affine prediction from the kept ones on "
