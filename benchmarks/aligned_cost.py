@@ -22,28 +22,25 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llm_peers  # noqa: E402
+from doc_tables import markdown_table  # noqa: E402
 from peers import protocol  # noqa: E402
 from peers.headprune_rows import settings_for  # noqa: E402
 from peers.plan import nonembedding_params  # noqa: E402
 from peers.results_io import save, write_section  # noqa: E402
-from recorded import command  # noqa: E402
+from recorded import opening  # noqa: E402
 
 from headprune import compress  # noqa: E402
-from headprune.bench.machine import loadavg, machine_info  # noqa: E402
-from headprune.core.ffn import find_ffns  # noqa: E402
-from headprune.core.sites import find_sites  # noqa: E402
-from headprune.core.unit_cost import unit_costs  # noqa: E402
-from headprune.provenance import versions  # noqa: E402
+from headprune.bench.machine import loadavg  # noqa: E402
+from headprune.core.model.ffn import find_ffns  # noqa: E402
+from headprune.core.model.sites import find_sites  # noqa: E402
+from headprune.core.model.unit_cost import unit_costs  # noqa: E402
 from headprune.scoring.scorer import ScoreRequest, UnitScores  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -98,13 +95,10 @@ def main(argv=None) -> dict | None:
                                  "comma-separated numbers in (0, 1)")
     multiples = llm_peers._numbers(args.multiples, "--multiples", int, lambda v: v >= 1,
                                    "comma-separated integers >= 1")
-    torch.set_num_threads(args.threads)
+    head = opening("aligned_cost", __file__, argv, threads=args.threads, python=True)
     model, batches, held, described = _data(args.quick)
     output = args.output or (OUTPUT.with_name("aligned_cost_quick.json") if args.quick else OUTPUT)
-    given = sys.argv[1:] if argv is None else list(argv)
-    out = {"name": "aligned_cost", "command": command(__file__, given),
-           "machine": machine_info() | {"loadavg_at_start": loadavg()},
-           "versions": versions() | {"python": platform.python_version()},
+    out = {**head,
            "settings": {**described, "config": CONFIG, "multiples": multiples, "budgets": budgets, "seed": 0,
                         "judged_on": "held-out calibration blocks (the evaluation texts are not read)",
                         "bootstrap": "95% percentile, 1000 resamples of held-out blocks, paired, seed 0"},
@@ -139,15 +133,14 @@ def table(data: dict) -> str:
     s = data["settings"]
     lines = [f"{s['config']} on {s['model']}, judged on {s['held_out_blocks']} held-out calibration blocks of "
              f"{s['calib_block']} tokens (unpruned perplexity {data['unpruned']['perplexity']:.2f}); "
-             f"`{data['command']}`.", "",
-             "| removed (target) | multiple of | removed (actual) | held-out perplexity | x unaligned [95% interval] |",
-             "|---|---|---|---|---|"]
+             f"`{data['command']}`.", ""]
+    rows = []
     for r in data["rows"]:
         lo, hi = r["ratio_ci95"]
         ratio = "1 (reference)" if r["multiple_of"] == 1 else f"{r['ratio_to_unaligned']:.3f} [{lo:.3f}, {hi:.3f}]"
-        lines.append(f"| {r['budget']:.0%} | {r['multiple_of']} | {r['removed_share']:.1%} | "
-                     f"{r['perplexity']:.2f} | {ratio} |")
-    return "\n".join(lines)
+        rows.append([f"{r['budget']:.0%}", r["multiple_of"], f"{r['removed_share']:.1%}", f"{r['perplexity']:.2f}", ratio])
+    return "\n".join(lines + markdown_table(["removed (target)", "multiple of", "removed (actual)", "held-out perplexity",
+                                             "x unaligned [95% interval]"], rows))
 
 
 def write_docs(page: Path, data: dict) -> None:

@@ -9,7 +9,7 @@ removing 20% of the non-embedding parameters, on the calibration blocks of ``ben
 tokens of CPython's docs). Recorded: the peak growth of the process's resident set while compress runs
 (``headprune.bench.machine.peak_rss_delta``: the model and the batches are loaded before), the model's weight bytes
 in float32 (every parameter once, tied ones once), their ratio, and what one batch's ``[B, T, V]`` float32 logits
-would take, which the chunked losses (``headprune.core.chunked``) never hold at once: with Gemma-3's 262,144-token
+would take, which the chunked losses (``headprune.core.model.chunked``) never hold at once: with Gemma-3's 262,144-token
 vocabulary, 1.07 GB for a batch of 4 x 256 tokens. With ``--cli``, the same configuration also runs as a user runs it,
 ``headprune compress MODEL --task lm ... 2>log`` in a child process with stderr to a file (not a terminal): the
 child's peak resident set (``getrusage``, the whole process: loading, evaluation, compress, saving) over the
@@ -37,7 +37,7 @@ from peers.headprune_rows import headprune_row, settings_for  # noqa: E402
 from recorded import command, repo_path  # noqa: E402
 
 from headprune.bench.machine import loadavg, machine_info, peak_rss_delta  # noqa: E402
-from headprune.core.chunked import LOGIT_BYTES, chunk_rows  # noqa: E402
+from headprune.core.model.chunked import LOGIT_BYTES, chunk_rows  # noqa: E402
 from headprune.evaluation.lm import LanguageModelling  # noqa: E402
 from headprune.provenance import versions  # noqa: E402
 

@@ -9,7 +9,7 @@ fine-tuned classifier, one calibration set and one evaluation protocol (issue #2
 Budget: ``--budgets`` shares of the *prunable FLOPs* kept -- the FLOPs per example, at ``--seq-len`` tokens, of
 every attention head (its query/key/value rows, output-projection columns and two attention products) and
 every FFN neuron (its up row and down column): headprune's ``price="flops"`` pool
-(:func:`headprune.core.unit_cost.unit_costs`, built on :func:`headprune.core.cost.flop_breakdown`); the
+(:func:`headprune.core.model.unit_cost.unit_costs`, built on :func:`headprune.core.model.cost.flop_breakdown`); the
 embeddings, pooler and classifier are outside it. Every method is given the same pool and target, and every
 row reports the pool FLOPs and the whole model's FLOPs its pruned model actually keeps, counted on it by the
 same counter.
@@ -59,8 +59,8 @@ from recorded import command  # noqa: E402
 
 from headprune import PruneSettings, compress, find_ffns, find_sites  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
-from headprune.core.cost import flop_breakdown  # noqa: E402
-from headprune.core.unit_cost import unit_costs  # noqa: E402
+from headprune.core.model.cost import flop_breakdown  # noqa: E402
+from headprune.core.model.unit_cost import unit_costs  # noqa: E402
 from headprune.errors import HeadpruneError  # noqa: E402
 from headprune.evaluation.significance import compare  # noqa: E402
 from headprune.provenance import file_sha256, versions  # noqa: E402
@@ -76,7 +76,7 @@ CONFIGURATIONS: dict[str, dict] = {
     "headprune-fluctuation+bias": {"units": "both", "price": "flops", "scores": "fluctuation", "compensate": "bias"},
     "headprune-fluctuation+bias+reconstruct": {"units": "both", "price": "flops", "scores": "fluctuation",
                                                "compensate": "bias+reconstruct"},
-    # removed units replaced by their least-squares affine prediction from the kept ones (headprune.core.standins);
+    # removed units replaced by their least-squares affine prediction from the kept ones (headprune.core.cut.standins);
     # damping as chosen for SmolLM2 on its held-out calibration text (benchmarks/peers/headprune_rows.py)
     "headprune-fisher+linear": {"units": "both", "price": "flops", "scores": "fisher", "compensate": "linear",
                                 "damping": 0.3},

@@ -9,7 +9,7 @@ For each model type in transformers' auto mappings: the most useful class (causa
 LM, else sequence classification, else base model; seq2seq LM first for an encoder-decoder, whose
 causal-LM class is its decoder alone), built with random weights from a tiny config
 (``benchmarks/tiny_configs.py``: the type's default config shrunk by generic rules), run once, then
-``hp.find_sites`` and ``headprune.core.verify.check_model``. Verdicts: ``exact`` (the checks it
+``hp.find_sites`` and ``headprune.core.safety.verify.check_model``. Verdicts: ``exact`` (the checks it
 passed), ``refused`` (why: the UnsupportedModelError headprune raises), ``not built`` (the tiny config
 could not be built or run), ``no attention sites``, ``skipped`` (not a text or vision model headprune
 targets, a sub-model config, too big or too slow) and ``broken`` (headprune raised something else: a
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_configs  # noqa: E402  (beside this script)
 
 import headprune as hp  # noqa: E402
-from headprune.core import trial, verify  # noqa: E402
+from headprune.core.safety import trial, verify  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "families.json"

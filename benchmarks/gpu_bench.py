@@ -258,7 +258,7 @@ def _llm_plan(model, fraction: float, align: int, seed: int) -> tuple[dict, dict
     price times a uniform draw, so heads and neurons are traded evenly (layers may keep different widths, as a real
     plan's do)."""
     import headprune as hp
-    from headprune.core.unit_cost import unit_costs
+    from headprune.core.model.unit_cost import unit_costs
     from headprune.selection.aligned import Widths, select_aligned
     from headprune.selection.budgets import Budget, HeadRule
     from headprune.selection.gqa import kv_groups
@@ -357,7 +357,7 @@ def _decode(model, batch: int, prompt_len: int, new_tokens: int, device: torch.d
 
 def _prefill_flops(model, seq: int) -> int:
     """Matmul FLOPs of one sequence's prefill, the output head on the last position only."""
-    from headprune.core.cost import flop_breakdown
+    from headprune.core.model.cost import flop_breakdown
 
     head = model.get_output_embeddings()
     total = flop_breakdown(model, seq)["total"]
@@ -366,7 +366,7 @@ def _prefill_flops(model, seq: int) -> int:
 
 def _decode_bytes(model, batch: int, prompt_len: int, new_tokens: int) -> float:
     """Bytes read per decode step: every Linear weight once, and each sequence's cache at its mean length."""
-    from headprune.core.kvcache import kv_cache_bytes
+    from headprune.core.model.kvcache import kv_cache_bytes
 
     return _linear_bytes(model) + batch * kv_cache_bytes(model)["per_token"] * (prompt_len + new_tokens / 2)
 
@@ -472,7 +472,7 @@ def _table4(spec: dict, run: _Run) -> dict:
 
 
 def _prefill_flops_encoder(model, seq: int) -> int:
-    from headprune.core.cost import flop_breakdown
+    from headprune.core.model.cost import flop_breakdown
 
     return flop_breakdown(model, seq)["total"]
 

@@ -49,8 +49,8 @@ from headprune.bench.settings import BenchSettings
 from headprune.bench.timing import benchmark
 from headprune.compression import PruneSettings, compress
 from headprune.compression.compensations import Distill
-from headprune.core.cost import flop_breakdown
-from headprune.core.unit_cost import unit_costs
+from headprune.core.model.cost import flop_breakdown
+from headprune.core.model.unit_cost import unit_costs
 from headprune.evaluation.multiplicity import holm
 from headprune.evaluation.resampling import resamples_for
 from headprune.evaluation.significance import compare

@@ -23,7 +23,6 @@ import argparse
 import copy
 import inspect
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -33,15 +32,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from doc_tables import markdown_table  # noqa: E402
 from peers.results_io import save, write_section  # noqa: E402
-from recorded import command  # noqa: E402
+from recorded import opening  # noqa: E402
 
 import headprune as hp  # noqa: E402
 from headprune.bench.decode import generated_cache  # noqa: E402
-from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.bench.protocol import ProtocolSettings, paired_rounds  # noqa: E402
-from headprune.core.cost import flop_breakdown  # noqa: E402
-from headprune.provenance import versions  # noqa: E402
+from headprune.core.model.cost import flop_breakdown  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "benchmarks" / "results" / "layout_speed.json"
@@ -162,15 +160,12 @@ def main(argv=None) -> dict | None:
     for flag in ("batch", "seq", "prompt", "new", "rounds", "threads"):
         if getattr(args, flag) < 1:
             raise SystemExit(f"--{flag} {getattr(args, flag)}; allowed: an integer >= 1")
-    torch.set_num_threads(args.threads)
+    head = opening("layout_speed", __file__, argv, threads=args.threads, python=True)
     shape = QUICK if args.quick else SMOLLM2
     output = args.output or (OUTPUT.with_name("layout_speed_quick.json") if args.quick else OUTPUT)
-    given = sys.argv[1:] if argv is None else list(argv)
     with tempfile.TemporaryDirectory() as tmp:
         models = build_models(shape, Path(tmp))
-        out = {"name": "layout_speed", "command": command(__file__, given),
-               "machine": machine_info() | {"loadavg_at_start": loadavg()},
-               "versions": versions() | {"python": platform.python_version()},
+        out = {**head,
                "settings": {"shape": shape, "batch": args.batch, "seq": args.seq, "prompt": args.prompt,
                             "new": args.new, "rounds": args.rounds, "threads": args.threads, "dtype": "float32",
                             "seed": 0}, "models": {}, "workloads": {}}
@@ -205,22 +200,18 @@ def table(data: dict) -> str:
     s = data["settings"]
     lines = [f"SmolLM2-135M's shape, random weights, float32, {s['threads']} thread(s), {s['rounds']} alternating "
              f"rounds; prefill {s['batch']} x {s['seq']} tokens, decode batch 1 ({s['new']} steps after a "
-             f"{s['prompt']}-token prompt, KV cache); `{data['command']}`.", "",
-             "| workload | model | speed-up over stock [interval] | FLOP limit | efficiency | other processes' CPU "
-             "(cores) | load average before / after |",
-             "|---|---|---|---|---|---|---|"]
+             f"{s['prompt']}-token prompt, KV cache); `{data['command']}`.", ""]
+    rows = []
     for workload, w in data["workloads"].items():
         for name, r in w["speedup"].items():
             other = w["load"].get("other_cpu")
-            load = (f"{'-' if other is None else f'{other:.2f}'} | "
-                    f"{w['load']['before']:.2f} / {w['load']['after']:.2f}")
-            if not w["reliable"]:
-                lines.append(f"| {workload} | {name} | not measured reliably ({w['reason']}) | "
-                             f"x{w['flop_limit'][name]:.3f} | - | {load} |")
-                continue
-            lines.append(f"| {workload} | {name} | x{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}] | "
-                         f"x{w['flop_limit'][name]:.3f} | {w['efficiency'][name]:.2f} | {load} |")
-    return "\n".join(lines)
+            load = ["-" if other is None else f"{other:.2f}", f"{w['load']['before']:.2f} / {w['load']['after']:.2f}"]
+            speedup, efficiency = ((f"x{r['median']:.3f} [{r['low']:.3f}, {r['high']:.3f}]", f"{w['efficiency'][name]:.2f}")
+                                   if w["reliable"] else (f"not measured reliably ({w['reason']})", "-"))
+            rows.append([workload, name, speedup, f"x{w['flop_limit'][name]:.3f}", efficiency, *load])
+    return "\n".join(lines + markdown_table(["workload", "model", "speed-up over stock [interval]", "FLOP limit",
+                                             "efficiency", "other processes' CPU (cores)",
+                                             "load average before / after"], rows))
 
 
 def write_docs(page: Path, data: dict) -> None:

@@ -17,18 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llm_peers  # noqa: E402
 from peers import protocol, results_io  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, settings_for  # noqa: E402
-from recorded import command  # noqa: E402
+from recorded import opening  # noqa: E402
 
 from headprune import compress  # noqa: E402
-from headprune.bench.machine import loadavg, machine_info  # noqa: E402
-from headprune.provenance import versions  # noqa: E402
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "linear_damping.json"
 BASE = {"units": "both", "price": "params", "scores": "fluctuation"}
@@ -50,7 +46,7 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--dampings {args.dampings!r}; allowed: comma-separated numbers >= 0")
     if not 0 < args.budget < 1:
         raise SystemExit(f"--budget {args.budget}; allowed: a number in (0, 1)")
-    torch.set_num_threads(args.threads)
+    head = opening("linear_damping", __file__, argv, threads=args.threads)
     model, batches, held, described = llm_peers.held_out_data(args.quick)
     unpruned = protocol.perplexity(protocol.window_nll(model, held))
     rows = []
@@ -66,8 +62,7 @@ def main(argv=None) -> dict:
                      "ratio": ppl / unpruned, "prune_seconds": seconds})
         print(f"{name}: held-out perplexity {ppl:.3f} (x{ppl / unpruned:.4f}), {seconds:.0f} s", flush=True)
     best = min((r for r in rows if r["compensate"] == "linear"), key=lambda r: r["held_out_perplexity"])
-    out = {"name": "linear_damping", "command": command(__file__, argv),
-           "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions(),
+    out = {**head,
            "settings": {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
                         "scores": "fluctuation", "quick": args.quick},
            "unpruned_held_out_perplexity": unpruned, "rows": rows, "best_damping": best["damping"]}

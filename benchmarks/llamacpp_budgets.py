@@ -51,8 +51,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from doc_tables import markdown_table  # noqa: E402
 from recorded import command as recorded_command  # noqa: E402
-from recorded import repo_path  # noqa: E402
+from recorded import opening, repo_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -89,7 +90,7 @@ def load(args):
         return tiny_decoder("llama", layers=4), bpe_tokenizer(), None, text, text, {
             "model": "tiny random Llama (4 layers, 4 heads / 2 KV heads of 16, FFN 128)", "calib": "llm_tiny.TEXTS",
             "eval": "llm_tiny.TEXTS (quick: the same text)"}
-    from headprune.core.gguf import load_gguf, load_gguf_tokenizer
+    from headprune.core.store.gguf import load_gguf, load_gguf_tokenizer
     from headprune.experiments.demo import SMOLLM2_FILE, SMOLLM2_PACKAGE
     from headprune.provenance import file_sha256
 
@@ -443,15 +444,12 @@ def _load_text(rounds: dict) -> str:
 
 def files_table(out: dict) -> list[str]:
     base = out["entries"]["unpruned"]
-    lines = ["| removed | widths | type | MiB | pruned / unpruned bytes | parameters removed | goal met | bytes per "
-             "weight removed (file's) | F16 fallbacks | wider than unpruned | llama.cpp perplexity | PyTorch float32 |",
-             "|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
+    rows: list[list] = []
     for kind, f in base["files"].items():
         ppl = f"{f['llama_cpp']['perplexity']:.2f}" if "llama_cpp" in f else "-"
         fb = len(f["exporter"].get("fallback_f16", [])) if "fallback_f16" in f["exporter"] else "-"
-        lines.append(f"| unpruned | - | {kind} | {_mib(f['bytes'])} | 1 | 0 | | {f['tensor_bytes'] / f['params']:.3f} "
-                     f"| {fb} | | {ppl} | "
-                     f"{base['pytorch']['perplexity']:.2f} |")
+        rows.append(["unpruned", "-", kind, _mib(f["bytes"]), 1, 0, "", f"{f['tensor_bytes'] / f['params']:.3f}", fb, "",
+                     ppl, f"{base['pytorch']['perplexity']:.2f}"])
     pruned = sorted((e for k, e in out["entries"].items() if k != "unpruned"), key=lambda e: (e["budget"], e["plan"] != "legacy"))
     for e in pruned:
         for kind, f in e["files"].items():
@@ -460,11 +458,13 @@ def files_table(out: dict) -> list[str]:
             goal = "-" if f["meets_size_goal"] is None else ("yes" if f["meets_size_goal"] else "**no**")
             b = base["files"][kind]
             removed = (b["tensor_bytes"] - f["tensor_bytes"]) / (b["params"] - f["params"])
-            lines.append(f"| {e['removed_nonembedding_share']:.1%} | x{e['multiple_of']} | {kind} | {_mib(f['bytes'])} "
-                         f"| {f['bytes_ratio']:.3f} | {f['params_removed_share']:.1%} | {goal} | {removed:.3f} "
-                         f"({b['tensor_bytes'] / b['params']:.3f}) | {fb} | "
-                         f"{len(f['wider_than_unpruned'])} | {ppl} | {e['pytorch']['perplexity']:.2f} |")
-    return lines
+            rows.append([f"{e['removed_nonembedding_share']:.1%}", f"x{e['multiple_of']}", kind, _mib(f["bytes"]),
+                         f"{f['bytes_ratio']:.3f}", f"{f['params_removed_share']:.1%}", goal,
+                         f"{removed:.3f} ({b['tensor_bytes'] / b['params']:.3f})", fb, len(f["wider_than_unpruned"]),
+                         ppl, f"{e['pytorch']['perplexity']:.2f}"])
+    return markdown_table(["removed", "widths", "type", "MiB", "pruned / unpruned bytes", "parameters removed",
+                           "goal met", "bytes per weight removed (file's)", "F16 fallbacks", "wider than unpruned",
+                           "llama.cpp perplexity", "PyTorch float32"], rows, align="lllrrrlrrrrr")
 
 
 def speed_table(out: dict) -> list[str]:
@@ -474,9 +474,8 @@ def speed_table(out: dict) -> list[str]:
     s = out["speed_settings"]
     lines = [f"llama.cpp {s['llama_cpp']} (llama-cpp-python), {s['prompt']}-token prompt, {s['generate']} generated "
              "tokens, alternating rounds; ratio = unpruned time / pruned time (median, interval); limit: "
-             "FLOPs per token for prompts, bytes read per token for generation.", "",
-             "| type | threads | removed | rounds | prompt speed-up | FLOPs limit | generation speed-up | bytes limit "
-             "| machine |", "|---|---:|---|---:|---|---:|---|---:|---|"]
+             "FLOPs per token for prompts, bytes read per token for generation.", ""]
+    rows = []
     shares = {(str(e["budget"]), e["plan"]): e["removed_nonembedding_share"] for k, e in out["entries"].items()
               if k != "unpruned"}
     for g in speed.values():
@@ -489,10 +488,10 @@ def speed_table(out: dict) -> list[str]:
                              else "not measured reliably")
                 cells.append(f"{g[what]['limit'][b]:.2f}")
             load = "; ".join(f"{w}: {_load_text(g[w]['rounds'])}" for w in ("prompt", "generate"))
-            lines.append(f"| {g['type']} | {g['threads']} | {float(b):.0%} ({shares[(b, g['plan'])]:.1%}, "
-                         f"x{out['settings']['multiples'][g['plan']]}) | {g['generate']['rounds']['rounds']} | "
-                         + " | ".join(cells) + f" | {load} |")
-    return lines
+            rows.append([g["type"], g["threads"], f"{float(b):.0%} ({shares[(b, g['plan'])]:.1%}, "
+                         f"x{out['settings']['multiples'][g['plan']]})", g["generate"]["rounds"]["rounds"], *cells, load])
+    return lines + markdown_table(["type", "threads", "removed", "rounds", "prompt speed-up", "FLOPs limit",
+                                   "generation speed-up", "bytes limit", "machine"], rows, align="lrlrlrlrl")
 
 
 def markdown(out: dict) -> str:
@@ -532,11 +531,9 @@ def readme_markdown(out: dict) -> str:
     for v in out.get("speed_goal", {}).get("verdicts", []):
         gen[(v["type"], v["budget"])] = "not measured reliably" if not v["reliable"] else f"{v['measured']:.2f}x"
     m = out["settings"]["multiples"]
-    lines = [f"| non-embedding params removed | Q8_0 file (x{m['legacy']} widths) | Q4_K_M file (x{m['kquant']} widths) | "
-             "llama.cpp perplexity, Q8_0 | generation speed-up, Q8_0, 1 thread |", "|---|---|---|---|---|"]
-    lines.append(f"| 0 | {_mib(base['Q8_0']['bytes'])} MiB | {_mib(base[KQUANT]['bytes'])} MiB | "
-                 f"{base['Q8_0']['llama_cpp']['perplexity']:.2f} | 1 |" if KQUANT in base and "llama_cpp" in base["Q8_0"]
-                 else f"| 0 | {_mib(base['Q8_0']['bytes'])} MiB | - | - | 1 |")
+    rows = [[0, f"{_mib(base['Q8_0']['bytes'])} MiB", f"{_mib(base[KQUANT]['bytes'])} MiB",
+             f"{base['Q8_0']['llama_cpp']['perplexity']:.2f}", 1] if KQUANT in base and "llama_cpp" in base["Q8_0"]
+            else [0, f"{_mib(base['Q8_0']['bytes'])} MiB", "-", "-", 1]]
     for b in sorted({e["budget"] for e in out["entries"].values() if e["budget"]}):
         leg, kq = by[(b, "legacy")], by.get((b, "kquant"))
         q8 = leg["files"]["Q8_0"]
@@ -544,9 +541,11 @@ def readme_markdown(out: dict) -> str:
         kcell = (f"{_mib(k['bytes'])} MiB ({k['bytes_ratio']:.2f}x; this plan removes "
                  f"{kq['removed_nonembedding_share']:.1%})") if k else "-"
         ppl = f"{q8['llama_cpp']['perplexity']:.2f}" if "llama_cpp" in q8 else "-"
-        lines.append(f"| {leg['removed_nonembedding_share']:.1%} | {_mib(q8['bytes'])} MiB ({q8['bytes_ratio']:.2f}x) | "
-                     f"{kcell} | {ppl} | {gen.get(('Q8_0', b), '-')} |")
-    return "\n".join(lines)
+        rows.append([f"{leg['removed_nonembedding_share']:.1%}", f"{_mib(q8['bytes'])} MiB ({q8['bytes_ratio']:.2f}x)",
+                     kcell, ppl, gen.get(("Q8_0", b), "-")])
+    return "\n".join(markdown_table(["non-embedding params removed", f"Q8_0 file (x{m['legacy']} widths)",
+                                     f"Q4_K_M file (x{m['kquant']} widths)", "llama.cpp perplexity, Q8_0",
+                                     "generation speed-up, Q8_0, 1 thread"], rows))
 
 
 def write_docs(page: Path, out: dict) -> None:
@@ -631,8 +630,6 @@ def main(argv=None) -> dict:
         out = json.loads(args.out.read_text(encoding="utf-8"))
         write_docs(args.write_docs, out)
         return out
-    from headprune.provenance import versions
-
     out = json.loads(args.out.read_text(encoding="utf-8")) if args.out.is_file() else {}
     settings = {"config": CONFIG, "min_per_site": 1, "budgets": list(args.budgets), "calib_block": args.calib_block,
                 "calib_blocks": args.calib_blocks, "quick": args.quick, "seed": 0, "multiples":
@@ -646,7 +643,7 @@ def main(argv=None) -> dict:
     if args.phase == "files":
         start = time.perf_counter()
         out["settings"] |= settings
-        out |= {"name": "llamacpp_budgets", "command": command(), "machine": machine(), "versions": versions()}
+        out |= opening("llamacpp_budgets", __file__, load=False)  # the machine with its load: at the end
         files_phase(args, out)
         out["summary"] = summarise(out)
         out["files_phase_seconds"] = out.get("files_phase_seconds", 0) + time.perf_counter() - start

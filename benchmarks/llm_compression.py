@@ -30,17 +30,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from headprune.bench.machine import machine_info
 from headprune.compression import PruneSettings, plan_heads, score_heads
-from headprune.core.kvcache import kv_head_bytes
+from headprune.core.model.kvcache import kv_head_bytes
 from headprune.evaluation.lm import LanguageModelling
-from headprune.provenance import versions
 from headprune.selection.gqa import kv_groups, kv_growth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recorded import command  # noqa: E402
+from recorded import opening  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FRACTIONS = (0.1, 0.2, 0.3, 0.4, 0.5)
@@ -73,7 +70,7 @@ def main(argv=None) -> dict | None:
         committed = json.loads((ROOT / "benchmarks" / "results" / "llm_compression.json").read_text())
         write_readme(args.write_readme, readme_section(committed, free_results()))
         return None
-    torch.set_num_threads(args.threads)
+    head = opening("llm_compression", __file__, threads=args.threads, load=False)
     methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     if not methods or any(m not in METHODS for m in methods):
         raise SystemExit(f"--methods {args.methods!r}; allowed: a comma-separated subset of {', '.join(METHODS)}")
@@ -89,7 +86,7 @@ def main(argv=None) -> dict | None:
         name, block, n_calib, n_eval = "tiny-random-llama", 64, 4, 4
         sources = {"calib": "pydoc_data.topics, 1st half", "eval": "pydoc_data.topics, 2nd half"}
     else:
-        from headprune.core.gguf import load_gguf, load_gguf_tokenizer
+        from headprune.core.store.gguf import load_gguf, load_gguf_tokenizer
         from headprune.experiments.demo import SMOLLM2_FILE, SMOLLM2_PACKAGE
 
         spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
@@ -108,8 +105,7 @@ def main(argv=None) -> dict | None:
                 "bootstrap": "95% percentile, 1000 resamples of evaluation blocks, paired, seed 0",
                 "fixed_before_evaluation": True}
     out = _resume(output, settings)
-    out.update({"name": "llm_compression", "command": command(__file__),
-                "machine": machine_info(), "versions": versions(), "settings": settings,
+    out.update({**head, "settings": settings,
                 "goal": f"perplexity at 20% of heads removed <= (1 + {GOAL}) x unpruned on held-out text"})
     done = {(r["method"], r["fraction"]) for r in out["rows"]}
     if "unpruned" not in out:

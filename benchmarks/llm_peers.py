@@ -79,7 +79,7 @@ from recorded import command as recorded_command  # noqa: E402
 from headprune.bench.decode import decode_benchmark  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info, peak_rss_delta  # noqa: E402
 from headprune.compression.replay import apply_plan  # noqa: E402
-from headprune.core.devices import peak_device_bytes, resolve_device  # noqa: E402
+from headprune.core.model.devices import peak_device_bytes, resolve_device  # noqa: E402
 from headprune.errors import HeadpruneError  # noqa: E402
 from headprune.evaluation.lm import LanguageModelling, prefix_token_id  # noqa: E402
 from headprune.provenance import file_sha256, versions  # noqa: E402

@@ -34,7 +34,7 @@ from recorded import command  # noqa: E402
 
 import headprune as hp  # noqa: E402
 from headprune.compression.replay import apply_plan  # noqa: E402
-from headprune.core.masking import neuron_mask_from  # noqa: E402
+from headprune.core.masks.masking import neuron_mask_from  # noqa: E402
 from headprune.errors import HeadpruneError  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,26 +18,22 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
 import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import llm_peers  # noqa: E402
+from doc_tables import markdown_table  # noqa: E402
 from peers.flap import flap_plan  # noqa: E402
 from peers.headprune_rows import CONFIGURATIONS, headprune_row  # noqa: E402
 from peers.results_io import save, write_section  # noqa: E402
-from recorded import command  # noqa: E402
+from recorded import opening  # noqa: E402
 
-from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.bench.protocol import ProtocolSettings, paired_rounds  # noqa: E402
 from headprune.compression.replay import apply_plan  # noqa: E402
 from headprune.evaluation.lm import LanguageModelling  # noqa: E402
-from headprune.provenance import versions  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "benchmarks" / "results" / "prune_time.json"
@@ -84,17 +80,14 @@ def main(argv=None) -> dict | None:
                                  "comma-separated numbers in (0, 1)")
     if args.rounds < 1:
         raise SystemExit(f"--rounds {args.rounds}; allowed: an integer >= 1")
-    torch.set_num_threads(args.threads)
+    head = opening("prune_time", __file__, argv, threads=args.threads, python=True)
     peer_args = llm_peers.parse(["--quick"] if args.quick else [])
     model, tok, calib_text, _, described = llm_peers.load(peer_args)
     block, blocks = (64, 8) if args.quick else (peer_args.calib_block, peer_args.calib_blocks)
     calib = LanguageModelling(tok, [calib_text], block_size=block, max_blocks=blocks, batch_size=4)
     batches = list(calib.batches(limit=blocks))
     output = args.output or (OUTPUT.with_name("prune_time_quick.json") if args.quick else OUTPUT)
-    given = sys.argv[1:] if argv is None else list(argv)
-    out = {"name": "prune_time", "command": command(__file__, given),
-           "machine": machine_info() | {"loadavg_at_start": loadavg()},
-           "versions": versions() | {"python": platform.python_version()},
+    out = {**head,
            "settings": {**described, "calib_block": block, "calib_blocks": blocks, "config": args.config,
                         "rounds": args.rounds, "threads": args.threads, "goal": f"headprune <= {GOAL} x FLAP",
                         "workload": "scores + selection + compensation + surgery on a copy", "seed": 0},
@@ -154,10 +147,8 @@ def table(data: dict) -> str:
              f"{s['threads']} thread(s), machine: {data['machine'].get('processor', '?')} "
              f"({data['machine'].get('cpu_count', '?')} cores); "
              + "; ".join(f"`{c}`" for c in dict.fromkeys(r.get("command", data["command"]) for r in data["budgets"].values()))
-             + ".", "",
-             "| budget | configuration | rounds | FLAP s | headprune s | headprune / FLAP [interval] | within 3x | other "
-             "processes' CPU (cores) | load average before / after |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             + ".", ""]
+    rows = []
     for budget, row in data["budgets"].items():
         r, load = row["headprune_over_flap"], row["load"]
         if row["reliable"]:
@@ -166,10 +157,11 @@ def table(data: dict) -> str:
         else:
             cells = ("not measured reliably",) * 3 + (f"({row['reason']})",)
         other = load.get("other_cpu")
-        lines.append(f"| {float(budget):.0%} | {row.get('config', s['config'])} | {row.get('rounds', s['rounds'])} | "
-                     + " | ".join(cells) + f" | {'-' if other is None else f'{other:.2f}'} "
-                     f"| {load['before']:.2f} / {load['after']:.2f} |")
-    return "\n".join(lines)
+        rows.append([f"{float(budget):.0%}", row.get("config", s["config"]), row.get("rounds", s["rounds"]), *cells,
+                     "-" if other is None else f"{other:.2f}", f"{load['before']:.2f} / {load['after']:.2f}"])
+    return "\n".join(lines + markdown_table(["budget", "configuration", "rounds", "FLAP s", "headprune s",
+                                             "headprune / FLAP [interval]", "within 3x",
+                                             "other processes' CPU (cores)", "load average before / after"], rows))
 
 
 def write_docs(page: Path, data: dict) -> None:

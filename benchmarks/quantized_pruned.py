@@ -43,6 +43,7 @@ from headprune.provenance import versions
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
+from doc_tables import markdown_table  # noqa: E402
 from fit_size import command, save  # noqa: E402
 
 RESULTS = ROOT / "results" / "quantized_pruned.json"
@@ -265,27 +266,27 @@ def markdown(out: dict) -> str:
     """The tables docs/llm_export.md shows, from the results JSON (tests/test_llm_export_doc.py checks it)."""
     base = {r["runtime"]: r["perplexity"] for r in out["rows"] if r["model"] == "unpruned"
             and r["weights"] in ("float32", "F32")}
-    lines = ["| model | runtime | weights | perplexity | vs unpruned float32 | size (MiB) |",
-             "|---|---|---|---:|---:|---:|"]
-    for r in out["rows"]:
-        size = f"{r['bytes'] / 2**20:.1f}" if r.get("bytes") else "-"
-        lines.append(f"| {r['model']} | {r['runtime']} | {r['weights']} | {r['perplexity']:.2f} | "
-                     f"{r['perplexity'] / base[r['runtime']]:.3f}x | {size} |")
+    lines = markdown_table(["model", "runtime", "weights", "perplexity", "vs unpruned float32", "size (MiB)"],
+                           [[r["model"], r["runtime"], r["weights"], f"{r['perplexity']:.2f}",
+                             f"{r['perplexity'] / base[r['runtime']]:.3f}x",
+                             f"{r['bytes'] / 2**20:.1f}" if r.get("bytes") else "-"] for r in out["rows"]],
+                           align="lllrrr")
     if not out["speedups"]:
         lines += ["", f"llama.cpp: {out['llama_cpp']}."]
     else:
         lines += ["", f"llama.cpp (llama-cpp-python {out['llama_cpp']}), {out['llama_cpp_speed'][0]['prompt_tokens']}-token "
                   f"prompt, {out['llama_cpp_speed'][0]['generated_tokens']} generated tokens, median of the runs:"]
-    lines += ["", "| weights | threads | unpruned prompt tok/s | pruned prompt tok/s | speed-up | "
-              "unpruned generate tok/s | pruned generate tok/s | speed-up |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    if not out["speedups"]:
-        lines = lines[:-3]
+    rows = []
     for s in out["speedups"]:
         a, b = (next(x for x in out["llama_cpp_speed"] if x["model"] == m and x["weights"] == s["weights"]
                      and x["threads"] == s["threads"]) for m in ("unpruned", "pruned"))
-        lines.append(f"| {s['weights']} | {s['threads']} | {a['prompt_tokens_per_s']:.0f} | {b['prompt_tokens_per_s']:.0f} | "
-                     f"{s['prompt_speedup']:.2f}x | {a['generate_tokens_per_s']:.1f} | {b['generate_tokens_per_s']:.1f} | "
-                     f"{s['generate_speedup']:.2f}x |")
+        rows.append([s["weights"], s["threads"], f"{a['prompt_tokens_per_s']:.0f}", f"{b['prompt_tokens_per_s']:.0f}",
+                     f"{s['prompt_speedup']:.2f}x", f"{a['generate_tokens_per_s']:.1f}", f"{b['generate_tokens_per_s']:.1f}",
+                     f"{s['generate_speedup']:.2f}x"])
+    if rows:
+        lines += ["", *markdown_table(["weights", "threads", "unpruned prompt tok/s", "pruned prompt tok/s", "speed-up",
+                                       "unpruned generate tok/s", "pruned generate tok/s", "speed-up"], rows,
+                                      align="lrrrrrrr")]
     red = out["implied_reduction"]
     lines += ["", f"Pruned shapes imply {red['flops_per_token']:.1%} fewer FLOPs per token (projections, attention over "
               f"{out['shapes']['pruned']['implied']['context']} past tokens and the output layer) and "

@@ -59,7 +59,7 @@ def minilm(args):
 
 
 def smollm2(args):
-    from headprune.core.gguf import load_gguf, load_gguf_tokenizer
+    from headprune.core.store.gguf import load_gguf, load_gguf_tokenizer
     from headprune.evaluation import LanguageModelling
     from headprune.experiments.demo import SMOLLM2_FILE, SMOLLM2_PACKAGE
 

@@ -40,3 +40,23 @@ def command(script: str | Path, argv: Sequence[str] | None = None) -> str:
     arguments (default: this process's)."""
     given = sys.argv[1:] if argv is None else list(argv)
     return shlex.join(["python", repo_path(Path(script).resolve()), *(repo_word(str(a)) for a in given)])
+
+
+def opening(name: str, script: str | Path, argv: Sequence[str] | None = None, *, threads: int | None = None,
+            load: bool = True, python: bool = False) -> dict:
+    """The opening every benchmark's results file shares, ``{"name", "command", "machine", "versions"}``: the
+    command (:func:`command` of ``script`` and ``argv``), the machine (``headprune.bench.machine_info``, with the
+    1-minute load at the start when ``load``), headprune's and its dependencies' versions (with python's when
+    ``python``). ``threads``: torch's intra-op threads set to it first (None: left as they are)."""
+    import platform
+
+    import torch
+
+    from headprune.bench.machine import loadavg, machine_info
+    from headprune.provenance import versions
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    machine = machine_info() | ({"loadavg_at_start": loadavg()} if load else {})
+    return {"name": name, "command": command(script, argv), "machine": machine,
+            "versions": versions() | ({"python": platform.python_version()} if python else {})}

@@ -37,7 +37,7 @@ from peers.headprune_rows import CONFIGURATIONS, settings_for  # noqa: E402
 from headprune import compress  # noqa: E402
 from headprune.bench.machine import loadavg  # noqa: E402
 from headprune.compression import blockwise  # noqa: E402
-from headprune.core import obs  # noqa: E402
+from headprune.core.cut import obs  # noqa: E402
 
 OUTPUT = Path(__file__).resolve().parent / "results" / "rounding.json"
 SELECTED = "headprune-fisher+linear-2steps+obs-seq"

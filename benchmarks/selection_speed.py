@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from headprune.core.cost import HeadCosts
+from headprune.core.model.cost import HeadCosts
 from headprune.provenance import versions
 from headprune.selection import select_heads
 from headprune.selection.budget import budget_heads

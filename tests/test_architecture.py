@@ -28,10 +28,12 @@ MANY_PARAMETERS = {
                                   "are keywords beside the settings object",
     "compression.plan.plan_heads": "reused scores, prices and sites for several budgets on one model",
     "compression.reconstruct._refit": "one layer's least-squares system",
-    "core.sites._make_site": "one record's fields",
+    "core.model.sites._make_site": "one record's fields",
     "export.gguf.export_gguf": "llama.cpp's export options",
 }
-NESTED = ["compression/compensations", "scoring/scorers"]  # one module per method, registered by name
+# one module per method, registered by name (compensations, scorers); the core's layers (core/*)
+NESTED = ["compression/compensations", "core/cut", "core/masks", "core/model", "core/safety", "core/store",
+          "scoring/scorers"]
 SUBPACKAGES = {"core", "scoring", "selection", "compression", "evaluation", "experiments", "bench", "report",
                "cli", "train", "export", "peers"}
 
@@ -238,11 +240,11 @@ def test_no_private_names_imported_across_subpackages():
 
 def test_resolution_helpers_on_known_cases():
     """The checks below are only as good as the import resolution: pin it on real modules."""
-    assert _subpackage("headprune.core.masking") == "core" and _subpackage("headprune.errors") == "errors"
+    assert _subpackage("headprune.core.masks.masking") == "core" and _subpackage("headprune.errors") == "errors"
     assert _subpackage("headprune") == ""
-    deps = _dependencies("headprune.core.masking")
-    assert {"headprune.errors", "headprune.core.sites"} <= deps, deps
-    assert {"headprune.core.masking", "headprune.core.sites", "headprune.core.io"} <= _dependencies("headprune.core")
+    deps = _dependencies("headprune.core.masks.masking")
+    assert {"headprune.errors", "headprune.core.model.sites"} <= deps, deps
+    assert {"headprune.core.masks.masking", "headprune.core.model.sites", "headprune.core.io"} <= _dependencies("headprune.core")
     assert "headprune.cli.compress" in _dependencies("headprune.cli")  # `from . import bench, compress, ...`
     assert _find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _find_cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
@@ -315,61 +317,70 @@ def test_no_private_names_imported_across_modules():
     assert not offenders, "private names imported from another module:\n" + "\n".join(offenders)
 
 
-# The core in layers, bottom first: a module imports only from its own layer or lower ones (module- and
-# function-level imports alike). Every module of headprune.core must be in exactly one layer.
-CORE_LAYERS = (
-    ("records", {"records", "devices", "calls", "inputs", "gguf", "quiet", "finite", "chunked"}),
-    ("model", {"families", "runtime", "layouts", "sites", "ffn", "kept", "cost", "unit_cost", "kvcache"}),
-    ("masks", {"masking", "folding"}),
-    ("surgery", {"snapshot", "surgery", "neurons", "biases", "standins", "obs"}),
-    ("io", {"loading", "checkpoint", "stock", "saving"}),
-    ("verify", {"trial", "verify"}),
-    ("public", {"prune", "io"}),
-)
+# The core in layers, bottom first: each sub-package of headprune.core is one layer and imports only from
+# itself or lower ones (module- and function-level imports alike); the public functions sit in core's own
+# modules, above every layer. A sub-package's __init__ imports nothing (no re-exports: import the module).
+CORE_LAYERS = ("model", "masks", "cut", "store", "safety")
+CORE_PUBLIC = {"prune", "io"}  # headprune.core.prune, headprune.core.io: the top
 
 
 def _core_layer(module: str) -> int | None:
+    """The layer of a module of headprune.core (0 the lowest), None for a module outside it or for the
+    core's package itself."""
     if not module.startswith(f"{ROOT}.core."):
         return None
-    short = module.removeprefix(f"{ROOT}.core.")
-    return next((i for i, (_, names) in enumerate(CORE_LAYERS) if short in names), None)
+    first, _, rest = module.removeprefix(f"{ROOT}.core.").partition(".")
+    if first in CORE_LAYERS:
+        return CORE_LAYERS.index(first)
+    return len(CORE_LAYERS) if first in CORE_PUBLIC and not rest else None
 
 
 def test_every_core_module_has_one_layer():
     core = {m.removeprefix(f"{ROOT}.core.") for m in MODULES if m.startswith(f"{ROOT}.core.")}
-    placed = [name for _, names in CORE_LAYERS for name in names]
-    assert len(placed) == len(set(placed)), f"a module in two layers: {placed}"
-    assert core == set(placed), f"not placed: {sorted(core - set(placed))}; gone: {sorted(set(placed) - core)}"
+    unplaced = sorted(m for m in core if _core_layer(f"{ROOT}.core.{m}") is None)
+    assert not unplaced, f"core modules outside the layers {CORE_LAYERS} and the public {sorted(CORE_PUBLIC)}: {unplaced}"
+    assert set(CORE_LAYERS) <= core and CORE_PUBLIC <= core, sorted(core)
 
 
 def test_core_layers_import_downwards_only():
     upward = []
+    packages = {f"{ROOT}.core", *(f"{ROOT}.core.{layer}" for layer in CORE_LAYERS)}
     for name in MODULES:
         layer = _core_layer(name)
         if layer is None:
             continue
         for dep in _dependencies(name, anywhere=True):
-            if dep == f"{ROOT}.core":
+            if dep in packages:
                 upward.append(f"{name} -> {dep} (the package: import the module itself)")
             elif (target := _core_layer(dep)) is not None and target > layer:
-                upward.append(f"{name} ({CORE_LAYERS[layer][0]}) -> {dep} ({CORE_LAYERS[target][0]})")
+                upward.append(f"{name} (layer {layer}) -> {dep} (layer {target})")
     assert not upward, "core modules importing from a higher layer:\n" + "\n".join(upward)
+
+
+def test_core_layer_packages_import_nothing():
+    """A layer's __init__ is its docstring: no re-exports, so every name has one import path."""
+    busy = [layer for layer in CORE_LAYERS if _dependencies(f"{ROOT}.core.{layer}", anywhere=True)
+            or any(isinstance(n, ast.Import | ast.ImportFrom) for n in ast.walk(_parse(f"{ROOT}.core.{layer}")))]
+    assert not busy, f"core layer packages that import: {busy}"
 
 
 def test_layer_check_sees_an_upward_import():
     """The check above on a known pair: surgery sits below verification, the public prune above it."""
-    assert _core_layer(f"{ROOT}.core.surgery") < _core_layer(f"{ROOT}.core.verify") < _core_layer(f"{ROOT}.core.prune")
-    assert f"{ROOT}.core.verify" in _dependencies(f"{ROOT}.core.prune")
+    assert _core_layer(f"{ROOT}.core.model.records") == 0 and _core_layer(f"{ROOT}.core.cut") == CORE_LAYERS.index("cut")
+    assert _core_layer(f"{ROOT}.core.cut.surgery") < _core_layer(f"{ROOT}.core.safety.verify") \
+        < _core_layer(f"{ROOT}.core.prune")
+    assert _core_layer(f"{ROOT}.core") is None and _core_layer(f"{ROOT}.scoring.fisher") is None
+    assert f"{ROOT}.core.safety.verify" in _dependencies(f"{ROOT}.core.prune")
 
 
 # Module-level containers that functions change: only these, each a documented registry or cache (issue 35)
 MUTABLE_STATE = {
     "compression.compensation._REGISTRY": "compensations by name: register_compensation adds one",
     "scoring.registry._REGISTRY": "scorers by name: register_scorer adds one",
-    "core.verify._VERDICTS": "verdicts per class and shrunk config, cached for the process",
-    "core.runtime.SWAPPED_CLASSES": "one swapped class per (mixin, base), written once per key",
-    "core.sites._FIXED": "sites and FFNs found once per model inside structure_fixed(), forgotten when it ends",
-    "core.families._TABLE": "the family table: register_family adds an entry",
+    "core.safety.verify._VERDICTS": "verdicts per class and shrunk config, cached for the process",
+    "core.model.runtime.SWAPPED_CLASSES": "one swapped class per (mixin, base), written once per key",
+    "core.model.sites._FIXED": "sites and FFNs found once per model inside structure_fixed(), forgotten when it ends",
+    "core.model.families._TABLE": "the family table: register_family adds an entry",
 }
 _MUTATORS = {"append", "extend", "update", "add", "pop", "clear", "setdefault", "remove", "insert", "popitem",
              "discard"}

@@ -21,9 +21,9 @@ from typer.testing import CliRunner
 import headprune as hp
 from headprune.bench import BenchSettings, benchmark, fraction_plan
 from headprune.cli import app
-from headprune.core.cost import flop_breakdown, flops_per_example
-from headprune.core.inputs import example_inputs
-from headprune.core.runtime import RepeatHeads
+from headprune.core.model.cost import flop_breakdown, flops_per_example
+from headprune.core.model.inputs import example_inputs
+from headprune.core.model.runtime import RepeatHeads
 from tiny import build, inputs
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -52,7 +52,7 @@ def test_every_selection_function_refuses_a_bad_share_in_the_same_words():
     for call in calls:
         with pytest.raises(ConfigError, match=r"=1.5; allowed: a number 0.0..1.0"):
             call()
-    from headprune.core.unit_cost import UnitCosts
+    from headprune.core.model.unit_cost import UnitCosts
 
     unit_costs = UnitCosts({k: v for k, v in costs.items()}, {}, "flops")
     with pytest.raises(ConfigError, match=r"share=1.5; allowed: a number 0.0..1.0"):

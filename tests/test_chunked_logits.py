@@ -20,9 +20,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 import headprune as hp
 import tiny
 from headprune.compression.distill import distill_loss
-from headprune.core import chunked
-from headprune.core.inputs import model_inputs
-from headprune.core.masking import masked, ones_mask
+from headprune.core.masks.masking import masked, ones_mask
+from headprune.core.model import chunked
+from headprune.core.model.inputs import model_inputs
 from headprune.evaluation.lm import LanguageModelling
 from headprune.scoring.gradients import mask_gradients, scoring_mode
 

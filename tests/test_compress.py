@@ -17,8 +17,8 @@ import headprune as hp
 from headprune.cli import app
 from headprune.compression import PruneSettings, compress, plan_heads
 from headprune.compression.tuning import residual_norms, scale_mask, tune_scales
-from headprune.core.cost import flop_breakdown, head_costs
-from headprune.core.folding import fold_scales
+from headprune.core.masks.folding import fold_scales
+from headprune.core.model.cost import flop_breakdown, head_costs
 from headprune.errors import ConfigError, KVCacheWarning
 from headprune.scoring.fisher import fisher_information, quadratic
 from headprune.scoring.gradients import per_example_loss

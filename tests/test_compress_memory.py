@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from headprune.core import chunked
+from headprune.core.model import chunked
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

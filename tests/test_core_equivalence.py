@@ -47,10 +47,10 @@ def removed_params(model, plan) -> int:
             continue
         hd, g = s.head_dim, s.num_heads // s.num_kv_heads
         q_mod, o_mod = s.q.module, s.o
-        d_in = q_mod.weight.shape[0] if hp.core.sites.is_conv1d(q_mod) else q_mod.weight.shape[1]
+        d_in = q_mod.weight.shape[0] if hp.core.model.sites.is_conv1d(q_mod) else q_mod.weight.shape[1]
         has_bias = getattr(q_mod, "bias", None) is not None
         per_q = hd * d_in + (hd if has_bias else 0)
-        per_o = hd * hp.core.sites.out_features(o_mod)
+        per_o = hd * hp.core.model.sites.out_features(o_mod)
         gone_kv = sum(1 for j in range(s.num_kv_heads) if all(h in drop for h in range(j * g, (j + 1) * g)))
         total += len(drop) * (per_q + per_o) + 2 * gone_kv * per_q  # the output bias stays
     return total
@@ -157,7 +157,7 @@ def test_gqa_uneven_plan_keeps_groups_and_repeats_without_copying():
     hp.prune_heads(model, {"decoder.0.self": [0], "decoder.1.self": [0, 1, 2]})
     s0, s1 = hp.find_sites(model)
     assert (s0.num_heads, s0.num_kv_heads) == (5, 2)  # kept per kv head: 2 and 3 -> groups of 1
-    assert isinstance(s0.k.module, hp.core.runtime.RepeatHeads)
+    assert isinstance(s0.k.module, hp.core.model.runtime.RepeatHeads)
     assert s0.k.module.base.out_features == 2 * s0.head_dim
     assert (s1.num_heads, s1.num_kv_heads) == (3, 1)  # a whole KV group went: plain GQA remains
     assert isinstance(s1.k.module, torch.nn.Linear)

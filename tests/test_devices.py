@@ -77,7 +77,7 @@ def test_scores_on_the_model_device_equal_the_cpu_scores(family, device):
 
 def _plant_in_mask_hook(monkeypatch):
     """``x * torch.ones(width)``: harmless on the CPU, a device error on a GPU."""
-    from headprune.core import masking
+    from headprune.core.masks import masking
 
     original = masking._ScaleUnits.__call__
 
@@ -180,7 +180,7 @@ def test_device_and_dtype_flags_are_checked_and_used(tmp_path):
     from typer.testing import CliRunner
 
     from headprune.cli import app
-    from headprune.core.devices import best_device, resolve_device, resolve_dtype
+    from headprune.core.model.devices import best_device, resolve_device, resolve_dtype
 
     assert resolve_device(None).type == best_device() and resolve_device("cpu") == torch.device("cpu")
     assert resolve_dtype("bfloat16") is torch.bfloat16 and resolve_dtype(None) is None
@@ -220,7 +220,7 @@ def test_load_with_device_map_a_pruned_and_a_plain_model(tmp_path):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_head_and_neuron_fisher_and_flop_count_on_the_model_device(device):
-    from headprune.core.cost import flops_per_example
+    from headprune.core.model.cost import flops_per_example
     from headprune.scoring.units import unit_fisher
 
     model, batches = build("llama"), _batches("llama")

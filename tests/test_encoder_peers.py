@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from peers import kwon  # noqa: E402
 
 import headprune as hp  # noqa: E402
-from headprune.core.unit_cost import unit_costs  # noqa: E402
+from headprune.core.model.unit_cost import unit_costs  # noqa: E402
 
 
 def bert(seed: int = 0):

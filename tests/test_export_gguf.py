@@ -48,7 +48,7 @@ def _ppl(logits: torch.Tensor, ids: torch.Tensor) -> float:
 def _compensate(model, scale: float = 0.1) -> None:
     """Output-projection biases as bias compensation adds them (Llama's o_proj / down_proj have none): random
     shifts, so that a reader dropping them computes visibly different logits."""
-    from headprune.core.biases import shift_biases
+    from headprune.core.cut.biases import shift_biases
 
     g = torch.Generator().manual_seed(1)
     hidden = model.config.hidden_size

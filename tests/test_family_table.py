@@ -1,4 +1,4 @@
-"""The family table (:mod:`headprune.core.families`): the names the finders read are pinned, and a family added
+"""The family table (:mod:`headprune.core.model.families`): the names the finders read are pinned, and a family added
 at test time through one entry -- a Llama whose projections are called ``query``, ``key``, ``value``,
 ``dense_out``, ``w_gate``, ``w_up``, ``w_down`` -- prunes exactly (pruned == masked logits), saves and reloads
 (stock and headprune's layout), and exports to GGUF that the ``gguf`` package reads back and transformers' own
@@ -20,8 +20,8 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, eager_attention_forward
 
 import headprune as hp
-from headprune.core import families
-from headprune.core.families import Family, FFNNames, GGUFNames
+from headprune.core.model import families
+from headprune.core.model.families import Family, FFNNames, GGUFNames
 from llm_tiny import bpe_tokenizer
 
 RENAMED_TENSORS = (("attn_norm", "input_layernorm"), ("attn_q", "self_attn.query"), ("attn_k", "self_attn.key"),

@@ -14,8 +14,8 @@ import torch
 
 import headprune as hp
 from headprune.compression import PruneSettings, compress
-from headprune.core.biases import mean_shifts, shift_biases
-from headprune.core.unit_cost import unit_costs
+from headprune.core.cut.biases import mean_shifts, shift_biases
+from headprune.core.model.unit_cost import unit_costs
 from headprune.errors import ConfigError
 from headprune.scoring.fluctuation import fluctuation_scores
 from headprune.selection.budgets import Budget

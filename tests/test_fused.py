@@ -1,4 +1,4 @@
-"""Fused q/k/v projections (one matrix, sliced by head: :class:`headprune.core.layouts.FusedLayout`) and
+"""Fused q/k/v projections (one matrix, sliced by head: :class:`headprune.core.model.layouts.FusedLayout`) and
 attention that no site holds.
 
 References are independent of surgery: the masked model's logits (a hand-made mask of the same heads) and,
@@ -15,7 +15,7 @@ import transformers as T
 from torch import nn
 
 import headprune as hp
-from headprune.core.layouts import FusedLayout
+from headprune.core.model.layouts import FusedLayout
 
 VOCAB = 64
 TOKENS = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2)

@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 import headprune as hp
 from headprune.cli import app
 from headprune.compression import PruneSettings, compress
-from headprune.core.cost import head_costs
-from headprune.core.kvcache import kv_cache_bytes
+from headprune.core.model.cost import head_costs
+from headprune.core.model.kvcache import kv_cache_bytes
 from headprune.errors import ConfigError, KVCacheWarning
 from headprune.selection.budgets import Budget, HeadRule
 from headprune.selection.gqa import kv_groups, select_gqa

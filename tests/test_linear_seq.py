@@ -47,7 +47,7 @@ def _captured(model, batches, modules):
 
 def _fold(module: nn.Linear, x: np.ndarray, removed: list[int]) -> None:
     """The affine stand-in of columns ``removed`` from the others, fitted on ``x`` [tokens, C] with numpy (the
-    docstring of headprune.core.standins, written out), folded in, the removed columns zeroed."""
+    docstring of headprune.core.cut.standins, written out), folded in, the removed columns zeroed."""
     w = module.weight.detach().double().numpy()
     c = w.shape[1]
     kept = [i for i in range(c) if i not in set(removed)]

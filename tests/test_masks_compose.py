@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from transformers.pytorch_utils import Conv1D
 
 import headprune as hp
-from headprune.core.masking import active_masks
+from headprune.core.masks.masking import active_masks
 from tiny import CAUSAL, build, inputs, labels
 
 FAMILIES = ["bert", "gpt2", "llama"]

@@ -10,11 +10,11 @@ import torch
 import transformers as T
 
 import headprune as hp
-from headprune.core.ffn import find_ffns
-from headprune.core.kept import kept_neurons
-from headprune.core.masking import masked_neurons, neuron_mask_from
+from headprune.core.masks.masking import masked_neurons, neuron_mask_from
+from headprune.core.model.ffn import find_ffns
+from headprune.core.model.kept import kept_neurons
+from headprune.core.model.sites import is_conv1d
 from headprune.core.prune import prune_neurons
-from headprune.core.sites import is_conv1d
 from headprune.errors import SiteError, UnsupportedModelError
 from headprune.scoring.units import unit_gradients
 from tiny import FAMILIES, build, inputs, labels

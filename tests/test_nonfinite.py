@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 import headprune as hp
 from headprune.cli import app
 from headprune.compression import PruneSettings
-from headprune.core.finite import check_finite_weights
+from headprune.core.model.finite import check_finite_weights
 from headprune.errors import NonFiniteError
 from headprune.evaluation import Classification, LanguageModelling
 from headprune.evaluation.data import load_classification

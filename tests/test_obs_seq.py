@@ -11,7 +11,7 @@ import torch
 
 import headprune as hp
 from headprune.compression import PruneSettings, compress
-from headprune.core.obs import greedy_removal
+from headprune.core.cut.obs import greedy_removal
 from headprune.errors import ConfigError
 from test_linear_seq import SETTINGS, _batches, _reference
 from tiny import build, inputs, labels
@@ -88,7 +88,7 @@ def test_obs_seq_keeps_the_counts_and_equals_linear_seq_on_the_units_it_chose():
     obs = compress(model, batches, PruneSettings(**SETTINGS, compensate="obs-seq"))
     seq = compress(model, batches, PruneSettings(**SETTINGS, compensate="linear-seq"))
     assert obs.stages["obs-seq"].startswith("kept")
-    kv = {s.name: hp.core.sites.kv_of_heads(s) for s in hp.find_sites(model)}
+    kv = {s.name: hp.core.model.sites.kv_of_heads(s) for s in hp.find_sites(model)}
     for name, heads in seq.dropped_heads.items():  # as many query heads per key/value group
         assert sorted(kv[name][h] for h in obs.dropped_heads.get(name, [])) == sorted(kv[name][h] for h in heads)
     assert {k: len(v) for k, v in obs.dropped_neurons.items()} == {k: len(v) for k, v in seq.dropped_neurons.items()}
@@ -114,8 +114,8 @@ def test_the_narrowed_block_hands_on_what_the_zeroed_block_hands_on(family):
     reading them: its outputs equal the zeroed block's (a hand-zeroed copy of the weights, run whole) up to the
     rounding of shorter sums, and the model is left as it was."""
     from headprune.compression.blockwise import _narrowed, _zero_removed
-    from headprune.core.ffn import in_features, out_features
-    from headprune.core.sites import find_sites
+    from headprune.core.model.ffn import in_features, out_features
+    from headprune.core.model.sites import find_sites
 
     torch.manual_seed(3)
     model = build(family).eval()

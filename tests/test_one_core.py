@@ -21,9 +21,9 @@ import transformers as T
 from torch import nn
 
 import headprune as hp
-from headprune.core import neurons
-from headprune.core.masking import masked_neurons, neuron_mask_from
-from headprune.core.records import KEPT_NEURONS_KEY
+from headprune.core.cut import neurons
+from headprune.core.masks.masking import masked_neurons, neuron_mask_from
+from headprune.core.model.records import KEPT_NEURONS_KEY
 from headprune.errors import PlanError, UnsupportedModelError
 from tiny import build, inputs
 

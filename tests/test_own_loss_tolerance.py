@@ -20,7 +20,7 @@ import torch
 
 import headprune as hp
 import tiny
-from headprune.core.inputs import token_cross_entropy
+from headprune.core.model.inputs import token_cross_entropy
 from headprune.errors import ConfigError, UnsupportedModelError
 from headprune.scoring import per_example_loss
 from headprune.scoring.gradients import loss_tolerance, own_loss_check, own_loss_report

@@ -16,8 +16,8 @@ import headprune as hp
 from headprune.compression import PruneSettings, compress
 from headprune.compression.fingerprint import fingerprint
 from headprune.compression.replay import Plan, apply_plan
-from headprune.core.kept import kept_heads, kept_neurons
-from headprune.core.records import KEPT_KEY
+from headprune.core.model.kept import kept_heads, kept_neurons
+from headprune.core.model.records import KEPT_KEY
 from headprune.errors import PlanError
 from tiny import inputs, labels, llama
 

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import headprune as hp
 from headprune import progress
 from headprune.cli import app
-from headprune.core.quiet import transformers_bars_off
+from headprune.core.store.quiet import transformers_bars_off
 from tiny import build, inputs, labels, word_tokenizer
 
 LINE = re.compile(r"^headprune: (?P<what>[^:]+): (?P<n>\d+)/(?P<total>\d+) (?P<unit>\w+), "

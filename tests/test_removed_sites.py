@@ -68,7 +68,7 @@ def test_emptied_sites_carry_their_call_shape_without_a_trial(family, tmp_path):
     """No state that only verification fills: with this process's trial templates gone, a model pruned
     without verification computes its removed sites' call shape from the model, saves it in config.json,
     and a reload without verification runs it (a fresh process: tests/test_guarantees.py)."""
-    from headprune.core.calls import TEMPLATES
+    from headprune.core.model.calls import TEMPLATES
 
     model = _build(family)
     sites = hp.find_sites(model)

@@ -14,7 +14,7 @@ from scripts import benchmark_script
 def test_quick_rows_and_the_patches_are_undone(tmp_path):
     bench = benchmark_script("rounding")
     from headprune.compression import blockwise
-    from headprune.core import obs
+    from headprune.core.cut import obs
 
     before = (blockwise._AttentionReplay.hooks, obs._State.__init__, obs._inverse_covariance)
     out = bench.main(["--quick", "--output", str(tmp_path / "r.json")])
@@ -31,7 +31,7 @@ def test_quick_rows_and_the_patches_are_undone(tmp_path):
 def test_the_float32_greedy_patch_really_runs_the_greedy_in_float32():
     """A reference outside the benchmark's comparison: the patched greedy's state dtype, read from inside."""
     bench = benchmark_script("rounding")
-    from headprune.core import obs
+    from headprune.core.cut import obs
 
     seen = []
     real = obs._State.remove
@@ -59,7 +59,7 @@ def test_the_float32_inverse_patch_inverts_in_float32():
     import numpy as np
 
     bench = benchmark_script("rounding")
-    from headprune.core import obs
+    from headprune.core.cut import obs
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(200, 40, generator=g, dtype=torch.float64)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import headprune as hp
-from headprune.core.unit_cost import UnitCosts
+from headprune.core.model.unit_cost import UnitCosts
 from headprune.errors import ConfigError
 from headprune.selection.aligned import Widths, aligned_blocks, select_aligned
 from headprune.selection.budgets import Budget, HeadRule

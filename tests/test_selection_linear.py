@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from headprune.core.cost import HeadCosts
+from headprune.core.model.cost import HeadCosts
 from headprune.errors import ConfigError
 from headprune.selection.budget import budget_heads
 from headprune.selection.budgets import Budget, HeadRule

@@ -15,8 +15,8 @@ import torch
 
 import headprune as hp
 from headprune.compression import PruneSettings, compress
-from headprune.core.biases import mean_shifts, shift_biases
-from headprune.core.standins import affine_standin, linear_standins
+from headprune.core.cut.biases import mean_shifts, shift_biases
+from headprune.core.cut.standins import affine_standin, linear_standins
 from headprune.errors import ConfigError, PlanError
 from headprune.scoring.fluctuation import channel_stats
 from test_fluctuation import _batches, _real_inputs, _units, _weight, cli_fixture

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 import headprune as hp
 from headprune.cli import app
-from headprune.core.stock import stock_config
+from headprune.core.store.stock import stock_config
 from headprune.selection.budgets import Budget, HeadRule
 from headprune.selection.gqa import kv_groups, select_gqa
 from tiny import build, inputs

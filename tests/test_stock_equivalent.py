@@ -11,7 +11,7 @@ import torch
 import transformers
 
 import headprune as hp
-from headprune.core.stock import equivalent_configs, stock_config
+from headprune.core.store.stock import equivalent_configs, stock_config
 
 
 def _llama(**extra):

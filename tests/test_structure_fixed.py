@@ -1,10 +1,10 @@
-"""``headprune.core.sites.structure_fixed``: inside it, sites and FFNs are searched once and handed out as copies;
+"""``headprune.core.model.sites.structure_fixed``: inside it, sites and FFNs are searched once and handed out as copies;
 outside it (and after it), every call searches the model as it is now."""
 
 from __future__ import annotations
 
 import headprune as hp
-from headprune.core.sites import structure_fixed
+from headprune.core.model.sites import structure_fixed
 from tiny import build
 
 

@@ -13,11 +13,11 @@ import torch
 import headprune as hp
 from headprune.compression import PruneSettings, Reconstruct, compress
 from headprune.compression.reconstruct import reconstruct
-from headprune.core.cost import flop_breakdown
-from headprune.core.ffn import find_ffns
-from headprune.core.masking import masked_neurons, neuron_mask_from
+from headprune.core.masks.masking import masked_neurons, neuron_mask_from
+from headprune.core.model.cost import flop_breakdown
+from headprune.core.model.ffn import find_ffns
+from headprune.core.model.unit_cost import UnitCosts, unit_costs
 from headprune.core.prune import prune_neurons
-from headprune.core.unit_cost import UnitCosts, unit_costs
 from headprune.errors import ConfigError
 from headprune.selection.budgets import Budget, HeadRule
 from headprune.selection.units import select_units

@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 import headprune as hp
 from headprune.cli import app
-from headprune.core.ffn import find_ffns
+from headprune.core.model.ffn import find_ffns
 from tiny import build, word_tokenizer
 
 runner = CliRunner()

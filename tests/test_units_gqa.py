@@ -10,7 +10,7 @@ import torch
 
 import headprune as hp
 from headprune.compression import PruneSettings, compress
-from headprune.core.unit_cost import unit_costs
+from headprune.core.model.unit_cost import unit_costs
 from headprune.errors import KVCacheWarning
 from headprune.selection.budgets import Budget, HeadRule
 from headprune.selection.gqa import kv_groups
@@ -87,7 +87,7 @@ def test_compress_both_on_gqa_never_grows_the_cache_and_free_warns():
 def test_gqa_steps_are_priced_as_surgery_removes_them(gqa, price):
     """A step that leaves its key/value heads costs only its query heads; the step that empties a group pays
     the key/value head too: the priced removal equals what the pruned model measures (params, or FLOPs)."""
-    from headprune.core.cost import flop_breakdown
+    from headprune.core.model.cost import flop_breakdown
     from headprune.core.prune import prune_neurons
 
     model = build("llama")

@@ -15,8 +15,8 @@ import transformers as T
 from torch import nn
 
 import headprune as hp
-from headprune.core import surgery
-from headprune.core.verify import check_model
+from headprune.core.cut import surgery
+from headprune.core.safety.verify import check_model
 from tiny import build, inputs
 
 

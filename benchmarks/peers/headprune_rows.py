@@ -21,7 +21,7 @@ from torch import nn
 
 from headprune import PruneSettings, compress
 from headprune.compression.compensation import get_compensations
-from headprune.core.unit_cost import unit_costs
+from headprune.core.model.unit_cost import unit_costs
 from headprune.methods import with_settings
 
 from .plan import nonembedding_params
@@ -37,7 +37,7 @@ CONFIGURATIONS: dict[str, dict] = {
     "headprune-fluctuation+bias+reconstruct": {"units": "both", "price": "params", "scores": "fluctuation",
                                                "compensate": "bias+reconstruct"},
     # FLAP's metric, each removed feature replaced by its least-squares affine prediction from the kept ones
-    # (headprune.core.standins), in the statistics' one pass; damping 0.3 chosen on the held-out calibration blocks
+    # (headprune.core.cut.standins), in the statistics' one pass; damping 0.3 chosen on the held-out calibration blocks
     # at 20% (benchmarks/linear_damping.py -> benchmarks/results/linear_damping.json; no evaluation text read)
     "headprune-fluctuation+linear": {"units": "both", "price": "params", "scores": "fluctuation",
                                      "compensate": "linear", "damping": 0.3},

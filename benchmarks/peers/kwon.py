@@ -4,7 +4,7 @@ NeurIPS 2022; code github.com/WoosukKwon/retraining-free-pruning (``prune/fisher
 ``search_mac``, ``prune/rearrange.py``, ``prune/rescale.py``, ``utils/linalg.py``, ``main.py``; read, not
 copied). Written against the model's own modules (BERT-style post-LayerNorm encoders: ``attention.output``
 and ``output`` each add a projection to the residual and normalise); headprune is used only to find the
-attention sites and FFNs, to price units (:func:`headprune.core.unit_cost.unit_costs`, the same FLOP counter
+attention sites and FFNs, to price units (:func:`headprune.core.model.unit_cost.unit_costs`, the same FLOP counter
 headprune's own budget uses) and for the final physical surgery (:func:`peers.plan.cut`).
 
 The four steps, as the public code runs them:
@@ -55,7 +55,7 @@ from scipy.sparse.linalg import lsmr
 from torch import nn
 
 from headprune import find_ffns, find_sites
-from headprune.core.unit_cost import unit_costs
+from headprune.core.model.unit_cost import unit_costs
 from headprune.errors import ConfigError, UnsupportedModelError
 
 from .plan import cut
@@ -202,7 +202,7 @@ class Prices:
 
 
 def prices(model: nn.Module, layers: list[Layer], seq_len: int = 128) -> Prices:
-    """Headprune's FLOP prices (:func:`headprune.core.unit_cost.unit_costs`, ``price="flops"``) by layer."""
+    """Headprune's FLOP prices (:func:`headprune.core.model.unit_cost.unit_costs`, ``price="flops"``) by layer."""
     c = unit_costs(model, "flops", seq_len=seq_len)
     return Prices({lay.index: c.heads[lay.site.name] for lay in layers},
                   {lay.index: c.neurons[lay.ffn.name] for lay in layers})

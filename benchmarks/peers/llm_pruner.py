@@ -30,7 +30,7 @@ import time
 import torch
 from torch import nn
 
-from headprune.core.devices import input_device, to_device
+from headprune.core.model.devices import input_device, to_device
 from headprune.errors import ConfigError
 
 from .plan import Ledger, Plan, layer_pairs, uniform_layer

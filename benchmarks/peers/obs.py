@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from headprune import find_ffns, find_sites, prune_heads, prune_neurons
-from headprune.core.devices import input_device, to_device
+from headprune.core.model.devices import input_device, to_device
 from headprune.errors import ConfigError
 from headprune.peers.stats import StopForward
 

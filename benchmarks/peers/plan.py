@@ -29,8 +29,8 @@ from torch import nn
 from headprune import prune_heads, prune_neurons
 from headprune.compression.fingerprint import fingerprint
 from headprune.compression.replay import Plan, plan_of
-from headprune.core.biases import output_projections, shift_biases
-from headprune.core.verify import verify_surgery
+from headprune.core.cut.biases import output_projections, shift_biases
+from headprune.core.safety.verify import verify_surgery
 from headprune.errors import ConfigError
 from headprune.peers.ledger import Ledger as _Ledger
 from headprune.peers.ledger import check_llama_like, nonembedding_params  # noqa: F401  (the peers import them here)

@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from headprune.core.chunked import token_outputs
-from headprune.core.cost import flop_breakdown
-from headprune.core.devices import input_device
-from headprune.core.kvcache import kv_cache_bytes
+from headprune.core.model.chunked import token_outputs
+from headprune.core.model.cost import flop_breakdown
+from headprune.core.model.devices import input_device
+from headprune.core.model.kvcache import kv_cache_bytes
 from headprune.evaluation.lm import cut_blocks
 
 from .plan import nonembedding_params
@@ -37,7 +37,7 @@ def windows(ids: list[int], size: int, limit: int | None = None, prefix: int | N
 @torch.no_grad()
 def window_nll(model: nn.Module, blocks: torch.Tensor, batch_size: int = 4) -> dict[str, list]:
     """{"nll_sum": per window, "tokens": per window} of ``model`` on ``blocks`` [N, T]: the loss chunk by chunk over
-    the tokens (:mod:`headprune.core.chunked`), so a 262,144-token vocabulary never holds ``[B, T, V]`` logits (a
+    the tokens (:mod:`headprune.core.model.chunked`), so a 262,144-token vocabulary never holds ``[B, T, V]`` logits (a
     Gemma-3 window of 2048 tokens would take 8.6 GB in float32 at batch 4)."""
     model.eval()
     device = input_device(model)

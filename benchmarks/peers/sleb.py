@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from headprune import masked, masked_neurons
-from headprune.core.devices import input_device, to_device
+from headprune.core.model.devices import input_device, to_device
 from headprune.errors import ConfigError
 
 from .plan import Ledger, Plan

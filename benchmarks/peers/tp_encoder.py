@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from headprune.core.unit_cost import unit_costs
+from headprune.core.model.unit_cost import unit_costs
 
 from .torch_pruning_run import _stack, installed_version
 

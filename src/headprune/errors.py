@@ -49,4 +49,4 @@ class KVCacheWarning(UserWarning):
 
 class NonFiniteError(DataError):
     """NaN or inf where a number must be finite: a model's weight, a loss it computed, the scores made of them
-    (:mod:`headprune.core.finite`)."""
+    (:mod:`headprune.core.model.finite`)."""

@@ -6,7 +6,7 @@ is the same whatever the model predicts. Rounds alternate the models (A B, B A, 
 benchmark does (:mod:`.timing`); tokens/s is ``batch * new_tokens`` over the median round time, and the
 speed-up is the median of the paired ratios reference time / model time. ``cache_bytes`` is measured
 on the cache ``generate`` returns (every key and value tensor), beside the counter's
-:func:`headprune.core.kvcache.kv_cache_bytes` per token.
+:func:`headprune.core.model.kvcache.kv_cache_bytes` per token.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 from torch import nn
 
 from ..checks import check_int
-from ..core.inputs import example_inputs, unwrap
-from ..core.kvcache import kv_cache_bytes
+from ..core.model.inputs import example_inputs, unwrap
+from ..core.model.kvcache import kv_cache_bytes
 from ..errors import ConfigError
 
 

@@ -1,6 +1,6 @@
 """Inference speed of original, pruned and masked models, and the FLOP limit to judge it against.
 
-FLOPs come from the one counter, :mod:`headprune.core.cost` (matmul FLOPs of one example's forward
+FLOPs come from the one counter, :mod:`headprune.core.model.cost` (matmul FLOPs of one example's forward
 at ``seq_len`` tokens); the FLOP limit of a speed-up is the ratio of the two models' FLOPs.
 
 Timing: every model gets the same inputs; untimed warm-up calls, then rounds in which each model
@@ -35,14 +35,14 @@ import torch
 from torch import nn
 
 from ..checks import check_choice
-from ..core.cost import flop_breakdown
-from ..core.devices import input_device, peak_device_bytes, synchronize, to_device
-from ..core.inputs import example_inputs, unwrap
-from ..core.kept import original_heads
-from ..core.kvcache import kv_cache_bytes
-from ..core.masking import is_masked
-from ..core.records import DroppedHeads
-from ..core.sites import find_sites
+from ..core.masks.masking import is_masked
+from ..core.model.cost import flop_breakdown
+from ..core.model.devices import input_device, peak_device_bytes, synchronize, to_device
+from ..core.model.inputs import example_inputs, unwrap
+from ..core.model.kept import original_heads
+from ..core.model.kvcache import kv_cache_bytes
+from ..core.model.records import DroppedHeads
+from ..core.model.sites import find_sites
 from ..errors import ConfigError
 from ..progress import progress_bar
 from ..provenance import versions

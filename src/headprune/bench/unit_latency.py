@@ -17,10 +17,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ..core.ffn import find_ffns
+from ..core.model.ffn import find_ffns
+from ..core.model.sites import find_sites
+from ..core.model.unit_cost import UnitCosts
 from ..core.prune import prune_heads, prune_neurons
-from ..core.sites import find_sites
-from ..core.unit_cost import UnitCosts
 from ..errors import ConfigError
 from .settings import BenchSettings
 from .timing import benchmark

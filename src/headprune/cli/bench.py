@@ -60,7 +60,7 @@ def bench(
 
     from ..bench.timing import benchmark, fraction_plan
     from ..core.io import load_model
-    from ..core.masking import mask_from_heads, mask_heads
+    from ..core.masks.masking import mask_from_heads, mask_heads
     from ..core.prune import prune_heads
 
     sizes = _batch_sizes(batch_sizes)

@@ -41,7 +41,7 @@ def evaluate(
     *, flags: TaskFlags,
 ):
     """Evaluate a model on a task: corpus score, examples/s and the signature that reproduces it."""
-    from ..core.masking import mask_from_heads
+    from ..core.masks.masking import mask_from_heads
     from ..evaluation.build import check_task
     from ..evaluation.metrics import format_score
     from ..provenance import code_identity, own_name, versions

@@ -43,7 +43,7 @@ def export(
     if fmt == "gguf":
         _export_gguf(model_dir, output, outtype, source_gguf, tolerance, load_model, load_tokenizer)
         return
-    from ..core.checkpoint import check_output_dir
+    from ..core.store.checkpoint import check_output_dir
     from ..export.onnx import export_onnx
 
     if opset < 14:

@@ -25,7 +25,7 @@ def sites(
 ):
     """List the attention sites of a model: name, kind, heads, kv heads, head_dim, parameters."""
     from ..core.io import load_model
-    from ..core.sites import sites_table
+    from ..core.model.sites import sites_table
 
     note(f"loading {model_dir} ...", show=not quiet)
     model = load_model(model_dir, **device_dtype(device, dtype))

@@ -199,7 +199,7 @@ def load_model_dir(model_dir: Path, task: str | None = None, device: str | None 
 
 def device_dtype(device: str | None, dtype: str | None) -> dict:
     """``--device`` and ``--dtype`` as :func:`headprune.load_model` arguments (refused in one line when unknown)."""
-    from ..core.devices import resolve_device, resolve_dtype
+    from ..core.model.devices import resolve_device, resolve_dtype
 
     return {"device": resolve_device(device), "dtype": resolve_dtype(dtype)}
 
@@ -208,7 +208,7 @@ def check_checkpoint(model_dir: Path, task: str) -> None:
     """:func:`headprune.evaluation.build.check_model` from ``config.json`` alone (no weights loaded)."""
     import transformers
 
-    from ..core.checkpoint import hf_config
+    from ..core.store.checkpoint import hf_config
     from ..evaluation.build import check_model
 
     config = hf_config(Path(model_dir))

@@ -78,7 +78,7 @@ def _threads(threads: int | None) -> None:
 
 def _check_positions(model_dir: Path, max_length: int) -> None:
     """``--max-length`` within the pretrained model's position table (from its config alone)."""
-    from ..core.checkpoint import hf_config
+    from ..core.store.checkpoint import hf_config
     from ..evaluation.build import position_limit
 
     if not (Path(model_dir) / "config.json").is_file():

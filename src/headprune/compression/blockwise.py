@@ -1,6 +1,6 @@
 """Stand-ins solved one transformer block at a time: ``PruneSettings(low_memory=True)``'s second moments.
 
-The linear stand-ins (:mod:`headprune.core.standins`) read ``E[x x^T]`` of every output / down projection that
+The linear stand-ins (:mod:`headprune.core.cut.standins`) read ``E[x x^T]`` of every output / down projection that
 loses units: ``C^2`` float64 numbers each. A Llama-3.2-1B's down projections read 8192 features: 0.5 GB
 each, 8.6 GB over its 16 layers, against 4.9 GB of float32 weights. With ``low_memory`` the scoring pass
 gathers none; after selection :func:`blockwise_standins` records the first block's inputs over the calibration
@@ -28,14 +28,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..core.chunked import forward_few_logits
-from ..core.devices import input_device, to_device
-from ..core.ffn import find_ffns
-from ..core.inputs import model_inputs
-from ..core.neurons import cut_neurons
-from ..core.sites import find_sites, is_conv1d, structure_fixed
-from ..core.snapshot import Snapshot
-from ..core.surgery import cut_heads, site_roots
+from ..core.cut.neurons import cut_neurons
+from ..core.cut.snapshot import Snapshot
+from ..core.cut.surgery import cut_heads, site_roots
+from ..core.model.chunked import forward_few_logits
+from ..core.model.devices import input_device, to_device
+from ..core.model.ffn import find_ffns
+from ..core.model.inputs import model_inputs
+from ..core.model.sites import find_sites, is_conv1d, structure_fixed
 from ..errors import ConfigError
 from ..progress import progress_bar
 from ..scoring.fluctuation import StatsCollector

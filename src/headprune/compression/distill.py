@@ -30,9 +30,9 @@ import torch
 from torch import nn
 
 from ..checks import check_int, check_number
-from ..core.chunked import TokenOutputs, chunked_kl, kl_rows, token_outputs
-from ..core.devices import input_device, to_device
-from ..core.inputs import model_inputs
+from ..core.model.chunked import TokenOutputs, chunked_kl, kl_rows, token_outputs
+from ..core.model.devices import input_device, to_device
+from ..core.model.inputs import model_inputs
 from ..errors import ConfigError
 from ..progress import progress_bar
 
@@ -185,7 +185,7 @@ def positions(model: nn.Module, batch: Mapping[str, torch.Tensor], shape: torch.
 
 
 def _outputs(model: nn.Module, batch: Mapping[str, torch.Tensor], hidden: bool = False) -> TokenOutputs:
-    """The model's forward on ``batch`` as :func:`headprune.core.chunked.token_outputs` gives it (hidden states
+    """The model's forward on ``batch`` as :func:`headprune.core.model.chunked.token_outputs` gives it (hidden states
     and the checked head, or the full logits), with all hidden states in ``outputs`` when ``hidden``."""
     inputs = model_inputs(model, batch, labels=False, cache=False)
     if hidden:

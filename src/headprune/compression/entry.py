@@ -18,15 +18,15 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from ..core.ffn import find_ffns
-from ..core.finite import check_finite_weights
-from ..core.folding import fold_scales
-from ..core.kept import kept_neurons
+from ..core.cut.surgery import kept_heads
+from ..core.masks.folding import fold_scales
+from ..core.model.ffn import find_ffns
+from ..core.model.finite import check_finite_weights
+from ..core.model.kept import kept_neurons
+from ..core.model.sites import find_sites
+from ..core.model.unit_cost import UnitCosts
 from ..core.prune import prune_heads
-from ..core.sites import find_sites
-from ..core.surgery import kept_heads
-from ..core.unit_cost import UnitCosts
-from ..core.verify import verify_surgery
+from ..core.safety.verify import verify_surgery
 from ..errors import ConfigError
 from ..scoring.gradients import LossFn
 from .fingerprint import fingerprint

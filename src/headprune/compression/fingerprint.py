@@ -15,7 +15,7 @@ import hashlib
 import torch
 from torch import nn
 
-from ..core.records import VERSION_KEY
+from ..core.model.records import VERSION_KEY
 from ..errors import PlanError
 
 # how it was saved and loaded (the tensors' dtypes say the rest)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..core.masking import HeadMask
+from ..core.masks.masking import HeadMask
 from ..scoring.gradients import LossFn, mean_loss
 
 

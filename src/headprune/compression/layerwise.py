@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from ..core.inputs import model_inputs
+from ..core.model.inputs import model_inputs
 
 
 class LayerStack:

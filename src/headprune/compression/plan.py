@@ -33,11 +33,11 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..core.cost import HeadCosts, head_costs
-from ..core.finite import check_finite_scores, check_finite_weights
-from ..core.kvcache import kv_head_bytes
-from ..core.masking import HeadMask
-from ..core.surgery import DroppedHeads
+from ..core.cut.surgery import DroppedHeads
+from ..core.masks.masking import HeadMask
+from ..core.model.cost import HeadCosts, head_costs
+from ..core.model.finite import check_finite_scores, check_finite_weights
+from ..core.model.kvcache import kv_head_bytes
 from ..errors import ConfigError
 from ..scoring.fisher import Fisher
 from ..scoring.gradients import LossFn
@@ -62,7 +62,7 @@ class Scores:
 
 @dataclass
 class CompressPlan:
-    """What to do to the model: ``drop`` (:data:`~headprune.core.surgery.DroppedHeads`), ``scales`` ({site: [H]} tuned mask
+    """What to do to the model: ``drop`` (:data:`~headprune.core.cut.surgery.DroppedHeads`), ``scales`` ({site: [H]} tuned mask
     values, or None), the Fisher loss estimate before / after rearrangement, tuning per site, and the guard's
     stage log with the mean calibration loss of each state it measured."""
 
@@ -107,7 +107,7 @@ def plan_heads(model: nn.Module, batches: Iterable[Mapping[str, torch.Tensor]], 
     """The heads to drop and the kept heads' scales under ``settings`` (heads only, a count / flops / kv budget,
     compensate none | rearrange | tune); ``model`` is not changed.
 
-    ``scored``/``costs`` reuse scores (:func:`score_heads`) and prices (:func:`headprune.core.cost.head_costs`)
+    ``scored``/``costs`` reuse scores (:func:`score_heads`) and prices (:func:`headprune.core.model.cost.head_costs`)
     computed before, e.g. for several budgets on one model. ``sites``: prune only these sites (the
     budget is then a share / count of their heads or FLOPs); the others keep every head. ``n_keep``: a count
     of heads kept in place of the settings' budget, 0 allowed (a pruning curve's last step). NaN or inf weights,

@@ -12,7 +12,7 @@ Stages (each recorded; the summary says which were kept):
 2. *select*: one global budget over the pool (``units``: heads, neurons or both), priced in FLOPs at
    ``seq_len``, parameters, or measured seconds (:mod:`headprune.selection.units`);
 3. *bias* (``compensate="bias"`` or ``["bias", "reconstruct"]``): every removed unit's input held at its calibration
-   mean, folded into its output projection's bias (:mod:`headprune.core.biases`; one added where there is none):
+   mean, folded into its output projection's bias (:mod:`headprune.core.cut.biases`; one added where there is none):
    exact mean replacement, so it is not guarded (FLAP's bias compensation);
 4. *remove*: physical surgery of heads and neurons (exactly what masking them computes);
 5. *reconstruct* (``compensate="reconstruct"`` or ``["bias", "reconstruct"]``, the bias then refitted too): least-squares refit of every output / down projection
@@ -47,13 +47,13 @@ from typing import Any
 
 from torch import nn
 
-from ..core.ffn import find_ffns
-from ..core.finite import check_finite_scores
-from ..core.kept import kept_neurons
+from ..core.cut.surgery import kept_heads
+from ..core.model.ffn import find_ffns
+from ..core.model.finite import check_finite_scores
+from ..core.model.kept import kept_neurons
+from ..core.model.sites import find_sites
+from ..core.model.unit_cost import UnitCosts, unit_costs
 from ..core.prune import prune_heads, prune_neurons
-from ..core.sites import find_sites
-from ..core.surgery import kept_heads
-from ..core.unit_cost import UnitCosts, unit_costs
 from ..errors import ConfigError
 from ..scoring.checkpointing import checkpointed_blocks
 from ..scoring.fluctuation import channel_stats

@@ -31,9 +31,9 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 
-from ..core.devices import accumulator_device, input_device, to_device
-from ..core.ffn import find_ffns
-from ..core.sites import find_sites, is_conv1d
+from ..core.model.devices import accumulator_device, input_device, to_device
+from ..core.model.ffn import find_ffns
+from ..core.model.sites import find_sites, is_conv1d
 from ..errors import ConfigError
 from ..progress import progress_bar
 from .layerwise import LayerStack, Stop, layer_stack

@@ -39,8 +39,8 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from ..checks import check_int, check_number, is_number
-from ..core.chunked import token_outputs
-from ..core.devices import input_device
+from ..core.model.chunked import token_outputs
+from ..core.model.devices import input_device
 from ..errors import ConfigError, DataError
 from ..safefiles import read_text, write_atomic
 from ..train.checkpoint import load_optimizer, save_optimizer

@@ -28,10 +28,10 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 from torch import nn
 
-from ..core.biases import add_zero_biases, added_biases
+from ..core.cut.biases import add_zero_biases, added_biases
+from ..core.model.records import ADDED_BIASES_KEY
 from ..core.prune import prune_heads, prune_neurons
-from ..core.records import ADDED_BIASES_KEY
-from ..core.verify import verify_surgery
+from ..core.safety.verify import verify_surgery
 from ..errors import ConfigError, PlanError, VerificationError
 from ..safefiles import read_bytes, write_atomic
 from .fingerprint import check_fingerprint, tensor_digest

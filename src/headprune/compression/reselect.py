@@ -3,7 +3,7 @@ the block's inputs in the pruned model (:mod:`headprune.compression.blockwise`, 
 
 The selection decides how many heads each key/value group and how many neurons each FFN loses (the one budget over
 the whole model, by the scorer's scores); here those counts are kept and the units re-chosen by the output error
-their removal leaves after the best linear stand-in (:func:`headprune.core.obs.greedy_removal`). Pools: the query
+their removal leaves after the best linear stand-in (:func:`headprune.core.cut.obs.greedy_removal`). Pools: the query
 heads reading one key/value head (so a GQA selection's kept key/value heads stay kept), all neurons of an FFN.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from ..core.ffn import find_ffns
-from ..core.obs import greedy_removal
-from ..core.sites import find_sites, is_conv1d, kv_of_heads
+from ..core.cut.obs import greedy_removal
+from ..core.model.ffn import find_ffns
+from ..core.model.sites import find_sites, is_conv1d, kv_of_heads
 
 
 def reselect(model: nn.Module, stats, heads: Mapping[str, Sequence[int]], neurons: Mapping[str, Sequence[int]],

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, fields
 
 from torch import nn
 
-from ..core.cost import flop_breakdown
-from ..core.ffn import find_ffns
-from ..core.kvcache import kv_cache_bytes
-from ..core.sites import find_sites
+from ..core.model.cost import flop_breakdown
+from ..core.model.ffn import find_ffns
+from ..core.model.kvcache import kv_cache_bytes
+from ..core.model.sites import find_sites
 from .replay import Plan
 
 

@@ -20,7 +20,7 @@ solved exactly from the [k, k] Gram matrix in float64. A solution that is not fi
 ``[-max_scale, max_scale]`` is refused and the site keeps unit scales (Kwon et al. stop tuning
 there; we only skip that site).
 
-:func:`headprune.core.folding.fold_scales` then puts the scales into the output projections, so the
+:func:`headprune.core.masks.folding.fold_scales` then puts the scales into the output projections, so the
 saved model has plain weights.
 
 Limit (``benchmarks/tuning_diagnosis.py``): on the 6-layer MiniLM SST-2 classifier one scale per kept
@@ -38,11 +38,11 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..core.chunked import forward_few_logits
-from ..core.devices import accumulator_device, input_device, module_device, to_device
-from ..core.inputs import model_inputs, real_rows
-from ..core.masking import HeadMask, masked, validate_mask
-from ..core.sites import Site, find_sites, is_conv1d
+from ..core.masks.masking import HeadMask, masked, validate_mask
+from ..core.model.chunked import forward_few_logits
+from ..core.model.devices import accumulator_device, input_device, module_device, to_device
+from ..core.model.inputs import model_inputs, real_rows
+from ..core.model.sites import Site, find_sites, is_conv1d
 from ..distributed import reduce_sums, shard
 from ..errors import ConfigError
 from ..progress import progress_bar

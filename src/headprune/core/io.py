@@ -17,12 +17,12 @@ import transformers
 from torch import nn
 
 from ..errors import ConfigError, DataError, HeadpruneError, UnsupportedModelError
-from .checkpoint import check_output_dir, read_config
-from .gguf import is_gguf, load_gguf, load_gguf_tokenizer
-from .quiet import transformers_bars_off
-from .records import KEPT_KEY, KEPT_NEURONS_KEY, config_record
-from .saving import read_pruned, save_pruned
-from .verify import check_model, give_removed_sites_calls
+from .model.records import KEPT_KEY, KEPT_NEURONS_KEY, config_record
+from .safety.verify import check_model, give_removed_sites_calls
+from .store.checkpoint import check_output_dir, read_config
+from .store.gguf import is_gguf, load_gguf, load_gguf_tokenizer
+from .store.quiet import transformers_bars_off
+from .store.saving import read_pruned, save_pruned
 
 __all__ = ["save_pruned", "load_pruned", "load_model", "load_tokenizer", "check_output_dir"]
 

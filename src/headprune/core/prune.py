@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping
 
 from torch import nn
 
-from .kept import kept_heads, kept_neurons
-from .neurons import check_neuron_drops, cut_neurons
-from .records import KeptHeads
-from .surgery import check_head_drops, cut_heads, heads_to_drop
-from .verify import give_removed_sites_calls, verify_surgery
+from .cut.neurons import check_neuron_drops, cut_neurons
+from .cut.surgery import check_head_drops, cut_heads, heads_to_drop
+from .model.kept import kept_heads, kept_neurons
+from .model.records import KeptHeads
+from .safety.verify import give_removed_sites_calls, verify_surgery
 
 
 def prune_heads(model: nn.Module, dropped: Mapping[str, Iterable[int]], *, verify: bool = True) -> KeptHeads:

@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..core.loading import new_head_keys
-from ..core.masking import masked
+from ..core.masks.masking import masked
+from ..core.store.loading import new_head_keys
 from ..errors import ConfigError, DataError
 
 

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from ..checks import check_int
-from ..core.devices import input_device, to_device
-from ..core.finite import check_finite, check_finite_weights
+from ..core.model.devices import input_device, to_device
+from ..core.model.finite import check_finite, check_finite_weights
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
 from ..progress import progress_bar

@@ -23,7 +23,7 @@ from pathlib import Path
 from torch import nn
 
 from ..checks import check_int
-from ..core.finite import check_finite_weights
+from ..core.model.finite import check_finite_weights
 from ..errors import ConfigError
 from ..extras import require
 

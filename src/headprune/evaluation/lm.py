@@ -8,9 +8,9 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from ..core.chunked import token_outputs
-from ..core.devices import input_device, to_device
-from ..core.finite import check_finite, check_finite_weights
+from ..core.model.chunked import token_outputs
+from ..core.model.devices import input_device, to_device
+from ..core.model.finite import check_finite, check_finite_weights
 from ..distributed import reduce_arrays, shard
 from ..errors import ConfigError, DataError
 from ..progress import progress_bar

@@ -21,9 +21,9 @@ import numpy as np
 import torch
 
 from ..checks import check_int
-from ..core.chunked import token_outputs
-from ..core.devices import input_device, to_device
-from ..core.finite import check_finite_weights
+from ..core.model.chunked import token_outputs
+from ..core.model.devices import input_device, to_device
+from ..core.model.finite import check_finite_weights
 from ..distributed import gather, reduce_arrays, shard, spread
 from ..errors import ConfigError, DataError
 from ..extras import require

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import torch
 from torch import nn
 
-from ..core.sites import Site, find_sites
+from ..core.model.sites import Site, find_sites
 from ..distributed import local, map_units
 from ..errors import ConfigError
 from ..evaluation.base import EvalResult

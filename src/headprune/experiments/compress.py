@@ -23,9 +23,9 @@ from ..bench.settings import BenchSettings
 from ..bench.timing import benchmark
 from ..compression.entry import check_model, compress
 from ..compression.settings import PruneSettings
-from ..core.cost import flops_per_example
 from ..core.io import save_pruned
-from ..core.sites import find_sites
+from ..core.model.cost import flops_per_example
+from ..core.model.sites import find_sites
 from ..distributed import is_main
 from ..errors import ConfigError
 from ..evaluation.metrics import format_score

@@ -21,8 +21,8 @@ from torch import nn
 
 from ..compression.plan import plan_heads, score_heads
 from ..compression.settings import PruneSettings
-from ..core.masking import mask_from_heads
-from ..core.sites import find_sites
+from ..core.masks.masking import mask_from_heads
+from ..core.model.sites import find_sites
 from ..distributed import map_units
 from ..errors import ConfigError
 from ..progress import progress_bar

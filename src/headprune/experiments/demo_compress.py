@@ -31,7 +31,7 @@ from torch import nn
 from ..compression import PruneSettings, compress
 from ..compression.compensations import Linear
 from ..compression.recover import RecoverHooks, RecoverSettings, recover, split_blocks
-from ..core.unit_cost import unit_costs
+from ..core.model.unit_cost import unit_costs
 from ..evaluation.lm import LanguageModelling, lm_blocks
 from ..evaluation.significance import perplexity_ratio
 from ..peers.flap import apply_flap, flap

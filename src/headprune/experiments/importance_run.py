@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..core.sites import find_sites
+from ..core.model.sites import find_sites
 from ..errors import ConfigError
 from ..provenance import versions
 from ..report import build_report

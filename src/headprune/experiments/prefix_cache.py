@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..core.sites import Site
+from ..core.model.sites import Site
 
 
 @dataclass

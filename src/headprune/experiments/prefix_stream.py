@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..core.sites import Site
+from ..core.model.sites import Site
 from .prefix_cache import PrefixCache, block_index, find_stacks, recording, replaying
 
 Key = tuple[str, int]  # (stack path, block index)

@@ -26,8 +26,8 @@ from ..compression.recover import (
     recover,
     split_blocks,
 )
-from ..core.devices import resolve_device
 from ..core.io import load_model, load_tokenizer, save_pruned
+from ..core.model.devices import resolve_device
 from ..errors import ConfigError
 from ..evaluation.build import check_model
 from ..provenance import code_identity, model_sha256, versions

@@ -34,7 +34,7 @@ import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core.checkpoint import check_writable
+from ..core.store.checkpoint import check_writable
 from ..distributed import gather, is_main
 from ..errors import ConfigError
 from ..provenance import portable

@@ -37,9 +37,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..core.ffn import find_ffns
-from ..core.kept import original_heads, original_neurons
-from ..core.sites import find_sites
+from ..core.model.ffn import find_ffns
+from ..core.model.kept import original_heads, original_neurons
+from ..core.model.sites import find_sites
 from ..errors import ConfigError
 from ..extras import require
 from ..provenance import __version__, own_name, portable, versions

@@ -7,7 +7,7 @@ writer reverses the axes as llama.cpp expects). Anything llama.cpp cannot run ex
 before a byte is written (:class:`GGUFShapeError`).
 
 Families (``config.model_type`` -> llama.cpp architecture, and the module behind each tensor name: the
-family table's :class:`~headprune.core.families.GGUFNames`):
+family table's :class:`~headprune.core.model.families.GGUFNames`):
 
 - ``llama``, ``mistral`` -> ``llama`` when every layer has the same heads and FFN width, else ``deci``
   (llama.cpp's Llama variant whose loader and graph read ``head_count``, ``head_count_kv`` and
@@ -31,7 +31,7 @@ FFN neurons left is written with ``zero_ffn`` (default :data:`ZERO_FFN`) neurons
 adds exactly nothing, plus its down bias where compensation added one, as the pruned layer does; llama.cpp's
 deci would skip a layer of width 0 whole, its attention output too); the names are in ``Layout.padded``.
 Refused: a qwen layer with no heads, repeated key/value heads (a grouped-query
-site pruned unevenly, :class:`~headprune.core.runtime.RepeatHeads`: a GGUF layer has one group size),
+site pruned unevenly, :class:`~headprune.core.model.runtime.RepeatHeads`: a GGUF layer has one group size),
 query heads not a multiple of the layer's key/value heads, a masked model, rope scaling or sliding
 windows the exporter does not write, and every other family.
 """
@@ -44,8 +44,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..core.families import GGUFNames, gguf_names, gguf_types
-from ..core.records import ADDED_BIASES_KEY
+from ..core.model.families import GGUFNames, gguf_names, gguf_types
+from ..core.model.records import ADDED_BIASES_KEY
 from ..errors import ConfigError, UnsupportedModelError
 
 PER_LAYER_ARCH = {"llama": "deci"}  # the architecture that reads per-layer shapes, by uniform architecture

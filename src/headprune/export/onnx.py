@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..core.checkpoint import atomic_directory, check_output_dir
-from ..core.inputs import unwrap
+from ..core.model.inputs import unwrap
+from ..core.store.checkpoint import atomic_directory, check_output_dir
 from ..errors import HeadpruneError
 from ..extras import require
 from ..provenance import portable, versions
@@ -171,7 +171,7 @@ def bench_onnx(models: dict[str, nn.Module], *, batch_sizes=(1, 4), seq_len: int
     "speedups": [{model, reference, batch, measured (median paired ratio)}]}."""
     import tempfile
 
-    from ..core.inputs import example_inputs
+    from ..core.model.inputs import example_inputs
 
     ort = require("onnxruntime", "bench --onnx")
     sessions, out = {}, {"models": {}, "speedups": [], "onnxruntime": ort.__version__}

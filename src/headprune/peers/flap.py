@@ -39,9 +39,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from ..core.biases import shift_biases
+from ..core.cut.biases import shift_biases
 from ..core.prune import prune_heads, prune_neurons
-from ..core.verify import verify_surgery
+from ..core.safety.verify import verify_surgery
 from .ledger import Ledger
 from .stats import ChannelStats, input_stats
 

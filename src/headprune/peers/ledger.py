@@ -14,8 +14,8 @@ import math
 
 from torch import nn
 
-from ..core.ffn import find_ffns
-from ..core.sites import find_sites, kv_of_heads
+from ..core.model.ffn import find_ffns
+from ..core.model.sites import find_sites, kv_of_heads
 from ..errors import ConfigError, UnsupportedModelError
 
 

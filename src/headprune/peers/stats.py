@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..core.devices import input_device, to_device
+from ..core.model.devices import input_device, to_device
 
 
 @dataclass

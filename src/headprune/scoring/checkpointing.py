@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..core.sites import find_sites
+from ..core.model.sites import find_sites
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:

@@ -1,13 +1,13 @@
 """Fluctuation scores (FLAP, An et al. 2024): label-free, from one forward pass, no gradients.
 
 Every unit is a slice of the input of a projection: a head is ``head_dim`` features of its site's output
-projection input, an FFN neuron one feature of its down projection's input (:mod:`headprune.core.masking`).
+projection input, an FFN neuron one feature of its down projection's input (:mod:`headprune.core.masks.masking`).
 Over the calibration tokens (real ones only: padding, and an encoder-decoder's unscored decoder positions, are
 left out), feature ``j`` of a projection ``W`` (``[d_out, C]``) has mean ``mu_j`` and variance ``var_j``.
 Replacing the feature by its mean changes the projection's output by ``W[:, j] (x_j - mu_j)``, whose
 expected squared norm is ``var_j ||W[:, j]||^2``: the unit's *fluctuation* is that, summed over its features.
 A unit whose input hardly moves can be replaced by a constant -- its mean folded into the projection's bias
-(:mod:`headprune.core.biases`) -- at little cost.
+(:mod:`headprune.core.cut.biases`) -- at little cost.
 
 Heads and neurons differ in number and scale, and so do layers. FLAP's code (``prune_flap``, structure
 ``AL-AM``) standardises each layer's features of each kind (``(m - mean) / std`` over that projection's input
@@ -27,12 +27,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..core.chunked import forward_few_logits
-from ..core.devices import accumulator_device, input_device, to_device
-from ..core.ffn import find_ffns
-from ..core.finite import check_finite, check_finite_weights
-from ..core.inputs import model_inputs, real_rows
-from ..core.sites import find_sites, is_conv1d
+from ..core.model.chunked import forward_few_logits
+from ..core.model.devices import accumulator_device, input_device, to_device
+from ..core.model.ffn import find_ffns
+from ..core.model.finite import check_finite, check_finite_weights
+from ..core.model.inputs import model_inputs, real_rows
+from ..core.model.sites import find_sites, is_conv1d
 from ..errors import ConfigError
 from ..progress import progress_bar
 from .gradients import scoring_mode

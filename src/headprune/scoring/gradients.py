@@ -20,11 +20,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..core.chunked import token_outputs
-from ..core.devices import accumulator_device, input_device, to_device
-from ..core.finite import check_finite, check_finite_scores, check_finite_weights, nonfinite_losses
-from ..core.inputs import batch_size, model_inputs, rows_with_tokens, token_cross_entropy, unwrap
-from ..core.masking import HeadMask, masked, ones_mask, row_of_masks
+from ..core.masks.masking import HeadMask, masked, ones_mask, row_of_masks
+from ..core.model.chunked import token_outputs
+from ..core.model.devices import accumulator_device, input_device, to_device
+from ..core.model.finite import check_finite, check_finite_scores, check_finite_weights, nonfinite_losses
+from ..core.model.inputs import batch_size, model_inputs, rows_with_tokens, token_cross_entropy, unwrap
 from ..distributed import gather, rank_world, reduce_sums, shard
 from ..errors import ConfigError, NonFiniteError, UnsupportedModelError
 from ..progress import progress_bar
@@ -48,7 +48,7 @@ def gradient_sums(
     The sums are accumulated in float64 on each site's device (no copy per batch) and moved to the CPU
     once, at the end. Inside :func:`headprune.distributed.sharded`, each rank takes every world-th batch
     and the sums and counts are all-reduced. NaN or inf in the model's weights, a batch's losses or the sums are
-    refused (:class:`~headprune.errors.NonFiniteError`, :mod:`headprune.core.finite`)."""
+    refused (:class:`~headprune.errors.NonFiniteError`, :mod:`headprune.core.model.finite`)."""
     check_finite_weights(model)
     totals: dict[str, torch.Tensor] = {}
     counts: list[torch.Tensor] = []  # [] per batch, on the device: no synchronisation per batch
@@ -128,7 +128,7 @@ def batch_losses(model: nn.Module, batch: Mapping[str, torch.Tensor],
                  loss_fn: LossFn | None) -> tuple[torch.Tensor, torch.Tensor]:
     """([B] losses, [B] valid) of one forward of ``model`` on ``batch`` (on the model's input device), as
     :func:`example_losses` gives them. The model's own loss of a model with outputs per token (not an
-    encoder-decoder) is computed from its hidden states chunk by chunk (:mod:`headprune.core.chunked`), never
+    encoder-decoder) is computed from its hidden states chunk by chunk (:mod:`headprune.core.model.chunked`), never
     from all its ``[B, T, V]`` logits at once; only the first batch's check of the shift
     (:func:`own_loss_check`) runs the batch's row with the most targets with its full logits, ``[1, T, V]``."""
     if loss_fn is None and _token_model(model, batch):

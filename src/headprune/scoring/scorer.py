@@ -34,7 +34,7 @@ class ScoreRequest:
     blocks: bool = False  # the per-site Fisher blocks too, where the scorer has them (rearrangement, tuning)
     loss_fn: LossFn | None = None  # the loss of labelled scorers (None: the model's own)
     seed: int = 0  # of seeded scorers
-    costs: Any = None  # the pool's per-unit prices (:class:`~headprune.core.unit_cost.UnitCosts`), or None
+    costs: Any = None  # the pool's per-unit prices (:class:`~headprune.core.model.unit_cost.UnitCosts`), or None
     stats: bool = False  # also the channel statistics (stand-ins read them), where the scorer's pass can gather them
     gram: bool = False  # ... with the features' second moments (linear stand-ins read them)
     progress: bool = False

@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..core.devices import accumulator_device, input_device, to_device
-from ..core.ffn import find_ffns
-from ..core.finite import check_finite, check_finite_scores, check_finite_weights, nonfinite_losses
-from ..core.inputs import batch_size
-from ..core.masking import masked, masked_neurons, neuron_ones, ones_mask
+from ..core.masks.masking import masked, masked_neurons, neuron_ones, ones_mask
+from ..core.model.devices import accumulator_device, input_device, to_device
+from ..core.model.ffn import find_ffns
+from ..core.model.finite import check_finite, check_finite_scores, check_finite_weights, nonfinite_losses
+from ..core.model.inputs import batch_size
 from ..errors import ConfigError, NonFiniteError
 from ..progress import progress_bar
 from .fluctuation import StatsCollector

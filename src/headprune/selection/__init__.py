@@ -1,6 +1,6 @@
 """Scores -> the heads to drop: one budgeted selection, the paper's lowest-k, Fisher rearrangement.
 
-Plain tensors in ({site: [H] scores}), :data:`~headprune.core.surgery.DroppedHeads` out.
+Plain tensors in ({site: [H] scores}), :data:`~headprune.core.cut.surgery.DroppedHeads` out.
 :func:`select_heads` is the one entry point (every :class:`Budget`, spent as a :class:`HeadRule` says; its
 default never grows a GQA model's KV cache); :func:`lowest_heads` is the paper's plain rule."""
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import check_choice, check_int
-from ..core.unit_cost import UnitCosts
+from ..core.model.unit_cost import UnitCosts
 from ..errors import ConfigError
 from .budgets import Budget, HeadRule
 from .gqa import gqa_steps

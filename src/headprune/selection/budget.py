@@ -1,6 +1,6 @@
 """Budgets: which heads to keep under a head-count or FLOP budget, head by head (no key/value groups kept even).
 
-Prices come from the one FLOP counter (:func:`headprune.core.cost.head_costs`): FLOPs of one
+Prices come from the one FLOP counter (:func:`headprune.core.model.cost.head_costs`): FLOPs of one
 example's forward at ``seq_len`` tokens (``tgt_len`` decoder tokens for encoder-decoders), a
 key/value head paid once while any query head that reads it is kept.
 
@@ -21,8 +21,8 @@ from collections.abc import Mapping
 import torch
 
 from ..checks import check_int
-from ..core.cost import HeadCosts
-from ..core.surgery import DroppedHeads
+from ..core.cut.surgery import DroppedHeads
+from ..core.model.cost import HeadCosts
 from ..errors import ConfigError
 from .budgets import Budget, check_budget
 from .lowest import lowest_heads
@@ -59,7 +59,7 @@ def budget_heads(
 
 def _costs(costs, pool: dict[str, torch.Tensor]) -> HeadCosts:
     if costs is None:
-        raise ConfigError("flops= needs costs= (FLOPs per head, from headprune.core.cost.head_costs(model))")
+        raise ConfigError("flops= needs costs= (FLOPs per head, from headprune.core.model.cost.head_costs(model))")
     if not isinstance(costs, HeadCosts):
         if not isinstance(costs, Mapping):
             raise ConfigError(f"costs: {type(costs).__name__}; allowed: HeadCosts or a mapping site -> [heads]")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..core.surgery import DroppedHeads
+from ..core.cut.surgery import DroppedHeads
 from ..errors import ConfigError
 
 

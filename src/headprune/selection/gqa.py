@@ -3,7 +3,7 @@
 Under GQA several query heads read one key/value head. Surgery keeps a key/value head while any of
 its query heads stays, and when the kept query heads are spread unevenly over the key/value groups
 (7 query heads over 2 key/value heads) it repeats key/value heads, and the cache holds each copy
-(:mod:`headprune.core.kvcache`). Three modes:
+(:mod:`headprune.core.model.kvcache`). Three modes:
 
 - ``uniform`` (default): the same number of query heads kept in every key/value group of a site, so
   no key/value head is repeated and the cache never grows. A step drops, in every group of one site,
@@ -30,10 +30,10 @@ import torch
 from torch import nn
 
 from ..checks import check_share
-from ..core.cost import HeadCosts
-from ..core.kvcache import cached_kv_heads
-from ..core.sites import find_sites, kv_of_heads
-from ..core.surgery import DroppedHeads
+from ..core.cut.surgery import DroppedHeads
+from ..core.model.cost import HeadCosts
+from ..core.model.kvcache import cached_kv_heads
+from ..core.model.sites import find_sites, kv_of_heads
 from ..errors import ConfigError, KVCacheWarning
 from .budget import budget_heads
 from .budgets import GQA_MODES, Budget, HeadRule, check_budget
@@ -62,12 +62,12 @@ def select_gqa(
     most that many of the pool), ``keep`` (share of the pool's heads kept: at least that many), ``n_keep``
     (exactly that many heads kept, or a refusal naming the nearest counts the GQA mode can keep), ``flops``
     (share of the pool's head FLOPs kept; ``costs``: :class:`HeadCosts` from
-    :func:`headprune.core.cost.head_costs`), ``kv`` (share of the pool's KV-cache bytes per token kept;
+    :func:`headprune.core.model.cost.head_costs`), ``kv`` (share of the pool's KV-cache bytes per token kept;
     ``costs``: {site: bytes per token of one cached key/value head} from
-    :func:`headprune.core.kvcache.kv_head_bytes`). ``groups``: {site: [H] key/value head of each query head}
+    :func:`headprune.core.model.kvcache.kv_head_bytes`). ``groups``: {site: [H] key/value head of each query head}
     (:func:`kv_groups`; None: no GQA). ``rule``: the GQA mode, ``min_per_site``, the ``sites`` of the pool and
     ``same_per_site`` (every site of the pool keeps the same number of heads, steps taken in all sites at once
-    by their summed scores, so a stock config can describe the pruned model, :mod:`headprune.core.stock`;
+    by their summed scores, so a stock config can describe the pruned model, :mod:`headprune.core.store.stock`;
     needs a head-count budget and sites of one shape).
     """
     check_budget(budget, "count", "flops", "kv")
@@ -261,7 +261,7 @@ def _by_flops(pool, groups, mode, share, costs, min_per_site) -> dict[str, list[
     its heads' own FLOPs and those of every key/value head whose last reader it drops."""
     check_share("flops", share)
     if not isinstance(costs, HeadCosts):
-        raise ConfigError(f"flops= needs costs=HeadCosts (FLOPs per head, from headprune.core.cost.head_costs(model)); "
+        raise ConfigError(f"flops= needs costs=HeadCosts (FLOPs per head, from headprune.core.model.cost.head_costs(model)); "
                           f"got {type(costs).__name__}")
     names = list(pool)
     site_cost = [costs.cost({name: range(pool[name].numel())}) for name in names]
@@ -316,7 +316,7 @@ def _by_kv(pool, groups, share, kv_bytes, min_per_site) -> dict[str, list[int]]:
     check_share("kv", share)
     if not isinstance(kv_bytes, Mapping):
         raise ConfigError("kv= needs costs= {site: bytes per token of one cached key/value head} (from "
-                          f"headprune.core.kvcache.kv_head_bytes(model)); got {type(kv_bytes).__name__}")
+                          f"headprune.core.model.kvcache.kv_head_bytes(model)); got {type(kv_bytes).__name__}")
     price = {name: float(kv_bytes.get(name, 0.0)) for name in pool}
 
     def cache(drop) -> float:

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 import torch
 
-from ..core.cost import HeadCosts
-from ..core.surgery import DroppedHeads
+from ..core.cut.surgery import DroppedHeads
+from ..core.model.cost import HeadCosts
 from ..errors import ConfigError
 from .budgets import Budget, HeadRule, check_budget
 from .gqa import Groups, select_gqa
@@ -36,8 +36,8 @@ def select_heads(
     ``groups``: :func:`headprune.kv_groups` ``(model)``, or None for a model without grouped-query
     attention (the paper's plain head-by-head rule: :func:`headprune.lowest_heads`;
     :func:`headprune.selection.budget.budget_heads` for a FLOP budget). ``costs``: what the budget's price
-    counts -- for ``flops``, :func:`headprune.core.cost.head_costs` ``(model)`` or plain {site: [H]} per-head
-    costs; for ``kv``, :func:`headprune.core.kvcache.kv_head_bytes` ``(model)``; None for a head count.
+    counts -- for ``flops``, :func:`headprune.core.model.cost.head_costs` ``(model)`` or plain {site: [H]} per-head
+    costs; for ``kv``, :func:`headprune.core.model.kvcache.kv_head_bytes` ``(model)``; None for a head count.
     Non-finite scores are refused.
     """
     _check_finite(scores)

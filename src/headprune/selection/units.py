@@ -2,7 +2,7 @@
 
 Every unit (a head of a site, a neuron of an FFN) has a score (the diagonal Fisher of its mask: to
 second order, dropping a set of units raises the loss by half the sum of their scores) and a price
-(FLOPs at a sequence length, parameters or measured seconds: :mod:`headprune.core.unit_cost`). We
+(FLOPs at a sequence length, parameters or measured seconds: :mod:`headprune.core.model.unit_cost`). We
 keep the units that maximise the summed score of what is kept under ``share`` x the pool's total
 price.
 
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 import torch
 
 from ..checks import check_choice
-from ..core.unit_cost import UnitCosts
+from ..core.model.unit_cost import UnitCosts
 from ..errors import ConfigError
 from .budgets import Budget, HeadRule
 from .gqa import gqa_steps, warn_kv_growth

@@ -28,13 +28,13 @@ from .settings import ClassifierTrainSettings
 
 def _pretrained_body(model_dir: str | Path, **config) -> nn.Module:
     """The encoder of ``model_dir`` with a fresh classification head: every parameter of the body must come
-    from the checkpoint (a config over other weights is refused, :mod:`headprune.core.loading`); the new
+    from the checkpoint (a config over other weights is refused, :mod:`headprune.core.store.loading`); the new
     head is what this module trains, so the model is not marked as holding an untrained one."""
     from transformers.utils import logging as hf_logging
 
-    from ..core.checkpoint import read_config
-    from ..core.loading import NEW_HEAD_ATTR, check_load_report, load_failure
-    from ..core.quiet import transformers_bars_off
+    from ..core.store.checkpoint import read_config
+    from ..core.store.loading import NEW_HEAD_ATTR, check_load_report, load_failure
+    from ..core.store.quiet import transformers_bars_off
 
     read_config(Path(model_dir))  # unreadable, custom code, quantized: one typed line before transformers reads it
     verbosity = hf_logging.get_verbosity()

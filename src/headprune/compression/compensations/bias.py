@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ...core.biases import mean_shifts, shift_biases
+from ...core.cut.biases import mean_shifts, shift_biases
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """``linear``, ``linear-seq``, ``obs-seq``: every removed unit replaced by its least-squares affine prediction from
-the kept ones, folded into the kept columns and the biases (:func:`headprune.core.standins.linear_standins`). One
+the kept ones, folded into the kept columns and the biases (:func:`headprune.core.cut.standins.linear_standins`). One
 class; the three names are three values of its ``variant``. Runs before the cut, on the channel means and second moments;
 not guarded (the fit is exact on the calibration tokens).
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ...checks import check_choice, check_number
-from ...core.standins import linear_standins
+from ...core.cut.standins import linear_standins
 
 VARIANTS = ("linear", "linear-seq", "obs-seq")
 _NOTES = {"linear": "removed units replaced by their least-squares affine prediction from the kept ones on the "

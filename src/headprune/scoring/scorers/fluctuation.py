@@ -4,7 +4,7 @@
 ranks heads and neurons together (:func:`~headprune.scoring.fluctuation.knapsack_scores`);
 ``fluctuation-raw`` keeps the expected squared output change of holding each unit at its mean, an additive
 score the budget trades against price like the Fisher's. The channel statistics come along for the
-stand-ins (:mod:`headprune.core.biases`, :mod:`headprune.core.standins`). One class: the two names are the two
+stand-ins (:mod:`headprune.core.cut.biases`, :mod:`headprune.core.cut.standins`). One class: the two names are the two
 values of its setting ``standardise``.
 """
 

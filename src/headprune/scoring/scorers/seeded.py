@@ -7,8 +7,8 @@ from typing import ClassVar
 
 import torch
 
-from ...core.finite import check_finite_weights
-from ...core.sites import find_sites
+from ...core.model.finite import check_finite_weights
+from ...core.model.sites import find_sites
 from ...errors import ConfigError
 from ..scorer import ScoreRequest, UnitScores
 

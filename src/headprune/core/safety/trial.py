@@ -26,14 +26,14 @@ import torch
 import transformers
 from torch import nn
 
-from ..errors import HeadpruneError, UnsupportedModelError
-from .calls import TEMPLATES, read_template
-from .ffn import FFN, find_ffns
-from .masking import mask_from_heads, masked, masked_neurons, neuron_mask_from
-from .neurons import cut_neurons
-from .saving import read_pruned, save_pruned
-from .sites import Site, find_sites
-from .surgery import cut_heads
+from ...errors import HeadpruneError, UnsupportedModelError
+from ..cut.neurons import cut_neurons
+from ..cut.surgery import cut_heads
+from ..masks.masking import mask_from_heads, masked, masked_neurons, neuron_mask_from
+from ..model.calls import TEMPLATES, read_template
+from ..model.ffn import FFN, find_ffns
+from ..model.sites import Site, find_sites
+from ..store.saving import read_pruned, save_pruned
 
 RTOL = 1e-4  # of the largest output compared; inexact surgery differs by 1e-2 .. 1e0
 

@@ -26,9 +26,11 @@ import transformers
 from torch import nn
 from transformers.utils import logging as hf_logging
 
-from ..errors import ConfigError, HeadpruneError, PlanError
-from ..provenance import __version__
-from .calls import template_from_record
+from ...errors import ConfigError, HeadpruneError, PlanError
+from ...provenance import __version__
+from ..model.calls import template_from_record
+from ..model.records import CALLS_KEY, KEPT_KEY, LAYOUT_KEY, VERSION_KEY, config_record
+from ..model.runtime import give_calls
 from .checkpoint import (
     atomic_directory,
     check_output_dir,
@@ -41,8 +43,6 @@ from .checkpoint import (
 )
 from .loading import check_load_report, load_failure
 from .quiet import transformers_bars_off
-from .records import CALLS_KEY, KEPT_KEY, LAYOUT_KEY, VERSION_KEY, config_record
-from .runtime import give_calls
 from .stock import write_stock
 
 log = logging.getLogger("headprune")

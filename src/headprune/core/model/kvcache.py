@@ -2,7 +2,7 @@
 
 Per layer and token, a decoder self-attention site caches a key and a value for every key/value head
 the attention sees: ``2 * kv_heads_cached * head_dim * dtype bytes``. Under grouped-query attention
-pruned unevenly (:class:`~headprune.core.runtime.RepeatHeads`) the attention sees some key/value
+pruned unevenly (:class:`~headprune.core.model.runtime.RepeatHeads`) the attention sees some key/value
 heads more than once and the cache holds each copy, so ``kv_heads_cached`` is the number of heads
 seen (``kept query heads / gcd(kept query heads per key/value head)``), not the number computed.
 Cross-attention sites cache the same per *source* token; encoder sites cache nothing. A removed site

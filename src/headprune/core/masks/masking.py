@@ -27,10 +27,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import MaskError, SiteError
-from .devices import module_device
-from .ffn import FFN, find_ffns
-from .sites import Site, find_sites
+from ...errors import MaskError, SiteError
+from ..model.devices import module_device
+from ..model.ffn import FFN, find_ffns
+from ..model.sites import Site, find_sites
 
 HeadMask = dict[str, torch.Tensor]  # site name -> [num_heads] or [batch, num_heads]
 NeuronMask = dict[str, torch.Tensor]  # ffn name -> [width] or [batch, width]

@@ -33,14 +33,21 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from ..errors import PlanError
-from .families import HEAD_COUNT_ATTRS, HEADS_WIDTH_ATTRS, KV_HEAD_ATTRS, SPLIT_WIDTH_ATTRS
-from .kept import kept_heads, original_heads
-from .layouts import FusedLayout
-from .masking import HEADS, masked_kinds, unit_indices
-from .records import KEPT_KEY, LEGACY_KEYS, ORIGINAL_KEY, DroppedHeads, KeptHeads, config_record
-from .runtime import BiasOnly, RemovedAttention, RepeatHeads, T5PrunedAttention, shares_t5_bias, swap_class
-from .sites import (
+from ...errors import PlanError
+from ..masks.masking import HEADS, masked_kinds, unit_indices
+from ..model.families import HEAD_COUNT_ATTRS, HEADS_WIDTH_ATTRS, KV_HEAD_ATTRS, SPLIT_WIDTH_ATTRS
+from ..model.kept import kept_heads, original_heads
+from ..model.layouts import FusedLayout
+from ..model.records import KEPT_KEY, LEGACY_KEYS, ORIGINAL_KEY, DroppedHeads, KeptHeads, config_record
+from ..model.runtime import (
+    BiasOnly,
+    RemovedAttention,
+    RepeatHeads,
+    T5PrunedAttention,
+    shares_t5_bias,
+    swap_class,
+)
+from ..model.sites import (
     Projection,
     Site,
     find_sites,

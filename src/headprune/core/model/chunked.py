@@ -67,7 +67,7 @@ class TokenOutputs:
 
     def token_nll(self, labels: torch.Tensor, *, budget: int | None = None) -> torch.Tensor:
         """Cross-entropy of every position, ``[B, T]`` (0 where ``labels`` is -100), as
-        :func:`headprune.core.inputs.token_cross_entropy` computes it from the full logits; gradients flow to
+        :func:`headprune.core.model.inputs.token_cross_entropy` computes it from the full logits; gradients flow to
         the features (and the head's parameters)."""
         b, t = self.features.shape[:2]
         labels = labels.to(self.features.device).reshape(b * t)

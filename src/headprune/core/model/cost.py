@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..checks import check_choice
-from ..errors import ConfigError
+from ...checks import check_choice
+from ...errors import ConfigError
 from .inputs import example_inputs, unwrap
 from .sites import find_sites, is_conv1d, kv_of_heads
 

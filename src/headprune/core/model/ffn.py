@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ..errors import UnsupportedModelError
+from ...errors import UnsupportedModelError
 from .families import known_names
 from .records import ORIGINAL_KEY, config_record
 from .sites import find_sites, found_once, is_conv1d

@@ -32,11 +32,11 @@ import torch
 import transformers
 from torch import nn
 
-from .families import ffn_keys, stock_targets
-from .ffn import find_ffns
-from .inputs import example_inputs
-from .kept import original_heads, original_neurons
-from .records import (
+from ..model.families import ffn_keys, stock_targets
+from ..model.ffn import find_ffns
+from ..model.inputs import example_inputs
+from ..model.kept import original_heads, original_neurons
+from ..model.records import (
     ADDED_BIASES_KEY,
     CALLS_KEY,
     KEPT_KEY,
@@ -47,8 +47,8 @@ from .records import (
     ORIGINAL_NEURONS_KEY,
     config_record,
 )
-from .runtime import RepeatHeads
-from .sites import find_sites
+from ..model.runtime import RepeatHeads
+from ..model.sites import find_sites
 
 STOCK_KEY = "headprune_stock"  # in a stock config.json: what was pruned (transformers ignores it)
 TOLERANCE = 1e-5  # of the largest logit magnitude; in half precision 4 eps of the model's dtype (see _tolerance)

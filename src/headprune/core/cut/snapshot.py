@@ -11,7 +11,7 @@ import copy
 
 from torch import nn
 
-from .records import RECORD_KEYS
+from ..model.records import RECORD_KEYS
 
 
 class Snapshot:

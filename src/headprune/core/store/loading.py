@@ -23,7 +23,7 @@ from pathlib import Path
 
 from torch import nn
 
-from ..errors import DataError, HeadpruneError, UnsupportedModelError
+from ...errors import DataError, HeadpruneError, UnsupportedModelError
 
 log = logging.getLogger("headprune")
 NEW_HEAD_ATTR = "headprune_new_head"  # instance attribute: the keys newly initialised by new_head=True

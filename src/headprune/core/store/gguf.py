@@ -15,8 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import ConfigError, UnsupportedModelError
-from ..extras import require
+from ...errors import ConfigError, UnsupportedModelError
+from ...extras import require
 from .quiet import transformers_bars_off
 
 

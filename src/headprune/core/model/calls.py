@@ -1,7 +1,7 @@
 """How an attention class is called and what it returns, read off one call of an unpruned copy.
 
 A site that loses every head is replaced by a forward that does no attention work
-(:class:`~headprune.core.runtime.RemovedAttention`). It must accept the arguments the family's
+(:class:`~headprune.core.model.runtime.RemovedAttention`). It must accept the arguments the family's
 attention takes and return what its callers unpack, which differs between families: the hidden
 states are ``hidden_states``, ``input`` or ``query_tensor``; the result is a tensor, ``(out,)``,
 ``(out, weights)``, ``(out, weights, cache)`` or ``(out, weights, bias)``. The safety net

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..errors import NonFiniteError
+from ...errors import NonFiniteError
 from .inputs import unwrap
 
 WEIGHTS_HINT = "allowed: a model whose weights are all finite (NaN/inf weights come from a diverged training run " \

@@ -3,7 +3,7 @@ best linear stand-in (the structured Optimal Brain Surgeon error), for ``compens
 
 A consumer projection ``y = W x + b`` (``W``: ``[d_out, C]``) reads units of ``width`` input columns each (a head's
 ``head_dim``, a neuron's one). Over the calibration tokens, with the inputs' covariance ``S`` (centred: the bias
-takes the mean, as :func:`headprune.core.standins.affine_standin`) ridged to ``H = S + lam I``
+takes the mean, as :func:`headprune.core.cut.standins.affine_standin`) ridged to ``H = S + lam I``
 (``lam = damping x mean diag S``), removing a set ``Q`` of columns and refitting the kept ones costs
 
     1/2 tr(W_Q [Hinv_QQ]^-1 W_Q^T),    Hinv = H^-1 over the columns still kept,

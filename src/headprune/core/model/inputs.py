@@ -12,8 +12,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..checks import check_int
-from ..errors import ConfigError
+from ...checks import check_int
+from ...errors import ConfigError
 from .devices import input_device, to_device
 
 

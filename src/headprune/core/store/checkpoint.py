@@ -40,12 +40,12 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 from transformers.utils import logging as hf_logging
 
-from ..errors import ConfigError, DataError, PlanError, UnsupportedModelError
-from .biases import add_zero_biases, added_biases
+from ...errors import ConfigError, DataError, PlanError, UnsupportedModelError
+from ..cut.biases import add_zero_biases, added_biases
+from ..cut.neurons import cut_neurons, neurons_to_drop
+from ..cut.surgery import cut_heads, heads_to_drop
+from ..model.records import KEPT_KEY, KEPT_NEURONS_KEY, LEGACY_KEYS, ORIGINAL_KEY, ORIGINAL_NEURONS_KEY
 from .loading import tied_keys
-from .neurons import cut_neurons, neurons_to_drop
-from .records import KEPT_KEY, KEPT_NEURONS_KEY, LEGACY_KEYS, ORIGINAL_KEY, ORIGINAL_NEURONS_KEY
-from .surgery import cut_heads, heads_to_drop
 
 PLAIN_WEIGHTS, PLAIN_INDEX = "model.safetensors", "model.safetensors.index.json"  # what transformers looks for
 PRUNED_WEIGHTS, PRUNED_INDEX = "pruned.safetensors", "pruned.safetensors.index.json"  # what it does not

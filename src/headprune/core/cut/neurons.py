@@ -21,12 +21,12 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from ..errors import PlanError
-from .ffn import FFN, find_ffns
-from .kept import kept_heads, kept_neurons, original_heads, original_neurons
-from .masking import NEURONS, find_unit, unit_indices
-from .records import KEPT_KEY, KEPT_NEURONS_KEY, ORIGINAL_KEY, ORIGINAL_NEURONS_KEY, config_record
-from .sites import is_conv1d
+from ...errors import PlanError
+from ..masks.masking import NEURONS, find_unit, unit_indices
+from ..model.ffn import FFN, find_ffns
+from ..model.kept import kept_heads, kept_neurons, original_heads, original_neurons
+from ..model.records import KEPT_KEY, KEPT_NEURONS_KEY, ORIGINAL_KEY, ORIGINAL_NEURONS_KEY, config_record
+from ..model.sites import is_conv1d
 from .snapshot import Snapshot
 from .surgery import refuse_masked
 

@@ -38,12 +38,12 @@ import torch
 import transformers
 from torch import nn
 
-from ..errors import UnsupportedModelError
-from .calls import TEMPLATES, CallTemplate, template_from_record, template_record
-from .families import ffn_keys
-from .records import CALLS_KEY, RECORD_KEYS, VERSION_KEY, config_record
-from .runtime import RepeatHeads, give_calls, removed_attention_classes, shares_t5_bias
-from .sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_axes, head_lists, head_tensors
+from ...errors import UnsupportedModelError
+from ..model.calls import TEMPLATES, CallTemplate, template_from_record, template_record
+from ..model.families import ffn_keys
+from ..model.records import CALLS_KEY, RECORD_KEYS, VERSION_KEY, config_record
+from ..model.runtime import RepeatHeads, give_calls, removed_attention_classes, shares_t5_bias
+from ..model.sites import POSITION_BUFFERS, Site, ancestors, find_sites, head_axes, head_lists, head_tensors
 from .trial import example_batch, record_templates, run_trial
 
 LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers",

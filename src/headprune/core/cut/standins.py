@@ -27,10 +27,10 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from ..errors import PlanError
+from ...errors import PlanError
+from ..model.ffn import find_ffns
+from ..model.sites import Site, find_sites, is_conv1d
 from .biases import shift_biases
-from .ffn import find_ffns
-from .sites import Site, find_sites, is_conv1d
 
 
 def affine_standin(weight: torch.Tensor, mean: torch.Tensor, second: torch.Tensor, removed: torch.Tensor,

@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import nn
 
-from ..errors import PlanError, UnsupportedModelError
-from .ffn import find_ffns, out_features
-from .records import ADDED_BIASES_KEY
-from .sites import Site, find_sites, is_conv1d
+from ...errors import PlanError, UnsupportedModelError
+from ..model.ffn import find_ffns, out_features
+from ..model.records import ADDED_BIASES_KEY
+from ..model.sites import Site, find_sites, is_conv1d
 
 
 def output_projections(model: nn.Module) -> dict[str, nn.Module]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 # Attribute names under which attention modules keep their sizes, read by site finding and kept current by
 # surgery (any of them a module has); the first positive int of HEAD_DIM_ATTRS is the head size.
@@ -183,7 +183,7 @@ def register_family(family: Family) -> Family:
     """Add ``family`` to the table (tried after the entries already there); returns it. Registering the same
     entry again changes nothing; another entry under a name already taken is refused."""
     if not isinstance(family, Family):
-        raise ConfigError(f"family={family!r}; allowed: a headprune.core.families.Family")
+        raise ConfigError(f"family={family!r}; allowed: a headprune.core.model.families.Family")
     old = next((f for f in _TABLE if f.name == family.name), None)
     if old is not None and old != family:
         raise ConfigError(f"register_family: name {family.name!r} is taken by another entry; allowed: a new name")

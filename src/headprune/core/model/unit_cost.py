@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..checks import check_choice
+from ...checks import check_choice
 from .cost import compute_module, head_costs, linear_rows
 from .ffn import find_ffns, in_features, out_features
 from .inputs import unwrap

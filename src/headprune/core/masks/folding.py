@@ -12,9 +12,9 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..errors import MaskError
+from ...errors import MaskError
+from ..model.sites import find_sites, is_conv1d
 from .masking import validate_mask
-from .sites import find_sites, is_conv1d
 
 
 def fold_scales(model: nn.Module, scales: Mapping[str, torch.Tensor]) -> None:

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..errors import UnsupportedModelError
+from ...errors import UnsupportedModelError
 from .families import ALIBI, HEAD_DIM_ATTRS, KV_HEAD_ATTRS, KnownNames, known_names, listed_names, refusal
 from .layouts import FusedLayout, fused_order
 from .runtime import RepeatHeads, shares_t5_bias
@@ -186,7 +186,7 @@ _FIXED: dict[int, dict[str, list]] = {}  # id(model) -> what each finder found, 
 
 @contextmanager
 def structure_fixed(model: nn.Module) -> Iterator[None]:
-    """Inside, :func:`find_sites` and :func:`headprune.core.ffn.find_ffns` search ``model`` once and hand out copies
+    """Inside, :func:`find_sites` and :func:`headprune.core.model.ffn.find_ffns` search ``model`` once and hand out copies
     of what they found: for loops that change weights (folds, zeroed columns, added biases) but never which modules
     exist or their shapes. Nested uses keep the outer one's findings; leaving the outermost forgets them."""
     if id(model) in _FIXED:
