@@ -10,7 +10,7 @@ tokens of CPython's docs). Recorded: the peak growth of the process's resident s
 (``headprune.bench.machine.peak_rss_delta``: the model and the batches are loaded before), the model's weight bytes
 in float32 (every parameter once, tied ones once), their ratio, and what one batch's ``[B, T, V]`` float32 logits
 would take, which the chunked losses (``headprune.core.model.chunked``) never hold at once: with Gemma-3's 262,144-token
-vocabulary, 1.07 GB for a batch of 4 x 256 tokens. With ``--cli``, the same configuration also runs as a user runs it,
+vocabulary, 1.07 GB for a batch of 4 x 256 tokens. With ``--cli``, the same configuration runs instead as a user runs it,
 ``headprune compress MODEL --task lm ... 2>log`` in a child process with stderr to a file (not a terminal): the
 child's peak resident set (``getrusage``, the whole process: loading, evaluation, compress, saving) over the
 float32 weights, and the progress lines the log holds. Written to ``benchmarks/results/compress_memory.json`` (the quick
@@ -129,16 +129,26 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     output = args.output or (OUTPUT.with_name("compress_memory_quick.json") if args.quick else OUTPUT)
     start = {"machine": machine_info() | {"loadavg_at_start": loadavg()}}
-    row = measure(args) | start | {"loadavg_at_end": loadavg(), "threads": args.threads}
-    if args.cli:
-        model, _, _ = calibration(args)
-        row["cli"] = cli_run(args, model, row["weights_float32_bytes"])
+    if args.cli:  # as a user runs it: the whole child process, loading and saving included
+        model, _, described = calibration(args)
+        weights = weight_bytes(model)
+        row = {**described, "mode": "cli", "configuration": CONFIGURATION, "budget": BUDGET,
+               "weights_float32_bytes": weights, "cli": cli_run(args, model, weights)}
         del model
+    else:
+        row = measure(args) | {"mode": "library"}
+    row |= start | {"loadavg_at_end": loadavg(), "threads": args.threads}
     out = json.loads(output.read_text()) if output.is_file() else {"name": "compress_memory", "rows": []}
-    out["rows"] = [r for r in out["rows"] if r.get("model") != row["model"]] + [row]
+    out["rows"] = [r for r in out["rows"] if (r.get("model"), r.get("mode", "library")) != (row["model"], row["mode"])]
+    out["rows"].append(row)
     out.update({"command": command(__file__, sys.argv[1:] if argv is None else argv), "versions": versions()})
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(out, indent=1) + "\n")
+    if args.cli:
+        c = row["cli"]
+        print(f"{row['model']}: headprune compress exit {c['exit_code']}, peak RSS {c['peak_rss_bytes']} bytes = "
+              f"{c['peak_over_weights']:.2f}x the float32 weights, {c['progress_lines']} progress lines -> {output}")
+        return out
     ratio = row["peak_over_weights"]
     print(f"{row['model']}: peak RSS growth {row['peak_rss_delta_bytes']} bytes, float32 weights "
           f"{row['weights_float32_bytes']} bytes, ratio {'n/a' if ratio is None else f'{ratio:.2f}'} -> {output}")

@@ -375,6 +375,25 @@ def block_llm_models() -> str:
     return "\n".join(out)
 
 
+def block_apply_replay() -> str:
+    """``headprune apply`` on a real model (``apply_replay.json``): per budget, the configuration, the tensors compared
+    and whether every one is equal, and what the plan did on the same model with one weight moved by one ulp."""
+    d = _optional("apply_replay")
+    if d is None:
+        return "`headprune apply` on a real model: not run yet (`benchmarks/apply_replay.py`)."
+    out = [f"`python benchmarks/apply_replay.py` on {d['model']['model']}: `headprune compress` then `headprune apply` "
+           "in new processes, every saved tensor compared with `torch.equal`:", "",
+           "| removed | configuration (the peer table's) | tensors | bit for bit | the plan on the model with one weight "
+           "moved by one ulp |", "|---|---|---|---|---|"]
+    for r in d["rows"]:
+        other = r["other_model"]
+        refused = (f"refused, exit {other['exit_code']}, nothing written" if other["exit_code"] and not
+                   other["output_written"] else f"**exit {other['exit_code']}**")
+        out.append(f"| {r['budget']:.0%} | `{r['configuration']}` | {r['compared']['tensors']} | "
+                   f"{'yes' if r['compared']['bit_for_bit'] else '**no**'} | {refused} |")
+    return "\n".join(out)
+
+
 def _optional(name: str) -> dict | None:
     """benchmarks/results/NAME.json, or None where that benchmark has not been run."""
     return bench(name) if (BENCH / f"{name}.json").is_file() else None
@@ -565,5 +584,7 @@ def block(name: str) -> str:
         return block_gpu_bench()
     if kind == "llm_models":
         return block_llm_models()
+    if kind == "apply_replay":
+        return block_apply_replay()
     raise KeyError(f"unknown block {name!r}; allowed: abo:RUN, method_comparison, llm_peers, llamacpp_budgets, "
-                   "llm_headline, gpu_bench, llm_models")
+                   "llm_headline, gpu_bench, llm_models, apply_replay")
