@@ -387,8 +387,9 @@ def block_apply_replay() -> str:
            "moved by one ulp |", "|---|---|---|---|---|"]
     for r in d["rows"]:
         other = r["other_model"]
-        refused = (f"refused, exit {other['exit_code']}, nothing written" if other["exit_code"] and not
-                   other["output_written"] else f"**exit {other['exit_code']}**")
+        refused = (f"refused for that weight, exit {other['exit_code']}, nothing written" if other["exit_code"] and
+                   not other["output_written"] and other["for_that_weight_only"] else
+                   f"**exit {other['exit_code']}: {other['message']}**")
         out.append(f"| {r['budget']:.0%} | `{r['configuration']}` | {r['compared']['tensors']} | "
                    f"{'yes' if r['compared']['bit_for_bit'] else '**no**'} | {refused} |")
     return "\n".join(out)
