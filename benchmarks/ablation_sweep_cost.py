@@ -23,13 +23,11 @@ from pathlib import Path
 import torch
 import transformers as T
 
-from headprune.bench import machine_info
 from headprune.evaluation.base import EvalResult
 from headprune.experiments.ablation import SweepSettings, one_head_ablation
-from headprune.provenance import versions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recorded import command  # noqa: E402
+from recorded import opening  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 0.65
@@ -89,8 +87,7 @@ def main() -> None:
     ratios = [c / v for c, v in zip(timings["cached"], timings["naive"], strict=True)]
     layers = shape["num_hidden_layers"]
     result = {
-        "benchmark": "ablation_sweep_cost", "command": command(__file__),
-        "machine": machine_info(), "versions": versions(),
+        **opening("ablation_sweep_cost", __file__, load=False, label="benchmark"),
         "settings": {"model": f"BertForSequenceClassification {shape}", "examples": n, "seq_len": seq_len,
                      "batch_size": batch, "rounds": rounds, "heads": len(scores["cached"]), "significance": settings},
         "seconds": timings, "ratio": statistics.median(ratios), "ratios": ratios, "goal": GOAL,

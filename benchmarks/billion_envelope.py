@@ -49,7 +49,8 @@ import transformers as T
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # peers.headprune_rows: the selected configuration
-from recorded import command  # noqa: E402
+from doc_tables import markdown_table  # noqa: E402
+from recorded import opening  # noqa: E402
 
 GOAL = 1.5
 FULL = dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8,
@@ -203,13 +204,9 @@ def scale_section(data: dict) -> str:
     lines = [f"{cal['calib_blocks']} random sequences of {cal['calib_length']} tokens (one per batch), float32, "
              f"{cal['omp_threads']} thread, `{data['command']}`; peak RSS (`ru_maxrss`) of a process that builds "
              "the model (random weights) and compresses it, nothing else.", "",
-             "| shape | parameters | float32 weights | peak RSS | peak / weights | seconds | other processes' cores |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for name, f in data["shapes"].items():
-        other = f["load"]["other_cpu"]
-        lines.append(f"| {name} | {f['params'] / 1e6:,.0f}M | {f['weight_bytes'] / 2**30:.2f} GiB | "
-                     f"{f['peak_rss_bytes'] / 2**30:.2f} GiB | {f['peak_over_weights']:.2f} | {f['seconds']:.0f} | "
-                     f"{'-' if other is None else f'{other:.2f}'} |")
+             *markdown_table(["shape", "parameters", "float32 weights", "peak RSS", "peak / weights", "seconds",
+                              "other processes' cores"], [_scale_row(name, f) for name, f in data["shapes"].items()],
+                             align="lrrrrrr")]
     last_name, last = list(data["shapes"].items())[-1]
     verdict = "met" if last["peak_over_weights"] <= data["goal_peak_over_weights"] else "not met"
     lines += ["", f"Time grows as parameters^{data['alpha']:.2f} (least squares on logarithms over the "
@@ -219,6 +216,13 @@ def scale_section(data: dict) -> str:
               "(the last column: cores they kept busy meanwhile, of "
               f"{last['load']['cores']}); the memory figures do not depend on them."]
     return "\n".join(lines)
+
+
+def _scale_row(name: str, f: dict) -> list[str]:
+    other = f["load"]["other_cpu"]
+    return [name, f"{f['params'] / 1e6:,.0f}M", f"{f['weight_bytes'] / 2**30:.2f} GiB",
+            f"{f['peak_rss_bytes'] / 2**30:.2f} GiB", f"{f['peak_over_weights']:.2f}", f"{f['seconds']:.0f}",
+            "-" if other is None else f"{other:.2f}"]
 
 
 def write_docs(page: Path, data: dict) -> None:
@@ -260,14 +264,10 @@ def run_child(args, case: str, tmp: str, shape: dict | None = None) -> dict:
 def growth(args) -> None:
     """``compress_selected`` at the three shapes of :data:`GROWTH` (tiny ones with ``--quick``), smallest first,
     and the growth law of its time; writes ``args.output`` (default compress_scale.json)."""
-    from headprune.bench import machine_info
-    from headprune.provenance import versions
-
     shapes = GROWTH_QUICK if args.quick else GROWTH
     with tempfile.TemporaryDirectory() as tmp:
         figures = {name: run_child(args, "compress_selected", tmp, shape) for name, shape in shapes.items()}
-    result = {"benchmark": "compress_scale", "command": command(__file__),
-              "machine": machine_info(), "versions": versions(), "goal_peak_over_weights": GOAL,
+    result = {**opening("compress_scale", __file__, load=False, label="benchmark"), "goal_peak_over_weights": GOAL,
               "config": {"model": "LlamaForCausalLM, random weights (meta -> to_empty -> normal 0.02)",
                          "configuration": SELECTED, "budget_removed": BUDGET, "low_memory": True,
                          "calib_blocks": args.calib_blocks, "calib_length": args.calib_length, "batch_size": 1,
@@ -305,9 +305,6 @@ def main(argv=None) -> None:
         return write_docs(args.write_docs, json.loads(SCALE_OUTPUT.read_text()))
     if args.growth:
         return growth(args)
-    from headprune.bench import machine_info
-    from headprune.provenance import versions
-
     cases = [c for c in args.cases.split(",") if c]
     bad = [c for c in cases if c not in CASES]
     if bad:
@@ -323,8 +320,7 @@ def main(argv=None) -> None:
         figures["importance_checkpointed"]["seconds_over_plain"] = \
             figures["importance_checkpointed"]["seconds"] / figures["importance_plain"]["seconds"]
     result = {
-        "benchmark": "billion_envelope", "command": command(__file__),
-        "machine": machine_info(), "versions": versions(), "goal_peak_over_weights": GOAL,
+        **opening("billion_envelope", __file__, load=False, label="benchmark"), "goal_peak_over_weights": GOAL,
         "config": {"model": "LlamaForCausalLM, random weights (meta -> to_empty -> normal 0.02)",
                    **(QUICK if args.quick else FULL), "attn_implementation": "sdpa (default)", "dtype": "float32",
                    "sequences": args.sequences, "length": args.length, "batch_size": 1, "sweep_units": args.units,

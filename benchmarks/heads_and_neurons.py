@@ -57,6 +57,7 @@ from headprune.evaluation.significance import compare
 from headprune.provenance import versions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from doc_tables import markdown_table  # noqa: E402
 from recorded import command, repo_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
@@ -173,9 +174,8 @@ TASK_NAMES = {"sst2": "SST-2 MiniLM (dev, 872)", "enfr": "Multi30k en->fr (test 
 
 POSTHOC = ROOT / "results" / "heads_and_neurons_posthoc.json"
 FIT512 = ROOT / "results" / "heads_and_neurons_fit512.json"
-HEADER = ["| model (test set) | model FLOPs kept | heads kept | neurons kept | score (% of unpruned) | "
-          "95% CI of the difference | p (Holm) | measured speed-up | compress time | compensation kept |",
-          "|---|---|---|---|---|---|---|---|---|---|"]
+HEADER = ["model (test set)", "model FLOPs kept", "heads kept", "neurons kept", "score (% of unpruned)",
+          "95% CI of the difference", "p (Holm)", "measured speed-up", "compress time", "compensation kept"]
 
 
 def earlier_runs() -> list[tuple[str, dict]]:
@@ -200,14 +200,16 @@ def later_runs() -> list[tuple[str, dict]]:
             for task, entry in sorted(res.items(), key=lambda kv: ("sst2", "enfr").index(kv[0]))]
 
 
-def _rows(results: dict, label: str = "") -> list[str]:
+def _rows(results: dict, label: str = "") -> list[list[str]]:
+    """The table's rows (cells) of one run's results, ``label`` after each model's name."""
     lines = []
     for task in ("sst2", "enfr"):
         entry = results.get(task)
         if not entry:
             continue
         name = TASK_NAMES[task] + (f", {label}" if label else "")
-        lines.append(f"| {name}, unpruned | 100% | | | {_score(entry['metric'], entry['unpruned'])} | | | 1.00x | | |")
+        lines.append([f"{name}, unpruned", "100%", "", "", _score(entry["metric"], entry["unpruned"]), "", "", "1.00x",
+                      "", ""])
         for r in entry["budgets"]:
             ci = r["vs_unpruned"]
             if current_test(r):
@@ -215,12 +217,12 @@ def _rows(results: dict, label: str = "") -> list[str]:
                 interval = f"[{_score(entry['metric'], ci['ci_low'])}, {_score(entry['metric'], ci['ci_high'])}]"
             else:
                 p = interval = "retired test"
-            lines.append(
-                f"| {name} | {r['model_flops_kept']:.1%} | {r['heads_kept'][0]}/{r['heads_kept'][1]} | "
-                f"{r['neurons_kept'][0]}/{r['neurons_kept'][1]} | {_score(entry['metric'], r['score'])} "
-                f"({r['relative']:.1%}) | {interval} | {p} | x{r['speedup']:.2f}"
-                f"{' (noisy)' if r['speedup_detail'].get('noisy') else ''} | {r['compress_seconds']:.0f} s | "
-                f"{_compensation(r['stages'])} |")
+            lines.append([
+                name, f"{r['model_flops_kept']:.1%}", f"{r['heads_kept'][0]}/{r['heads_kept'][1]}",
+                f"{r['neurons_kept'][0]}/{r['neurons_kept'][1]}",
+                f"{_score(entry['metric'], r['score'])} ({r['relative']:.1%})", interval, p,
+                f"x{r['speedup']:.2f}{' (noisy)' if r['speedup_detail'].get('noisy') else ''}",
+                f"{r['compress_seconds']:.0f} s", _compensation(r["stages"])])
     return lines
 
 
@@ -245,22 +247,19 @@ def readme_section(results: dict, earlier: list[tuple[str, dict]] | None = None,
                    later: list[tuple[str, dict]] | None = None) -> str:
     """The README table, generated from the results file and the earlier and later runs' files (a test holds
     the README to it)."""
-    lines = [START, *HEADER, *_rows(results)]
+    lines = [START, *markdown_table(HEADER, _rows(results))]
     if later:
         lines += ["", "Post hoc, after the table above was seen on the test split: one pass of distillation after the "
                   "reconstruction (`--distill-epochs 1`), its learning rate chosen on selection data "
-                  "(`benchmarks/distill_selection.py`); not part of the pre-registered comparison:", "", *HEADER]
-        for label, res in later:
-            lines += _rows(res, label)
+                  "(`benchmarks/distill_selection.py`); not part of the pre-registered comparison:", "",
+                  *markdown_table(HEADER, [row for label, res in later for row in _rows(res, label)])]
     if earlier:
         lines += ["", "Earlier runs, seen on the test split before `--fit 4096` was set (the budgets and every other "
                   "setting as above; the post-hoc run also took the next 256 training rows for validation). Each "
                   "run's percentages are of its own unpruned score; the first en->fr run's unpruned BLEU differs: it ran "
                   "under headprune 0.1.0, before the shared BLEU generation protocol, on a model trained in an earlier "
                   "session:", "",
-                  *HEADER]
-        for label, res in earlier:
-            lines += _rows(res, label)
+                  *markdown_table(HEADER, [row for label, res in earlier for row in _rows(res, label)])]
     lines += ["", *goals(results)]
     if later:
         post = [f"Post hoc, with distillation: {line}" for _, res in later for line in goals(res) if line]

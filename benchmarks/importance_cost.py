@@ -25,11 +25,9 @@ import torch
 import transformers as T
 
 import headprune as hp
-from headprune.bench import machine_info
-from headprune.provenance import versions
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recorded import command  # noqa: E402
+from recorded import opening  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = 2.2
@@ -77,7 +75,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=None, help="timed rounds (default 5; 2 with --quick)")
     args = ap.parse_args()
 
-    torch.set_num_threads(args.threads)
+    head = opening("importance_cost", __file__, threads=args.threads, load=False)
     quick = args.quick
     n, seq_len = args.n or (8 if quick else 128), 16 if quick else 128
     batch_size = 4 if quick else args.batch_size
@@ -96,11 +94,9 @@ def main() -> None:
     ratios = [i / e for i, e in zip(seconds["importance"], seconds["evaluation"], strict=True)]
     q = statistics.quantiles(ratios, n=4, method="inclusive") if len(ratios) > 1 else [ratios[0]] * 3
     ratio = statistics.median(ratios)
+    head["machine"] |= {"loadavg_start": load_start, "loadavg_end": list(os.getloadavg())}
     out = {
-        "name": "importance_cost",
-        "command": command(__file__),
-        "machine": {**machine_info(), "loadavg_start": load_start, "loadavg_end": list(os.getloadavg())},
-        "versions": versions(),
+        **head,
         "settings": {"quick": quick, "threads": args.threads, "n": n, "batch_size": batch_size, "seq_len": seq_len,
                      "repeats": repeats, "shape": shape, "attn_implementation": model.config._attn_implementation,
                      "model": "BertForSequenceClassification, random weights, 3 labels",

@@ -26,11 +26,8 @@ from pathlib import Path
 
 import torch
 
-from headprune.bench import machine_info
-from headprune.provenance import versions
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from recorded import command, repo_path, repo_word  # noqa: E402
+from recorded import opening, repo_path, repo_word  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("HEADPRUNE_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -91,11 +88,11 @@ def main() -> None:
             row["identical_csv"] = all((work / "ablate-1" / f).read_text() == (work / "ablate-2" / f).read_text()
                                        for f in ("ablation.csv", "ablation_by_damage.csv"))
         rows[name] = row
-    result = {"benchmark": "1 vs 2 processes (torchrun --standalone, gloo, OMP_NUM_THREADS=1 each)",
-              "model": repo_path(args.model), "importance_examples": args.importance_examples,
-              "sweep_examples": args.sweep_examples, "tasks": rows,
-              "machine": {**machine_info(), "loadavg_start": list(start_load), "loadavg_end": list(os.getloadavg())},
-              "versions": versions(), "command": command(__file__)}
+    head = opening("1 vs 2 processes (torchrun --standalone, gloo, OMP_NUM_THREADS=1 each)", __file__, load=False,
+                   label="benchmark")
+    head["machine"] |= {"loadavg_start": list(start_load), "loadavg_end": list(os.getloadavg())}
+    result = {**head, "model": repo_path(args.model), "importance_examples": args.importance_examples,
+              "sweep_examples": args.sweep_examples, "tasks": rows}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(result, indent=2) + "\n")
     shutil.rmtree(work, ignore_errors=True)

@@ -43,11 +43,12 @@ def command(script: str | Path, argv: Sequence[str] | None = None) -> str:
 
 
 def opening(name: str, script: str | Path, argv: Sequence[str] | None = None, *, threads: int | None = None,
-            load: bool = True, python: bool = False) -> dict:
+            load: bool = True, python: bool = False, label: str = "name") -> dict:
     """The opening every benchmark's results file shares, ``{"name", "command", "machine", "versions"}``: the
     command (:func:`command` of ``script`` and ``argv``), the machine (``headprune.bench.machine_info``, with the
     1-minute load at the start when ``load``), headprune's and its dependencies' versions (with python's when
-    ``python``). ``threads``: torch's intra-op threads set to it first (None: left as they are)."""
+    ``python``). ``threads``: torch's intra-op threads set to it first (None: left as they are). ``label``: the
+    key ``name`` goes under (``"benchmark"`` in the older results files)."""
     import platform
 
     import torch
@@ -58,5 +59,5 @@ def opening(name: str, script: str | Path, argv: Sequence[str] | None = None, *,
     if threads is not None:
         torch.set_num_threads(threads)
     machine = machine_info() | ({"loadavg_at_start": loadavg()} if load else {})
-    return {"name": name, "command": command(script, argv), "machine": machine,
+    return {label: name, "command": command(script, argv), "machine": machine,
             "versions": versions() | ({"python": platform.python_version()} if python else {})}
