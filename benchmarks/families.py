@@ -35,6 +35,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import tiny_configs  # noqa: E402  (beside this script)
+from doc_tables import markdown_table  # noqa: E402
 
 import headprune as hp  # noqa: E402
 from headprune.core.safety import trial, verify  # noqa: E402
@@ -245,19 +246,17 @@ def _cell(text: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| family | class | verdict | checks or reason |", "|---|---|---|---|"]
+    cells = []
     for r in sorted(rows, key=lambda r: r["model_type"]):
         detail = ", ".join(r["checks"]) if r["verdict"] == "exact" else r["reason"]
-        lines.append(f"| `{r['model_type']}` | {r['class'] or '-'} | {r['verdict']} | {_cell(detail)} |")
-    return "\n".join(lines)
+        cells.append([f"`{r['model_type']}`", r["class"] or "-", r["verdict"], _cell(detail)])
+    return "\n".join(markdown_table(["family", "class", "verdict", "checks or reason"], cells))
 
 
 def counts(rows: list[dict]) -> str:
     n = Counter(r["verdict"] for r in rows)
-    lines = ["| verdict | model types |", "|---|---|"]
-    lines += [f"| {v} | {n[v]} |" for v in VERDICTS if n[v]]
-    lines.append(f"| all | {len(rows)} |")
-    return "\n".join(lines)
+    return "\n".join(markdown_table(["verdict", "model types"], [*([v, n[v]] for v in VERDICTS if n[v]),
+                                                                ["all", len(rows)]]))
 
 
 def readme_section(data: dict) -> str:

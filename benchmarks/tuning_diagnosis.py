@@ -38,6 +38,7 @@ from headprune.selection.budget import budget_heads
 from headprune.selection.budgets import Budget
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from doc_tables import markdown_table  # noqa: E402
 from recorded import repo_path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
@@ -59,14 +60,15 @@ def reduction(fit: list[dict]) -> float:
 def readme_section(results: dict) -> str:
     """README table from the results file (a test holds the README to it)."""
     u = results["unpruned"]
-    lines = [START, "| heads kept | loss on | " + " | ".join(VARIANTS) + " |", "|---|---|" + "---|" * len(VARIANTS)]
+    rows = []
     for b in results["budgets"]:
         v = b["variants"]
         for split in ("calib", "val"):
-            lines.append(f"| {b['keep_heads']:.0%} | {'calibration' if split == 'calib' else 'validation'} | "
-                         + " | ".join(f"{v[k][split]:.4f}" for k in VARIANTS) + " |")
-        lines.append(f"| {b['keep_heads']:.0%} | median error removed per layer | | "
-                     + " | ".join(f"{reduction(v[k]['fit']):.1%}" for k in VARIANTS[1:]) + " |")
+            rows.append([f"{b['keep_heads']:.0%}", "calibration" if split == "calib" else "validation",
+                         *(f"{v[k][split]:.4f}" for k in VARIANTS)])
+        rows.append([f"{b['keep_heads']:.0%}", "median error removed per layer", "",
+                     *(f"{reduction(v[k]['fit']):.1%}" for k in VARIANTS[1:])])
+    lines = [START, *markdown_table(["heads kept", "loss on", *VARIANTS], rows)]
     lines.append("")
     lines.append(f"Unpruned: calibration {u['calib']:.4f}, validation {u['val']:.4f} (mean cross-entropy).")
     lines.append(END)
