@@ -37,6 +37,7 @@ from headprune.evaluation.lm import LanguageModelling
 from headprune.selection.gqa import kv_groups, kv_growth
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from doc_tables import markdown_table  # noqa: E402
 from recorded import opening  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -193,11 +194,7 @@ def readme_section(data: dict, free: dict | None = None) -> str:
     """The README block: perplexity (ratio, 95% CI) per method and share of heads removed; with ``free``
     (the same run under ``--gqa free``), its methods as extra columns and the KV cache they leave."""
     s = data["settings"]
-    lines = [MARK[0], "",
-             f"{s['model']}; unpruned perplexity {data['unpruned']['perplexity']:.2f} on {s['eval_blocks']} blocks of "
-             f"{s['block_size']} tokens of `{s['eval']}` (held out); calibration: {s['calib_blocks']} blocks of "
-             f"`{s['calib']}`; `--gqa {s['gqa']}`. Cells: perplexity (x unpruned, 95% bootstrap CI).", "",
-             "| heads removed | " + " | ".join(s["methods"]) + " |", "|---|" + "---|" * len(s["methods"])]
+    rows = []
     for fraction in s["fractions"]:
         cells = []
         for method in s["methods"]:
@@ -205,7 +202,12 @@ def readme_section(data: dict, free: dict | None = None) -> str:
             cells.append("-" if row is None else f"{row['perplexity']:.2f} (x{row['relative']:.3f}, "
                          f"{row['relative_ci95'][0]:.3f}-{row['relative_ci95'][1]:.3f})")
         n = next((r["heads_removed"] for r in data["rows"] if r["fraction"] == fraction), None)
-        lines.append(f"| {fraction:.0%} ({n} of {data['rows'][0]['of'] if data['rows'] else '?'}) | " + " | ".join(cells) + " |")
+        rows.append([f"{fraction:.0%} ({n} of {data['rows'][0]['of'] if data['rows'] else '?'})", *cells])
+    lines = [MARK[0], "",
+             f"{s['model']}; unpruned perplexity {data['unpruned']['perplexity']:.2f} on {s['eval_blocks']} blocks of "
+             f"{s['block_size']} tokens of `{s['eval']}` (held out); calibration: {s['calib_blocks']} blocks of "
+             f"`{s['calib']}`; `--gqa {s['gqa']}`. Cells: perplexity (x unpruned, 95% bootstrap CI).", "",
+             *markdown_table(["heads removed", *s["methods"]], rows)]
     if free is not None and free.get("rows"):
         lines += _free_lines(free)
     met = {r["method"]: r["relative"] <= 1 + GOAL for r in data["rows"] if r["fraction"] == 0.2}
@@ -218,9 +220,7 @@ def readme_section(data: dict, free: dict | None = None) -> str:
 
 def _free_lines(free: dict) -> list[str]:
     methods = [m for m in free["settings"]["methods"] if any(r["method"] == m for r in free["rows"])]
-    out = ["", f"The same with `--gqa free` (heads anywhere; uneven groups repeat key/value heads; unpruned "
-           f"perplexity {free['unpruned']['perplexity']:.2f}). Cells: perplexity (x unpruned), KV cache x unpruned.", "",
-           "| heads removed | " + " | ".join(f"{m} (free)" for m in methods) + " |", "|---|" + "---|" * len(methods)]
+    rows = []
     for fraction in free["settings"]["fractions"]:
         cells = []
         for m in methods:
@@ -228,8 +228,10 @@ def _free_lines(free: dict) -> list[str]:
             kv = None if r is None else r["kv_cache_bytes_per_token"]
             cells.append("-" if r is None else f"{r['perplexity']:.2f} (x{r['relative']:.3f}), KV "
                          f"x{kv['after'] / kv['before']:.2f}")
-        out.append(f"| {fraction:.0%} | " + " | ".join(cells) + " |")
-    return out
+        rows.append([f"{fraction:.0%}", *cells])
+    return ["", f"The same with `--gqa free` (heads anywhere; uneven groups repeat key/value heads; unpruned "
+            f"perplexity {free['unpruned']['perplexity']:.2f}). Cells: perplexity (x unpruned), KV cache x unpruned.", "",
+            *markdown_table(["heads removed", *(f"{m} (free)" for m in methods)], rows)]
 
 
 def readme_block(path: Path) -> str:
