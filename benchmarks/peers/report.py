@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from doc_tables import markdown_table
+
 from . import results_io
 
 MARK = ("<!-- llm_peers:begin -->", "<!-- llm_peers:end -->")
@@ -40,24 +42,10 @@ def docs_section(data: dict, figure: str = FIGURE) -> str:
              "Unpruned perplexity: " + ", ".join(f"{k} {v:.2f}" for k, v in base["perplexity"].items())
              + f"; {base['sizes']['nonembedding_params']:,} non-embedding parameters, "
              f"{base['sizes']['kv_cache_bytes_per_token']:,} KV-cache bytes per token.", "",
-             "| method | budget | removed | " + " | ".join(f"{p} ratio (95% CI)" for p in protocols)
-             + " | FLOPs/token | KV B/token | decode speed-up | prune s |",
-             "|---|---|---|" + "---|" * len(protocols) + "---|---|---|---|"]
-    for row in sorted(data["rows"], key=lambda r: (r["method"], r["budget"])):
-        if row.get("status") != "ok":
-            why = row.get("error") or row.get("torch_pruning", {}).get("error", "")
-            lines.append(f"| {row['method']} | {row['budget']:.0%} | {row.get('status')}: {why} |"
-                         + " |" * (len(protocols) + 4))
-            continue
-        cells = [f"{row['ratio'][p]:.3f} ({row['ratio_ci95'][p][0]:.3f}-{row['ratio_ci95'][p][1]:.3f})"
-                 for p in protocols]
-        sz = row["sizes"]
-        flops = f"{sz['flops_per_token']:.3g}" if "flops_per_token" in sz else "-"
-        kv = f"{sz['kv_cache_bytes_per_token']:,}" if "kv_cache_bytes_per_token" in sz else "-"
-        speed = f"{row['decode']['speedup']:.2f}" if "decode" in row else "-"
-        name = row["method"] + (" (selected)" if data.get("selected", {}).get(str(row["budget"])) == row["method"] else "")
-        lines.append(f"| {name} | {row['budget']:.0%} | {_removed(row, base):.1%} | " + " | ".join(cells)
-                     + f" | {flops} | {kv} | {speed} | {row['prune_seconds']:.1f} |")
+             *markdown_table(["method", "budget", "removed", *(f"{p} ratio (95% CI)" for p in protocols),
+                              "FLOPs/token", "KV B/token", "decode speed-up", "prune s"],
+                             [_row_cells(row, data, protocols)
+                              for row in sorted(data["rows"], key=lambda r: (r["method"], r["budget"]))])]
     lines += ["", "\"(selected)\": per budget, the headprune configuration with the lowest perplexity on the "
               f"{s.get('select_blocks', 0)} held-out calibration blocks; it is the one judged against the peers.", ""]
     lines += verdict_lines(data)
@@ -65,6 +53,21 @@ def docs_section(data: dict, figure: str = FIGURE) -> str:
     lines += text_lines(data.get("extra_texts"))
     lines += ["", f"![Perplexity ratio against the share of non-embedding parameters removed]({figure})", "", MARK[1]]
     return "\n".join(lines)
+
+
+def _row_cells(row: dict, data: dict, protocols: list[str]) -> list[str]:
+    """One row of the docs table: a method at a budget (a failed row: its status and error, the rest empty)."""
+    if row.get("status") != "ok":
+        why = row.get("error") or row.get("torch_pruning", {}).get("error", "")
+        return [row["method"], f"{row['budget']:.0%}", f"{row.get('status')}: {why}", *[""] * (len(protocols) + 4)]
+    cells = [f"{row['ratio'][p]:.3f} ({row['ratio_ci95'][p][0]:.3f}-{row['ratio_ci95'][p][1]:.3f})" for p in protocols]
+    sz = row["sizes"]
+    flops = f"{sz['flops_per_token']:.3g}" if "flops_per_token" in sz else "-"
+    kv = f"{sz['kv_cache_bytes_per_token']:,}" if "kv_cache_bytes_per_token" in sz else "-"
+    speed = f"{row['decode']['speedup']:.2f}" if "decode" in row else "-"
+    name = row["method"] + (" (selected)" if data.get("selected", {}).get(str(row["budget"])) == row["method"] else "")
+    return [name, f"{row['budget']:.0%}", f"{_removed(row, data['unpruned']):.1%}", *cells, flops, kv, speed,
+            f"{row['prune_seconds']:.1f}"]
 
 
 def verdict_lines(data: dict) -> list[str]:
@@ -110,20 +113,19 @@ def text_lines(extra: dict | None) -> list[str]:
         protocols = list(base)
         lines += ["", f"**{name}**: {d['what']} (`{d['file']}`, {d['lines']:,} lines). Unpruned perplexity: "
                   + ", ".join(f"{k} {v:.2f}" for k, v in base.items()) + ".", "",
-                  "| method | budget | " + " | ".join(f"{p} ratio (95% CI)" for p in protocols) + " |",
-                  "|---|---|" + "---|" * len(protocols)]
-        for r in rows:
-            if r.get("status") != "ok":
-                lines.append(f"| {r['method']} | {r['budget']:.0%} | {r['status']}: {r['model_from']} |"
-                             + " |" * (len(protocols) - 1))
-                continue
-            cells = [f"{r['ratio'][p]:.3f} ({r['ratio_ci95'][p][0]:.3f}-{r['ratio_ci95'][p][1]:.3f})" for p in protocols]
-            lines.append(f"| {r['method']} | {r['budget']:.0%} | " + " | ".join(cells) + " |")
+                  *markdown_table(["method", "budget", *(f"{p} ratio (95% CI)" for p in protocols)],
+                                  [[r["method"], f"{r['budget']:.0%}", *_text_cells(r, protocols)] for r in rows])]
         verdicts = extra.get("verdicts", {}).get(name)
         if verdicts:
             lines += ["", f"Verdicts on {name} (the peers scored on it only):", ""]
             lines += verdict_lines({"verdicts": verdicts})
     return lines
+
+
+def _text_cells(r: dict, protocols: list[str]) -> list[str]:
+    if r.get("status") != "ok":
+        return [f"{r['status']}: {r['model_from']}", *[""] * (len(protocols) - 1)]
+    return [f"{r['ratio'][p]:.3f} ({r['ratio_ci95'][p][0]:.3f}-{r['ratio_ci95'][p][1]:.3f})" for p in protocols]
 
 
 def prune_time_lines(data: dict) -> list[str]:
