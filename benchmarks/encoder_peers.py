@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -55,15 +54,14 @@ from peers.headprune_rows import as_settings  # noqa: E402
 from peers.kwon import kwon_prune  # noqa: E402
 from peers.torch_pruning_run import installed_version  # noqa: E402
 from peers.tp_encoder import torch_pruning_encoder  # noqa: E402
-from recorded import command  # noqa: E402
+from recorded import opening  # noqa: E402
 
 from headprune import PruneSettings, compress, find_ffns, find_sites  # noqa: E402
-from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.core.model.cost import flop_breakdown  # noqa: E402
 from headprune.core.model.unit_cost import unit_costs  # noqa: E402
 from headprune.errors import HeadpruneError  # noqa: E402
 from headprune.evaluation.significance import compare  # noqa: E402
-from headprune.provenance import file_sha256, versions  # noqa: E402
+from headprune.provenance import file_sha256  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("HEADPRUNE_SHARED_DATA", "/work/shared/data"))
@@ -280,11 +278,9 @@ def main(argv=None) -> dict | None:
                           f"at {args.seq_len} tokens per example",
                 "test": "McNemar mid-p of paired correctness, 95% interval of the same test (headprune compare)"}
     out = results_io.resume(output, settings, config_of)
-    given = sys.argv[1:] if argv is None else list(argv)
-    out.update({"name": "encoder_peers", "command": command(__file__, given),
-                "machine": machine_info() | {"loadavg_at_start": loadavg()},
-                "versions": versions() | {"python": platform.python_version(), "torch_pruning": installed_version()},
-                "settings": settings, "unpruned_sizes": base})
+    head = opening("encoder_peers", __file__, argv, python=True)
+    head["versions"]["torch_pruning"] = installed_version()
+    out.update({**head, "settings": settings, "unpruned_sizes": base})
     done = {(r["method"], r["budget"]) for r in out["rows"]}
     todo = [(m, b) for b in budgets for m in methods if (m, b) not in done]
     planned = []

@@ -51,7 +51,6 @@ import importlib.util
 import itertools
 import json
 import os
-import platform
 import re
 import shutil
 import sys
@@ -74,15 +73,15 @@ from peers.sleb import sleb_plan  # noqa: E402
 from peers.slimgpt import slimgpt_plan  # noqa: E402
 from peers.torch_pruning_run import installed_version, torch_pruning_row  # noqa: E402
 from peers.wanda_sp import wanda_sp_plan  # noqa: E402
-from recorded import command as recorded_command  # noqa: E402
+from recorded import opening  # noqa: E402
 
 from headprune.bench.decode import decode_benchmark  # noqa: E402
-from headprune.bench.machine import loadavg, machine_info, peak_rss_delta  # noqa: E402
+from headprune.bench.machine import loadavg, peak_rss_delta  # noqa: E402
 from headprune.compression.replay import apply_plan  # noqa: E402
 from headprune.core.model.devices import peak_device_bytes, resolve_device  # noqa: E402
 from headprune.errors import HeadpruneError  # noqa: E402
 from headprune.evaluation.lm import LanguageModelling, prefix_token_id  # noqa: E402
-from headprune.provenance import file_sha256, versions  # noqa: E402
+from headprune.provenance import file_sha256  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("HEADPRUNE_SHARED_DATA", "/work/shared/data"))
@@ -250,8 +249,7 @@ def held_out_study(name: str, args: argparse.Namespace, argv, described: dict, d
     settings = {**{k: v for k, v in described.items() if not k.startswith("eval")}, "budget": args.budget,
                 **chosen, "threads": args.threads, "quick": args.quick}
     out = results_io.resume(output, settings, config_of)
-    out.update({"name": name, "settings": settings, "command": recorded_command(ROOT / "benchmarks" / f"{name}.py", argv),
-                "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions()})
+    out.update({**opening(name, ROOT / "benchmarks" / f"{name}.py", argv), "settings": settings})
     return output, out
 
 
@@ -466,17 +464,15 @@ def main(argv=None) -> dict | None:
         settings["peer_knobs"] = ("each peer in PEER_GRIDS: the grid point with the lowest perplexity on the held-out "
                                   "calibration blocks, per budget (the grid in each row's config)")
     out = results_io.resume(output, settings, lambda m: config_of(m, args.choose_peer_knobs))
-    given = sys.argv[1:] if argv is None else list(argv)
-    command = recorded_command(__file__, given)
     if args.texts:  # rows already run are scored on more texts, into their own file (the rows' file is only read)
         if "unpruned" not in out:
             raise SystemExit(f"--texts: {output} has no rows of these settings; run them first")
         ctx = {"args": args, "model": model, "tok": tok, "sizes": sizes, "batches": batches, "output": output,
-               "select": lambda m: protocol.perplexity(protocol.window_nll(m, held_out)), "command": command}
+               "select": lambda m: protocol.perplexity(protocol.window_nll(m, held_out)), "argv": argv}
         return score_texts(out, read_texts, methods, budgets, ctx)
-    out.update({"name": "llm_peers", "command": command, "machine": machine_info() | {"loadavg_at_start": loadavg()},
-                "versions": versions() | {"python": platform.python_version(), "torch_pruning": installed_version()},
-                "settings": settings, "changed_after_results": CHANGED_AFTER_RESULTS,
+    head = opening("llm_peers", __file__, argv, python=True)
+    head["versions"]["torch_pruning"] = installed_version()
+    out.update({**head, "settings": settings, "changed_after_results": CHANGED_AFTER_RESULTS,
                 "methods_run": sorted(set(out.get("methods_run", [])) | set(methods))})
 
     def evaluate(m):
@@ -629,8 +625,7 @@ def score_texts(out: dict, names: list[str], methods: list[str], budgets: list[f
     extra = json.loads(output.read_text()) if output.is_file() else {}
     if extra.get("settings") != out["settings"]:
         extra = {"rows": [], "unpruned": {}}
-    extra.update({"name": "llm_peers_texts", "command": ctx["command"], "settings": out["settings"],
-                  "machine": machine_info() | {"loadavg_at_start": loadavg()}, "versions": versions()})
+    extra.update({**opening("llm_peers_texts", __file__, ctx["argv"]), "settings": out["settings"]})
     sets = {}
     for name in names:
         text, described = texts.read(name, SHARED)

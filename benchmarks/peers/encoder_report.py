@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from doc_tables import markdown_table
+
 from . import results_io
 
 MARK = ("<!-- encoder_peers:begin -->", "<!-- encoder_peers:end -->")
@@ -34,23 +36,11 @@ def docs_section(data: dict) -> str:
              f"Unpruned accuracy {base['accuracy']:.4f}; {data['unpruned_sizes']['pool_flops'] / 1e9:.4f} GFLOPs of "
              f"heads and neurons (pool) and {data['unpruned_sizes']['total_flops'] / 1e9:.4f} GFLOPs in all per "
              f"example at {s['seq_len']} tokens.", "",
-             "| method | budget | pool FLOPs kept | all FLOPs kept | params kept | heads / neurons | accuracy | "
-             "difference (95% CI) | McNemar mid-p | speed-up | prune s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for row in sorted(data["rows"], key=lambda r: (-r["budget"], r["tool"] != "headprune", r["method"])):
-        if row.get("status") != "ok":
-            why = str(row.get("error", "")).replace("|", "/").splitlines()[0][:160] if row.get("error") else ""
-            phase = row.get("torch_pruning", {}).get("phase_reached")
-            lines.append(f"| {row['method']} | {row['budget']:.0%} | {row.get('status')}"
-                         + (f" (phase {phase})" if phase else "") + f": {why} |" + " |" * 8)
-            continue
-        lo, hi = row["ci95"]
-        sz = row["sizes"]
-        name = row["method"] + (" (selected)" if data.get("selected", {}).get(str(row["budget"])) == row["method"] else "")
-        lines.append(f"| {name} | {row['budget']:.0%} | {row['flops_kept']:.3f} | {row['total_flops_kept']:.3f} "
-                     f"| {row['params_kept']:.3f} | {sz['heads']} / {sz['neurons']} | {row['accuracy']:.4f} | "
-                     f"{row['delta']:+.4f} ({lo:+.4f}, {hi:+.4f}) | {row['p']:.3g} | {row['speedup']:.2f} | "
-                     f"{row['prune_seconds']:.1f} |")
+             *markdown_table(["method", "budget", "pool FLOPs kept", "all FLOPs kept", "params kept",
+                              "heads / neurons", "accuracy", "difference (95% CI)", "McNemar mid-p", "speed-up",
+                              "prune s"],
+                             [_row_cells(row, data) for row in sorted(data["rows"], key=lambda r: (
+                                 -r["budget"], r["tool"] != "headprune", r["method"]))])]
     lines += ["", "Speed-up: median wall time of a batched forward pass over the evaluation set, unpruned / pruned, "
               f"{s['speed_rounds']} alternating rounds each, batch size {s['batch_size']}, on the CPU.", ""]
     if data.get("verdicts"):
@@ -68,6 +58,22 @@ def docs_section(data: dict) -> str:
                         "configuration run first wins a tie" if v.get("tied_on_selection") else "") + ".")
     lines += ["", MARK[1]]
     return "\n".join(lines)
+
+
+def _row_cells(row: dict, data: dict) -> list[str]:
+    """One row of the table: a method at a budget (a failed row: its status and error, the rest empty)."""
+    if row.get("status") != "ok":
+        why = str(row.get("error", "")).replace("|", "/").splitlines()[0][:160] if row.get("error") else ""
+        phase = row.get("torch_pruning", {}).get("phase_reached")
+        return [row["method"], f"{row['budget']:.0%}",
+                f"{row.get('status')}" + (f" (phase {phase})" if phase else "") + f": {why}", *[""] * 8]
+    lo, hi = row["ci95"]
+    sz = row["sizes"]
+    name = row["method"] + (" (selected)" if data.get("selected", {}).get(str(row["budget"])) == row["method"] else "")
+    return [name, f"{row['budget']:.0%}", f"{row['flops_kept']:.3f}", f"{row['total_flops_kept']:.3f}",
+            f"{row['params_kept']:.3f}", f"{sz['heads']} / {sz['neurons']}", f"{row['accuracy']:.4f}",
+            f"{row['delta']:+.4f} ({lo:+.4f}, {hi:+.4f})", f"{row['p']:.3g}", f"{row['speedup']:.2f}",
+            f"{row['prune_seconds']:.1f}"]
 
 
 def write_docs(page: str | Path, data: dict | None) -> None:
