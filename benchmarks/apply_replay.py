@@ -7,8 +7,9 @@ For each budget, as a user would: ``headprune compress MODEL --task lm ...`` wit
 selects at that budget (``benchmarks/results/llm_peers.json``, ``selected``; its CLI flags), writing the pruned
 model and its plan (``plan.json`` + ``plan.safetensors``); then ``headprune apply MODEL plan.json -o OUT`` in a
 new process; then every tensor of the two saved models compared with ``torch.equal`` (and their configs) -- no
-tolerance. Then the same plan applied to another model: the same one with a single weight moved by one ulp,
-saved beside it, must be refused (non-zero exit, one line, no output folder). Results:
+tolerance. Then the plan on another model: ``headprune apply`` on the model re-saved as a Hugging Face folder must
+be refused (non-zero exit, one line, no output folder); and the model loaded as ``apply`` loads it with one weight
+moved by one ulp, handed to ``apply_plan`` (what ``apply`` calls), must be refused naming that weight. Results:
 ``benchmarks/results/apply_replay.json``.
 """
 
@@ -89,25 +90,43 @@ def compare(a: Path, b: Path) -> dict:
             "bit_for_bit": bool(ta) and ta.keys() == tb.keys() and not unequal and ca == cb}
 
 
+def scrub(text: str, work: Path) -> str:
+    """``text`` with the run folder's absolute path written as recorded paths are (no machine path in results)."""
+    return text.replace(str(work.resolve()), repo_path(work.resolve()))
+
+
 def other_model(model_spec: str, work: Path) -> Path:
-    """The model saved as a folder with one weight moved by one ulp: another model to the fingerprint."""
+    """The model re-saved as a Hugging Face folder (config as ``save_pretrained`` writes it): another model file."""
     other = work / "other-model"
     if (other / "config.json").is_file():
         return other
     model, tok, _ = llm_peers.load_causal_lm(model_spec)
+    model.config.__dict__.pop("quantization_config", None)
+    model.save_pretrained(other)
+    tok.save_pretrained(other)
+    return other
+
+
+def one_ulp(path: Path, plans: list[Path]) -> list[dict]:
+    """Per plan: the model loaded as ``headprune apply`` loads it, its weight ``MOVED`` moved by one ulp, handed to
+    ``apply_plan`` (what ``headprune apply`` calls): refused, naming that weight and no other?"""
+    from headprune.compression.replay import Plan, apply_plan
+    from headprune.core.io import load_model
+    from headprune.errors import PlanError
+
+    model = load_model(path, dtype=torch.float32)
     with torch.no_grad():
         w = dict(model.named_parameters())[MOVED]
         w.view(-1)[0] = torch.nextafter(w.view(-1)[0], torch.tensor(math.inf))
-    model.config.__dict__.pop("quantization_config", None)
-    architectures = model.config.architectures  # save_pretrained writes its own: put back what the model had
-    model.save_pretrained(other)
-    tok.save_pretrained(other)
-    config = json.loads((other / "config.json").read_text())
-    config.pop("architectures", None)
-    if architectures is not None:
-        config["architectures"] = architectures
-    (other / "config.json").write_text(json.dumps(config, indent=2))
-    return other
+    out = []
+    for plan in plans:
+        try:
+            apply_plan(model, Plan.load(plan))
+            out.append({"refused": False})
+        except PlanError as e:
+            named = str(e).split("weights differ at ")[-1].split(";")[0] if "weights differ at " in str(e) else None
+            out.append({"refused": True, "message": str(e), "names_only_that_weight": named == MOVED})
+    return out
 
 
 def quick_model(args) -> Path:
@@ -166,15 +185,17 @@ def main(argv=None) -> dict:
                "compress": "headprune " + shlex.join(repo_path(w) for w in compress),
                "apply": "headprune " + shlex.join(repo_path(w) for w in apply), "compress_seconds": compress_s,
                "apply_seconds": apply_s, "compared": compare(run, applied),
-               "other_model": {"what": "the same model with its first q_proj weight moved by one ulp",
-                               "exit_code": refused.returncode, "message": refused.stderr.strip().splitlines()[-1:],
-                               "output_written": refused_dir.exists(),
-                               "for_that_weight_only": "weights differ at " + MOVED in refused.stderr and
-                               " and " not in refused.stderr.split("weights differ at ")[-1].split(";")[0]}}
+               "other_model": {"what": "the model re-saved as a Hugging Face folder (headprune apply FOLDER)",
+                               "exit_code": refused.returncode, "message": [scrub(line, args.work) for line in
+                                                                        refused.stderr.strip().splitlines()[-1:]],
+                               "output_written": refused_dir.exists()}}
         out["rows"].append(row)
         print(f"{budget:.0%} {name}: bit for bit {row['compared']['bit_for_bit']} over "
               f"{row['compared']['tensors']} tensors; another model: exit {refused.returncode}", flush=True)
     del model
+    for row, moved in zip(out["rows"], one_ulp(Path(path), [args.work / f"compress-{b:g}" / "plan.json" for b in budgets]),
+                          strict=True):
+        row["one_ulp"] = {"what": f"the model as apply loads it, {MOVED} moved by one ulp, to apply_plan"} | moved
     results_io.save(args.output or (OUTPUT.with_name("apply_replay_quick.json") if args.quick else OUTPUT), out)
     return out
 

@@ -383,15 +383,15 @@ def block_apply_replay() -> str:
         return "`headprune apply` on a real model: not run yet (`benchmarks/apply_replay.py`)."
     out = [f"`python benchmarks/apply_replay.py` on {d['model']['model']}: `headprune compress` then `headprune apply` "
            "in new processes, every saved tensor compared with `torch.equal`:", "",
-           "| removed | configuration (the peer table's) | tensors | bit for bit | the plan on the model with one weight "
-           "moved by one ulp |", "|---|---|---|---|---|"]
+           "| removed | configuration (the peer table's) | tensors | bit for bit | `apply` on the model re-saved as a "
+           "folder | one weight moved by one ulp |", "|---|---|---|---|---|---|"]
     for r in d["rows"]:
-        other = r["other_model"]
-        refused = (f"refused for that weight, exit {other['exit_code']}, nothing written" if other["exit_code"] and
-                   not other["output_written"] and other["for_that_weight_only"] else
-                   f"**exit {other['exit_code']}: {other['message']}**")
+        other, ulp = r["other_model"], r.get("one_ulp", {})
+        refused = (f"refused, exit {other['exit_code']}, nothing written" if other["exit_code"] and
+                   not other["output_written"] else f"**exit {other['exit_code']}**")
+        moved = "refused, naming that weight" if ulp.get("names_only_that_weight") else "**not refused by its weight**"
         out.append(f"| {r['budget']:.0%} | `{r['configuration']}` | {r['compared']['tensors']} | "
-                   f"{'yes' if r['compared']['bit_for_bit'] else '**no**'} | {refused} |")
+                   f"{'yes' if r['compared']['bit_for_bit'] else '**no**'} | {refused} | {moved} |")
     return "\n".join(out)
 
 
