@@ -395,6 +395,29 @@ def block_apply_replay() -> str:
     return "\n".join(out)
 
 
+def block_compress_memory() -> str:
+    """``compress_memory.json``: per model and mode, the peak memory against the float32 weights, and (``--cli``)
+    the progress lines ``headprune compress ... 2>log`` left in its log."""
+    d = _optional("compress_memory")
+    if d is None or not d.get("rows"):
+        return "Peak memory of `compress` on a real model: not measured yet (`benchmarks/compress_memory.py`)."
+    out = ["| model | how | float32 weights | peak | peak / weights | progress lines in the log |",
+           "|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        gb = r["weights_float32_bytes"] / 1e9
+        if r.get("mode") == "cli":
+            c = r["cli"]
+            out.append(f"| {r['model']} | `headprune compress ... 2>log`, whole process (exit {c['exit_code']}) | "
+                       f"{gb:.2f} GB | {c['peak_rss_bytes'] / 1e9:.2f} GB | {c['peak_over_weights']:.2f}x | "
+                       f"{c['progress_lines']} |")
+        else:
+            peak = r["peak_rss_delta_bytes"]
+            out.append(f"| {r['model']} | `compress()` in the process, growth after loading | {gb:.2f} GB | "
+                       + ("n/a | n/a" if peak is None else f"{peak / 1e9:.2f} GB | {r['peak_over_weights']:.2f}x")
+                       + " | |")
+    return "\n".join(out)
+
+
 def _optional(name: str) -> dict | None:
     """benchmarks/results/NAME.json, or None where that benchmark has not been run."""
     return bench(name) if (BENCH / f"{name}.json").is_file() else None
@@ -587,5 +610,7 @@ def block(name: str) -> str:
         return block_llm_models()
     if kind == "apply_replay":
         return block_apply_replay()
+    if kind == "compress_memory":
+        return block_compress_memory()
     raise KeyError(f"unknown block {name!r}; allowed: abo:RUN, method_comparison, llm_peers, llamacpp_budgets, "
-                   "llm_headline, gpu_bench, llm_models, apply_replay")
+                   "llm_headline, gpu_bench, llm_models, apply_replay, compress_memory")
