@@ -36,6 +36,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -51,6 +52,7 @@ from peers.llm_pruner import llm_pruner_plan  # noqa: E402
 from peers.lora import add_lora, merge_lora  # noqa: E402
 from recorded import command  # noqa: E402
 
+from headprune import load_pruned, save_pruned  # noqa: E402
 from headprune.bench.machine import loadavg, machine_info  # noqa: E402
 from headprune.bench.protocol import load_record  # noqa: E402
 from headprune.compression.recover import RecoverHooks, RecoverSettings, recover  # noqa: E402
@@ -184,11 +186,11 @@ class Results:
 
 
 def prune(pruner: str, data: Data, budget: float, work: Path) -> tuple[torch.nn.Module, dict]:
-    """(the pruned model, its record): loaded from ``work`` when an earlier invocation pruned it."""
-    cached = work / f"pruned-{data.slug}-{pruner}-{budget:g}.pt"
-    if cached.is_file():
-        model, record = torch.load(cached, weights_only=False)
-        return model, record
+    """(the pruned model, its record): loaded from ``work`` when an earlier invocation pruned it (saved with
+    ``headprune.save_pruned``, which writes what surgery made -- a pickle cannot hold its classes)."""
+    cached = work / f"pruned-{data.slug}-{pruner}-{budget:g}"
+    if (cached / "record.json").is_file():
+        return load_pruned(cached, dtype=torch.float32).eval(), json.loads((cached / "record.json").read_text())
     print(f"pruning: {pruner} at {budget:.0%}", flush=True)
     start = time.perf_counter()
     if pruner == "llm-pruner":
@@ -201,9 +203,12 @@ def prune(pruner: str, data: Data, budget: float, work: Path) -> tuple[torch.nn.
     record = {"pruner": pruner, "budget": budget, "prune_seconds": time.perf_counter() - start,
               "removed_share": 1 - protocol.sizes(model)["nonembedding_params"] / base,
               "perplexity": {k: protocol.perplexity(v) for k, v in ev.items()}}
-    work.mkdir(parents=True, exist_ok=True)
-    torch.save((model, record), cached.with_suffix(".tmp"))
-    os.replace(cached.with_suffix(".tmp"), cached)
+    tmp = cached.with_name(cached.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_pruned(model, tmp)
+    (tmp / "record.json").write_text(json.dumps(record))
+    shutil.rmtree(cached, ignore_errors=True)
+    os.replace(tmp, cached)
     return model, record
 
 
