@@ -13,7 +13,7 @@ import headprune as hp
 from headprune.compression import PruneSettings, compress
 from headprune.core.cut.obs import greedy_removal
 from headprune.errors import ConfigError
-from test_linear_seq import SETTINGS, _batches, _reference
+from test_linear_seq import SETTINGS, _batches, _linear, _reference
 from tiny import build, inputs, labels
 
 
@@ -85,8 +85,8 @@ def test_obs_seq_keeps_the_counts_and_equals_linear_seq_on_the_units_it_chose():
     torch.manual_seed(0)
     model = build("llama")
     batches = _batches("llama")
-    obs = compress(model, batches, PruneSettings(**SETTINGS, compensate="obs-seq"))
-    seq = compress(model, batches, PruneSettings(**SETTINGS, compensate="linear-seq"))
+    obs = compress(model, batches, PruneSettings(**SETTINGS, compensate=[_linear("obs-seq")]))
+    seq = compress(model, batches, PruneSettings(**SETTINGS, compensate=[_linear("linear-seq")]))
     assert obs.stages["obs-seq"].startswith("kept")
     kv = {s.name: hp.core.model.sites.kv_of_heads(s) for s in hp.find_sites(model)}
     for name, heads in seq.dropped_heads.items():  # as many query heads per key/value group
