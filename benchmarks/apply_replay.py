@@ -47,9 +47,7 @@ FLAGS = {"units": "--units", "price": "--price", "scores": "--scores", "compensa
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None, help="As benchmarks/llm_peers.py --model (default: SmolLM2-135M).")
-    p.add_argument("--calib", type=Path, default=llm_peers.SHARED / "wmt21_newstest" / "newstest2021.de-en.ref.A.en")
-    p.add_argument("--eval", type=Path, default=llm_peers.SHARED / "wmt21_newstest" / "newstest2021.en-de.src.en")
+    llm_peers.model_and_texts(p)
     p.add_argument("--budgets", default="0.2,0.5", help="Shares of non-embedding parameters removed.")
     p.add_argument("--calib-limit", type=int, default=32, help="Calibration blocks compress reads.")
     p.add_argument("--work", type=Path, default=Path("runs") / "apply_replay")

