@@ -115,7 +115,7 @@ def one_ulp(path: Path, plans: list[Path]) -> list[dict]:
     model = load_model(path, dtype=torch.float32)
     with torch.no_grad():
         w = dict(model.named_parameters())[MOVED]
-        w.view(-1)[0] = torch.nextafter(w.view(-1)[0], torch.tensor(math.inf))
+        w.view(-1)[0] = torch.nextafter(w.view(-1)[0], w.new_tensor(math.inf))
     out = []
     for plan in plans:
         try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -110,7 +111,7 @@ def cli_run(args: argparse.Namespace, model: torch.nn.Module, weights: int) -> d
     argv = ["compress", str(path), "--task", "lm", "--data", str(peer_args.eval), "--limit", "4", "--calib-data",
             str(peer_args.calib), "--calib-limit", str(peer_args.calib_blocks), "--share", repr(share),
             *cli_flags(CONFIGURATION), "--no-bench", "--device", "cpu", "-o", str(out)]
-    env = {**__import__("os").environ, "OMP_NUM_THREADS": str(args.threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     start = time.perf_counter()
     with open(log, "w") as err:
         done = subprocess.run([sys.executable, "-m", "headprune", *argv], stdout=subprocess.DEVNULL, stderr=err,

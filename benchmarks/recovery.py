@@ -37,13 +37,13 @@ import fcntl
 import json
 import os
 import platform
-import re
 import shutil
 import sys
 import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -125,7 +125,7 @@ def selected(args, budget: float) -> str:
     its held-out calibration blocks, else the one SmolLM2's plain-window table selected (``llm_peers.json``, every
     budget), else ``headprune-fisher+linear``."""
     spec = None if args.quick else (args.model or llm_peers.DEFAULT_MODEL)
-    own = llm_peers.OUTPUT.with_name(f"llm_peers_{llm_peers.SLUGS.get(spec, '')}.json") if spec else None
+    own = llm_peers.OUTPUT.with_name(f"llm_peers_{llm_peers.model_slug(spec)}.json") if spec else None
     for path in (own, llm_peers.OUTPUT):
         if path is not None and path.is_file():
             chosen = json.loads(path.read_text()).get("selected", {}).get(f"{budget:g}")
@@ -151,8 +151,8 @@ class Data:
 
     def __init__(self, args):
         model, tok, calib_text, eval_text, described = llm_peers.load(args)
-        self.teacher, self.slug = model.eval(), "quick" if args.quick else llm_peers.SLUGS.get(
-            args.model or llm_peers.DEFAULT_MODEL, re.sub(r"[^a-z0-9.-]+", "-", Path(str(args.model)).stem.lower()))
+        self.teacher = model.eval()
+        self.slug = "quick" if args.quick else llm_peers.model_slug(args.model or llm_peers.DEFAULT_MODEL)
         calib = LanguageModelling(tok, [calib_text], block_size=args.calib_block, batch_size=4)
         cut, held_end = args.calib_blocks, args.calib_blocks + args.select_blocks
         if len(calib) < held_end + 1:
@@ -242,7 +242,7 @@ def point(data: Data, base: dict, before: dict, model, tokens: int, threads: int
     return out
 
 
-def unpruned(data: Data, results: Results, threads: int) -> dict:
+def unpruned(data: Data, results: Results) -> dict:
     """The unpruned model's evaluation and the data's settings in the results file (measured once per model)."""
     have = json.loads(results.path.read_text()).get("models", {}).get(data.slug) if results.path.is_file() else None
     settings = json.loads(json.dumps(data.settings))
@@ -310,8 +310,6 @@ class Run:
             raise SystemExit(f"--continue-from {self.args.continue_from}: no finished run in {first}; allowed: "
                              "the tokens of a finished run of the same pair and budget")
         done = json.loads(log.read_text())
-        from safetensors.torch import load_file
-
         weights = load_file(str(first / "run" / f"checkpoint-{done['steps']}" / "weights.safetensors"))
         student.load_state_dict(weights, strict=False)
         missing = set(dict(student.named_parameters())) - set(weights)
@@ -370,7 +368,7 @@ def main(argv=None) -> dict | None:
     runs = check(args)
     torch.set_num_threads(args.threads)
     data, results = Data(args), Results(output)
-    base = unpruned(data, results, args.threads)
+    base = unpruned(data, results)
     for pair in runs:
         run = Run(args, data, results, pair)
         have = json.loads(output.read_text()) if output.is_file() else {"rows": []}

@@ -233,10 +233,8 @@ class _Run:
         """Mean next-token loss of ``model`` over the held-out blocks."""
         total, count = 0.0, 0
         for i in range(0, self.held_blocks.shape[0], self.s.batch_size):
-            x = self.held_blocks[i: i + self.s.batch_size].to(input_device(model))
             with self.autocast():
-                out = token_outputs(model, {"input_ids": x, "attention_mask": torch.ones_like(x)})
-                nll = out.shifted().token_nll(x[:, 1:])  # [B, T-1], chunk by chunk
+                nll = token_nll(model, self.held_blocks[i: i + self.s.batch_size])  # [B, T-1]
             total, count = total + float(nll.double().sum()), count + nll.numel()
         return total / count
 
@@ -388,11 +386,15 @@ class _Run:
         return state
 
 
+def token_nll(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """``model``'s next-token losses ([B, T-1]) on the token ids ``ids`` ([B, T]), chunk by chunk over the vocabulary."""
+    x = ids.to(input_device(model))
+    return token_outputs(model, {"input_ids": x, "attention_mask": torch.ones_like(x)}).shifted().token_nll(x[:, 1:])
+
+
 def text_loss(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """The mean next-token cross-entropy of ``model`` on the batch's own text (objective ``lm``), chunk by chunk."""
-    x = batch["input_ids"].to(input_device(model))  # [B, T]
-    out = token_outputs(model, {"input_ids": x, "attention_mask": torch.ones_like(x)})
-    return out.shifted().token_nll(x[:, 1:]).mean()
+    """The mean next-token cross-entropy of ``model`` on the batch's own text (objective ``lm``)."""
+    return token_nll(model, batch["input_ids"]).mean()
 
 
 def _checkpoints(directory: Path) -> list[int]:
