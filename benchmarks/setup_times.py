@@ -4,8 +4,8 @@
 
 Clones this repository's HEAD into a temporary folder and runs `make test` there (with
 HEADPRUNE_SHARED_DATA when it is set, as CI does), then `make demo` in a second fresh clone. Records
-the wall time and exit status of each, the machine (cores, load average before and after: a busy
-machine is slower, and the figure says how busy it was), and the disk each leaves behind: the
+the wall time and exit status of each, the machine (cores, load average before, during (every 30 s: mean and
+maximum) and after: a busy machine is slower, and the figure says how busy it was), and the disk each leaves behind: the
 virtual environment, the demo's run directory and its saved pruned model. The README quotes these.
 """
 
@@ -45,14 +45,23 @@ def _run_make(target: str, clone: Path) -> dict:
     load_before = os.getloadavg()[0]
     started = time.perf_counter()
     log = clone / f"make-{target}.log"
+    loads = []  # the 1-minute load average every 30 s while it runs: the load before says little about a 15-minute run
     with log.open("w") as out:
-        rc = subprocess.run(["make", target], cwd=clone, stdout=out, stderr=subprocess.STDOUT).returncode
+        proc = subprocess.Popen(["make", target], cwd=clone, stdout=out, stderr=subprocess.STDOUT)
+        while proc.poll() is None:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                loads.append(os.getloadavg()[0])
+        rc = proc.returncode
     seconds = time.perf_counter() - started
     tail = log.read_text().splitlines()[-3:]
     kept = Path(tempfile.gettempdir()) / f"headprune-make-{target}.log"  # the clone goes; its log stays here
     kept.write_text(log.read_text())
     return {"command": f"make {target}", "exit": rc, "seconds": round(seconds, 1),
             "load_1min_before": round(load_before, 2), "load_1min_after": round(os.getloadavg()[0], 2),
+            "load_1min_during": {"samples": len(loads), "mean": round(sum(loads) / len(loads), 2) if loads else None,
+                                 "max": round(max(loads), 2) if loads else None},
             "last_lines": tail}
 
 
