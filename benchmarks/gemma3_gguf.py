@@ -31,8 +31,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
-from llm_peers import model_path  # noqa: E402
-from recorded import opening, repo_path  # noqa: E402
+from llm_peers import SHARED, model_path  # noqa: E402
+from recorded import opening  # noqa: E402
 
 import headprune  # noqa: E402
 from headprune.core.io import load_model, load_tokenizer  # noqa: E402
@@ -56,7 +56,7 @@ def parse(argv=None) -> argparse.Namespace:
                                                              "pruning here")
     p.add_argument("--calib", type=int, default=4, help="calibration blocks of 128 tokens when pruning here")
     p.add_argument("--tokens", type=int, default=640, help="tokens compared (the window is 512)")
-    p.add_argument("--shared", type=Path, default=ROOT.parent.parent / "shared" / "data")
+    p.add_argument("--shared", type=Path, default=SHARED, help="the shared data (default: $HEADPRUNE_SHARED_DATA)")
     p.add_argument("--output", type=Path, default=RESULTS)
     return p.parse_args(argv)
 
@@ -86,13 +86,17 @@ def pruned_model(args, model, tok) -> tuple[torch.nn.Module, dict]:
 
 
 def compared(model, path: Path, ids: torch.Tensor) -> dict:
-    """llama.cpp's logits on ``ids`` [1, T] against PyTorch's."""
+    """llama.cpp's logits on ``ids`` [1, T] against PyTorch's: over all positions, and over those past the sliding
+    window (where a sliding layer sees only the last ``window`` tokens)."""
     with torch.no_grad():
         want = model(input_ids=ids).logits[0].float()  # [T, vocab]
     got = torch.from_numpy(llama_logits(path, ids[0].tolist()))
     diff = float((got - want).abs().max())
     largest = float(want.abs().max())
+    past = int(model.config.sliding_window)
+    late = float((got[past:] - want[past:]).abs().max() / want[past:].abs().max()) if ids.shape[1] > past else None
     return {"max_abs_diff": diff, "largest_abs_logit": largest, "relative": diff / largest,
+            "relative_past_window": late,
             "top1_agreement": float((got.argmax(-1) == want.argmax(-1)).float().mean())}
 
 
@@ -104,7 +108,7 @@ def main(argv=None) -> dict:
     model, tok = load_model(source).eval(), load_tokenizer(source)
     text = (args.shared / TEXT).read_text(encoding="utf-8")
     ids = LanguageModelling(tok, [text], block_size=args.tokens, max_blocks=1).blocks[:1]  # [1, T], BOS first
-    out |= {"model": MODEL, "text": repo_path(args.shared / TEXT), "tokens": int(ids.shape[1]),
+    out |= {"model": MODEL, "text": TEXT, "tokens": int(ids.shape[1]),
             "sliding_window": model.config.sliding_window, "rows": {}}
     pruned, out["pruned"] = pruned_model(args, model, tok)
     with tempfile.TemporaryDirectory() as tmp:

@@ -232,11 +232,13 @@ def check_gguf(model: nn.Module, layout: Layout, path: Path, written: dict[str, 
     """Checks 1-4 of the module docstring on the file ``path``; raises :class:`ExportError` on a mismatch."""
     arrays, types, meta = read_gguf_tensors(path)
     arch = layout.arch
-    for key, want in (("head_count", layout.per_layer("n_head")), ("head_count_kv", layout.per_layer("n_head_kv")),
-                      ("feed_forward_length", layout.per_layer("n_ff")), ("sliding_window_pattern", layout.swa_layers)):
+    for key, expected in (("head_count", layout.per_layer("n_head")), ("head_count_kv", layout.per_layer("n_head_kv")),
+                          ("feed_forward_length", layout.per_layer("n_ff")),
+                          ("sliding_window_pattern", layout.swa_layers)):
         got = meta.get(f"{arch}.{key}" if key == "feed_forward_length" else f"{arch}.attention.{key}")
-        if got != want:
-            raise ExportError(f"GGUF metadata {key} reads back as {got}, the model has {want}: the file is not kept")
+        if got != expected:
+            raise ExportError(f"GGUF metadata {key} reads back as {got}, the model has {expected}: the file is not "
+                              "kept")
     if set(arrays) != set(layout.tensors) or types != written:
         raise ExportError(f"GGUF tensors read back differ: missing {sorted(set(layout.tensors) - set(arrays))}, "
                           f"extra {sorted(set(arrays) - set(layout.tensors))}: the file is not kept")

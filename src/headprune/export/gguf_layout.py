@@ -194,7 +194,7 @@ def gguf_layout(model: nn.Module, *, zero_ffn: int = ZERO_FFN) -> Layout:
     return layout
 
 
-def _padded(kept: list[LayerShape], zero_ffn: int, family: str) -> list[LayerShape]:
+def _padded(kept: list[LayerShape], zero_ffn: int, family: str | None) -> list[LayerShape]:
     """One shape for every layer that holds each layer's kept heads and neurons: the most key/value heads, the
     largest group (query heads per key/value head) and the widest FFN of any layer. A layer's kept heads go to the
     first slots of their group (:func:`_head_slots`), the rest are zeros."""
@@ -274,7 +274,7 @@ def _check_config(config, family: str, names: GGUFNames) -> None:
                              "model compressed without compensate='bias' (e.g. --compensate reconstruct or none)")
 
 
-def _check_sliding(config, family: str, sliding: SlidingNames, n_layers: int) -> None:
+def _check_sliding(config, family: str | None, sliding: SlidingNames, n_layers: int) -> None:
     """Sliding-window layers llama.cpp applies: a window of at least one token and one known type per layer."""
     window = getattr(config, sliding.window, None)
     types = getattr(config, sliding.layer_types, None) or []
