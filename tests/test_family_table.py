@@ -128,7 +128,7 @@ def test_without_its_entry_the_renamed_family_is_refused():
         hp.prune_heads(model, {"decoder.0.self": [0]})
     from headprune.export.gguf_layout import GGUFShapeError, gguf_layout
 
-    with pytest.raises(GGUFShapeError, match="'hp_renamed_llama': GGUF export supports gemma, llama, mistral, qwen2"):
+    with pytest.raises(GGUFShapeError, match="'hp_renamed_llama': GGUF export supports gemma, gemma3_text, llama, mistral, qwen2"):
         gguf_layout(model)
     with pytest.raises(hp.ConfigError, match="taken"):  # a built-in name stays the built-in entry's
         families.register_family(Family("Llama", ("hp_renamed_llama",)))
@@ -213,9 +213,10 @@ def test_the_built_in_table_gives_the_names_the_finders_read():
     assert set(families.ffn_keys()) == {"intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff",
                                         "n_inner", "moe_intermediate_size", "shared_expert_intermediate_size"}
     assert families.stock_targets() == ("mistral", "qwen2", "qwen3", "llama")
-    assert families.gguf_types() == ["gemma", "llama", "mistral", "qwen2", "qwen3"]
+    assert families.gguf_types() == ["gemma", "gemma3_text", "llama", "mistral", "qwen2", "qwen3"]
     assert {t: families.gguf_names(t).arch for t in families.gguf_types()} == {
-        "llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma"}
+        "llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma",
+        "gemma3_text": "gemma3"}
     assert [t for t in ("bloom", "mpt", "albert", "llama", "falcon") if families.refusal(t)] == ["bloom", "mpt", "albert"]
     assert len(families.listed_names()) == 17 and {"BERT", "Llama", "T5", "Persimmon"} <= set(families.listed_names())
 

@@ -93,7 +93,12 @@ def export_gguf(model: nn.Module, output: str | Path, *, tokenizer=None, source_
                   "uniform": layout.uniform, "tied_embeddings": layout.tied,
                   "head_count": layout.per_layer("n_head"), "head_count_kv": layout.per_layer("n_head_kv"),
                   "feed_forward_length": layout.per_layer("n_ff"), "head_dim": layout.head_dim,
-                  "zero_ffn_layers": sorted({int(n.split(".")[1]) for n in layout.padded}),
+                  "zero_ffn_layers": [i for i, s in enumerate(layout.kept) if s.n_ff == 0],
+                  "kept": {"head_count": [s.n_head for s in layout.kept],
+                           "head_count_kv": [s.n_head_kv for s in layout.kept],
+                           "feed_forward_length": [s.n_ff for s in layout.kept]},
+                  "padded_tensors": len(layout.placed) + len(layout.padded),
+                  "sliding_window": layout.sliding_window, "sliding_layers": layout.swa_layers,
                   "tensor_types": _count(written), "fallback_f16": sorted(n for n, t in written.items()
                                                                           if t == "F16" and outtype.startswith("q")),
                   "wider_than_unpruned": wider_than_unpruned(gguf, model, layout, outtype, written),
@@ -165,6 +170,10 @@ def _write(gguf, layout: Layout, vocab: list[tuple], path: Path, outtype: str, n
     w.add_value_length(layout.head_dim)
     w.add_rope_dimension_count(layout.head_dim)
     w.add_rope_freq_base(layout.rope_theta)
+    if layout.swa_layers is not None:  # llama.cpp reads the per-layer pattern as an array of bools
+        w.add_sliding_window(layout.sliding_window)
+        w.add_sliding_window_pattern(layout.swa_layers)
+        w.add_rope_freq_base_swa(layout.rope_theta_swa)
     w.add_layer_norm_rms_eps(layout.rms_eps)
     w.add_vocab_size(layout.vocab_size)
     file_type = {"f32": "ALL_F32", "f16": "MOSTLY_F16"}.get(outtype, f"MOSTLY_{outtype.upper()}")
@@ -223,11 +232,13 @@ def check_gguf(model: nn.Module, layout: Layout, path: Path, written: dict[str, 
     """Checks 1-4 of the module docstring on the file ``path``; raises :class:`ExportError` on a mismatch."""
     arrays, types, meta = read_gguf_tensors(path)
     arch = layout.arch
-    for key, want in (("head_count", layout.per_layer("n_head")), ("head_count_kv", layout.per_layer("n_head_kv")),
-                      ("feed_forward_length", layout.per_layer("n_ff"))):
+    for key, expected in (("head_count", layout.per_layer("n_head")), ("head_count_kv", layout.per_layer("n_head_kv")),
+                          ("feed_forward_length", layout.per_layer("n_ff")),
+                          ("sliding_window_pattern", layout.swa_layers)):
         got = meta.get(f"{arch}.{key}" if key == "feed_forward_length" else f"{arch}.attention.{key}")
-        if got != want:
-            raise ExportError(f"GGUF metadata {key} reads back as {got}, the model has {want}: the file is not kept")
+        if got != expected:
+            raise ExportError(f"GGUF metadata {key} reads back as {got}, the model has {expected}: the file is not "
+                              "kept")
     if set(arrays) != set(layout.tensors) or types != written:
         raise ExportError(f"GGUF tensors read back differ: missing {sorted(set(layout.tensors) - set(arrays))}, "
                           f"extra {sorted(set(arrays) - set(layout.tensors))}: the file is not kept")
@@ -251,7 +262,8 @@ def check_gguf(model: nn.Module, layout: Layout, path: Path, written: dict[str, 
     if exact and not drift <= tolerance * scale:
         raise ExportError(f"logits of the GGUF weights differ from the model's by {drift:.3g} ({drift / scale:.2g} "
                           f"of the largest; allowed {tolerance:g}): the file is not kept")
-    report = {"metadata": "per-layer head, key/value-head and FFN counts read back equal the model's",
+    report = {"metadata": "per-layer head, key/value-head and FFN counts (and sliding layers) read back equal the "
+                          "layout's",
               "tensors": {"count": len(arrays), "max_relative_error_by_type": worst},
               "inputs": list(ids.shape), "logits_max_abs_diff": drift, "logits_relative": drift / scale,
               "logits_tolerance": tolerance if exact else None,
@@ -271,15 +283,18 @@ def _check_ids(model: nn.Module, tokenizer) -> torch.Tensor:
 
 
 def _with_weights(model: nn.Module, layout: Layout, arrays: dict[str, np.ndarray]) -> nn.Module:
-    """A copy of ``model`` holding the file's weights (rope permutation undone)."""
+    """A copy of ``model`` holding the file's weights (padding dropped, rope permutation, scale and shift undone)."""
     twin = copy.deepcopy(model)
     params = dict(twin.named_parameters(remove_duplicate=False))
     with torch.no_grad():
-        for tname, pname in layout.parameters.items():  # not the zeros standing for an FFN with no neurons
+        for tname, pname in layout.parameters.items():  # not the zeros standing for heads or neurons not kept
             a = arrays[tname]
+            if tname in layout.placed:
+                axis, index = layout.placed[tname]
+                a = np.take(a, index, axis=axis)
             if tname in layout.permuted:
                 a = rope_unpermute(a, layout.permuted[tname])
-            a = a - layout.shifted.get(tname, 0.0)
+            a = a / layout.scaled.get(tname, 1.0) - layout.shifted.get(tname, 0.0)
             p = params[pname]
             p.copy_(torch.from_numpy(np.ascontiguousarray(a)).to(p.dtype))
     return twin.eval()
@@ -288,8 +303,9 @@ def _with_weights(model: nn.Module, layout: Layout, arrays: dict[str, np.ndarray
 def _transformers_check(path: Path, layout: Layout, twin: nn.Module, want: torch.Tensor, ids: torch.Tensor,
                         tolerance: float) -> dict:
     if layout.arch not in TRANSFORMERS_ARCHS:
-        return {"checked": False, "reason": f"architecture {layout.arch!r} (per-layer shapes): transformers builds "
-                                            "every layer from one config; llama.cpp checks it instead"}
+        return {"checked": False, "reason": f"architecture {layout.arch!r}: transformers' GGUF reader is checked for "
+                                            f"{', '.join(TRANSFORMERS_ARCHS)} files only (deci: per-layer shapes it "
+                                            "cannot build); llama.cpp checks it instead"}
     biases = sorted(t for t in layout.tensors if t.endswith(("attn_output.bias", "ffn_down.bias")))
     if biases:
         return {"checked": False, "reason": f"{len(biases)} output-projection biases (bias compensation): transformers' "

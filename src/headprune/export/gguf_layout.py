@@ -20,6 +20,27 @@ family table's :class:`~headprune.core.model.families.GGUFNames`):
   output) -> ``gemma``, same shapes in every layer only; norm weights are written as ``1 + w`` (what
   ``convert_hf_to_gguf.py`` does), rope rows unpermuted (llama.cpp's gemma rotates halves, as HF does).
 
+- ``gemma3_text`` (Gemma-3: Gemma's FFN, embedding scale, ``1 + w`` norms and tied output, plus per-head q/k
+  norms, a norm after attention and one after the FFN, sliding-window layers interleaved with full ones, each
+  kind with its own rope base) -> ``gemma3``: the q/k norms as ``attn_q_norm`` / ``attn_k_norm``, the extra
+  norms as ``post_attention_norm`` / ``post_ffw_norm`` (``ffn_norm`` is the norm before the FFN), all ``1 + w``;
+  ``attention.sliding_window``, the per-layer ``attention.sliding_window_pattern`` (booleans: llama.cpp applies
+  the window to the layers marked true) and ``rope.freq_base_swa`` from the config's layer types and its rope
+  base per type. llama.cpp scales attention scores by ``1 / sqrt(head_dim)`` (``1 / sqrt(hidden // heads)`` at
+  62 layers), not by the config's ``query_pre_attn_scalar``: where they differ the ratio is folded into the
+  query norm's weight (``Layout.scaled``). llama.cpp's gemma3 loader and graph read layer 0's head counts and FFN
+  width for every layer (a file with per-layer arrays fails to load), so uneven layers are written **padded**
+  to one shape: the most key/value heads of any layer, the largest group, the widest FFN; a layer's kept key/value
+  heads take the first slots, each one's query heads the first slots of its group, and the slots left are zeros
+  (a zero query head's output-projection columns are zero, a zero neuron's gate, up and down weights are zero: both
+  add exactly nothing, as do a layer's heads or neurons all removed). The model's own counts are
+  ``Layout.kept`` (the report's ``kept``), the padded tensors' rows ``Layout.placed``. Refused: logit
+  softcapping and bidirectional attention (llama.cpp's gemma3 applies neither), rope scaling.
+
+The family table's :class:`~headprune.core.model.families.GGUFNames` holds each of these rules as data: the layer
+tensors, ``norm_plus_one``, ``sliding`` (:class:`~headprune.core.model.families.SlidingNames`), ``query_scale``
+and ``scale_hidden_layers``, ``pad_layers``, ``unset``.
+
 Output-projection biases added by bias compensation (``compensate='bias'``: Llama's ``o_proj`` and
 ``down_proj`` gain one) are written as ``attn_output.bias`` / ``ffn_down.bias``, which llama.cpp's ``llama``
 and ``deci`` loaders read when present; other architectures, and a layer that lost every head but keeps a
@@ -30,7 +51,7 @@ attention tensors: the layer adds nothing, as the pruned model's removed attenti
 FFN neurons left is written with ``zero_ffn`` (default :data:`ZERO_FFN`) neurons of zeros (gate, up and down weights all 0: the FFN
 adds exactly nothing, plus its down bias where compensation added one, as the pruned layer does; llama.cpp's
 deci would skip a layer of width 0 whole, its attention output too); the names are in ``Layout.padded``.
-Refused: a qwen layer with no heads, repeated key/value heads (a grouped-query
+Refused: a qwen or gemma (1) layer with no heads, repeated key/value heads (a grouped-query
 site pruned unevenly, :class:`~headprune.core.model.runtime.RepeatHeads`: a GGUF layer has one group size),
 query heads not a multiple of the layer's key/value heads, a masked model, rope scaling or sliding
 windows the exporter does not write, and every other family.
@@ -44,7 +65,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..core.model.families import GGUFNames, gguf_names, gguf_types
+from ..core.model.families import GGUFNames, SlidingNames, gguf_names, gguf_types
 from ..core.model.records import ADDED_BIASES_KEY
 from ..errors import ConfigError, UnsupportedModelError
 
@@ -87,8 +108,15 @@ class Layout:
     parameters: dict[str, str] = field(default_factory=dict)  # {gguf name: the model's parameter} (not padded ones)
     permuted: dict[str, int] = field(default_factory=dict)  # {gguf name: heads} of rows permuted for rope
     shifted: dict[str, float] = field(default_factory=dict)  # {gguf name: constant added} (gemma's norms: + 1)
-    padded: set[str] = field(default_factory=set)  # gguf names of the zero FFNs written for layers with no neurons
-    zero_ffn: int = ZERO_FFN  # their width
+    padded: set[str] = field(default_factory=set)  # gguf names of tensors that are all zeros (no model parameter)
+    zero_ffn: int = ZERO_FFN  # the width of a zero FFN written for a layer with no neurons
+    kept: list[LayerShape] = field(default_factory=list)  # the model's own shapes (layers: as written)
+    # {gguf name: (axis, the model's rows / columns in it)}: a tensor padded with zero heads or neurons
+    placed: dict[str, tuple[int, np.ndarray]] = field(default_factory=dict)
+    scaled: dict[str, float] = field(default_factory=dict)  # {gguf name: factor applied after the shift} (q norm)
+    sliding_window: int | None = None  # tokens a sliding layer's query sees (itself included)
+    swa_layers: list[bool] | None = None  # per layer: sliding (True) or full attention
+    rope_theta_swa: float | None = None  # the sliding layers' rope base
 
     @property
     def uniform(self) -> bool:
@@ -122,13 +150,17 @@ def gguf_layout(model: nn.Module, *, zero_ffn: int = ZERO_FFN) -> Layout:
         raise GGUFShapeError(f"{type(model).__name__} is not a causal LM with {names.layers}, {top['token_embd']} "
                              f"and {top['output']}")
     _check_config(config, family, names)
+    if names.sliding is not None:
+        _check_sliding(config, family, names.sliding, len(layers))
     hidden = int(embed.weight.shape[1])
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
     if not isinstance(zero_ffn, int) or zero_ffn < 1:
         raise ConfigError(f"zero_ffn={zero_ffn!r}; allowed: an integer >= 1 (32 for Q8_0/Q4_0, 256 for K-quants)")
-    shapes = [_layer_shape(i, layer, head_dim, family, names) for i, layer in enumerate(layers)]
-    for shape in shapes:
-        shape.n_ff = shape.n_ff or zero_ffn  # deci would skip a width-0 layer whole (its attention output too)
+    kept = [_layer_shape(i, layer, head_dim, family, names) for i, layer in enumerate(layers)]
+    if names.pad_layers:  # llama.cpp reads layer 0's shapes for every layer: all padded to one
+        shapes = _padded(kept, zero_ffn, family)
+    else:  # deci would skip a width-0 layer whole (its attention output too)
+        shapes = [LayerShape(s.n_head, s.n_head_kv, s.n_ff or zero_ffn) for s in kept]
     uniform = len({(s.n_head, s.n_head_kv, s.n_ff) for s in shapes}) == 1
     arch = names.arch
     if names.query_is_hidden and shapes[0].n_head * head_dim != hidden:  # llama.cpp sizes qwen2's q bias by it
@@ -149,10 +181,55 @@ def gguf_layout(model: nn.Module, *, zero_ffn: int = ZERO_FFN) -> Layout:
                              "the output layer from the token embeddings; allowed: tied")
     layout = Layout(arch=arch, family=family, hidden=hidden, head_dim=head_dim, layers=shapes,
                     context_length=int(getattr(config, "max_position_embeddings", 2048)),
-                    rms_eps=float(config.rms_norm_eps), rope_theta=_rope_theta(config),
-                    vocab_size=int(emb.shape[0]), tied=bool(tied), names=names, zero_ffn=zero_ffn)
+                    rms_eps=float(config.rms_norm_eps), rope_theta=_rope_theta(config, names, "full"),
+                    vocab_size=int(emb.shape[0]), tied=bool(tied), names=names, zero_ffn=zero_ffn, kept=kept)
+    if names.sliding is not None:
+        sliding = names.sliding
+        layout.sliding_window = int(getattr(config, sliding.window))
+        layout.swa_layers = [t == sliding.sliding for t in getattr(config, sliding.layer_types)]
+        layout.rope_theta_swa = _rope_theta(config, names, "sliding")
     _fill_tensors(layout, model, layers)
+    if names.query_scale:
+        _fold_query_scale(layout, float(getattr(config, names.query_scale)))
     return layout
+
+
+def _padded(kept: list[LayerShape], zero_ffn: int, family: str | None) -> list[LayerShape]:
+    """One shape for every layer that holds each layer's kept heads and neurons: the most key/value heads, the
+    largest group (query heads per key/value head) and the widest FFN of any layer. A layer's kept heads go to the
+    first slots of their group (:func:`_head_slots`), the rest are zeros."""
+    kv = max(s.n_head_kv for s in kept)
+    if kv == 0:
+        raise GGUFShapeError(f"{family} with no attention heads left in any layer; allowed: at least one head")
+    group = max(s.n_head // s.n_head_kv for s in kept if s.n_head_kv)
+    ff = max(s.n_ff for s in kept) or zero_ffn
+    return [LayerShape(n_head=kv * group, n_head_kv=kv, n_ff=ff) for _ in kept]
+
+
+def _head_slots(kept: LayerShape, written: LayerShape) -> tuple[list[int], list[int]]:
+    """Where a layer's kept query and key/value heads sit among the written ones: key/value head j in slot j, its
+    query heads in the first slots of group j (llama.cpp's query head h reads key/value head h // group)."""
+    if kept.n_head_kv == 0:
+        return [], []
+    have, group = kept.n_head // kept.n_head_kv, written.n_head // written.n_head_kv
+    return [j * group + r for j in range(kept.n_head_kv) for r in range(have)], list(range(kept.n_head_kv))
+
+
+def _fold_query_scale(layout: Layout, scalar: float) -> None:
+    """Attention scores scaled by ``scalar ** -0.5`` where llama.cpp scales by ``1 / sqrt(head_dim)`` (or, at the
+    layer counts of ``scale_hidden_layers``, ``1 / sqrt(hidden // heads of layer 0)``): the ratio multiplies the
+    query norm's weight, so every query, and so every score, is scaled by it (rope is linear)."""
+    names = layout.names
+    base = layout.hidden // layout.layers[0].n_head if len(layout.layers) in names.scale_hidden_layers \
+        else layout.head_dim
+    if not scalar > 0:
+        raise GGUFShapeError(f"{names.query_scale}={scalar}; allowed: a positive number")
+    factor = (base / scalar) ** 0.5
+    if factor == 1.0:
+        return
+    for name in [n for n in layout.tensors if n.endswith("attn_q_norm.weight")]:
+        layout.scaled[name] = factor
+        layout.tensors[name] = layout.tensors[name] * np.float32(factor)
 
 
 def _module(root: nn.Module, path: str) -> nn.Module | None:
@@ -166,10 +243,15 @@ def _module(root: nn.Module, path: str) -> nn.Module | None:
 
 
 def _check_config(config, family: str, names: GGUFNames) -> None:
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
-    if kind not in (None, "default"):
-        raise GGUFShapeError(f"rope scaling {kind!r}: the GGUF exporter writes plain rope only (rope_type 'default')")
+    for rope in _ropes(config, names).values():
+        kind = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        if kind not in (None, "default"):
+            raise GGUFShapeError(f"rope scaling {kind!r}: the GGUF exporter writes plain rope only (rope_type "
+                                 "'default')")
+    for key in names.unset:
+        if getattr(config, key, None) not in (None, False):
+            raise GGUFShapeError(f"{family} with {key}={getattr(config, key)!r}: llama.cpp's {names.arch} does not "
+                                 f"apply it; allowed: {key} None")
     window = getattr(config, names.window, None) if names.window else None
     if window is True:  # a flag (qwen's use_sliding_window)
         raise GGUFShapeError(f"{family} with {names.window}=True: not written to GGUF; allowed: False")
@@ -192,12 +274,25 @@ def _check_config(config, family: str, names: GGUFNames) -> None:
                              "model compressed without compensate='bias' (e.g. --compensate reconstruct or none)")
 
 
+def _check_sliding(config, family: str | None, sliding: SlidingNames, n_layers: int) -> None:
+    """Sliding-window layers llama.cpp applies: a window of at least one token and one known type per layer."""
+    window = getattr(config, sliding.window, None)
+    types = getattr(config, sliding.layer_types, None) or []
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise GGUFShapeError(f"{family} with {sliding.window}={window!r}; allowed: an integer >= 1 (llama.cpp's "
+                             "sliding layers need a window)")
+    unknown = sorted({str(t) for t in types} - {sliding.sliding, sliding.full})
+    if len(types) != n_layers or unknown:
+        raise GGUFShapeError(f"{family} with {sliding.layer_types}: {len(types)} entries for {n_layers} layers, "
+                             f"unknown {unknown}; allowed: one of {sliding.sliding!r}, {sliding.full!r} per layer")
+
+
 def _layer_shape(i: int, layer: nn.Module, head_dim: int, family: str, names: GGUFNames) -> LayerShape:
     parts = dict(names.layer_tensors)
     attn = _module(layer, parts["attn_q"].rpartition(".")[0])
     q = _module(layer, parts["attn_q"])
     if not isinstance(q, nn.Linear) or q.out_features == 0:
-        if family not in PER_LAYER_ARCH:
+        if family not in PER_LAYER_ARCH and not names.pad_layers:
             raise GGUFShapeError(f"layer {i} has no attention heads left: llama.cpp's {family} layers always attend; "
                                  "keep at least one head (group) per layer (llama-family models export it as deci)")
         if getattr(getattr(attn, "headprune_out", None), "bias", None) is not None:
@@ -228,11 +323,24 @@ def _ffn_width(i: int, layer: nn.Module, names: GGUFNames) -> int:
     return gate.out_features  # 0: written as zero_ffn neurons of zeros (gguf_layout)
 
 
-def _rope_theta(config) -> float:
-    rope = getattr(config, "rope_parameters", None)
+def _ropes(config, names: GGUFNames) -> dict[str, dict]:
+    """The rope settings per kind of layer: ``{"full": ..., "sliding": ...}`` where the config holds one per layer
+    type (transformers 5's Gemma-3 ``rope_parameters``), else ``{"full": ...}``."""
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    sliding = names.sliding
+    if sliding is not None and isinstance(rope, dict) and sliding.full in rope:
+        return {"full": rope.get(sliding.full) or {}, "sliding": rope.get(sliding.sliding) or {}}
+    return {"full": rope}
+
+
+def _rope_theta(config, names: GGUFNames, kind: str) -> float:
+    """The rope base of the ``kind`` ("full" or "sliding") layers; a config without one per layer type gives its
+    one base (``rope_theta``, else ``rope_local_base_freq`` for sliding layers, as transformers 4 wrote them)."""
+    rope = _ropes(config, names).get(kind)
     if isinstance(rope, dict) and rope.get("rope_theta") is not None:
         return float(rope["rope_theta"])
-    return float(getattr(config, "rope_theta", 10000.0))
+    key = "rope_local_base_freq" if kind == "sliding" else "rope_theta"
+    return float(getattr(config, key, None) or getattr(config, "rope_theta", 10000.0))
 
 
 def _describe(shapes: list[LayerShape]) -> str:
@@ -256,34 +364,75 @@ def _array(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
 
 
+# parts of a layer deci's attention-free layer has none of
+ATTENTION_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
+                   "post_attention_norm")
+# projections whose rows (axis 0) or columns (axis 1) are query heads, key/value heads or FFN neurons
+SLOTTED = {"attn_q": (0, "q"), "attn_k": (0, "kv"), "attn_v": (0, "kv"), "attn_output": (1, "q"),
+           "ffn_gate": (0, "ff"), "ffn_up": (0, "ff"), "ffn_down": (1, "ff")}
+ROPE_HEADS = {"attn_q": "n_head", "attn_k": "n_head_kv"}  # rows permuted for rope, by these heads
+
+
 def _fill_tensors(layout: Layout, model: nn.Module, layers: list[nn.Module]) -> None:
-    """Every tensor under llama.cpp's name, in the order llama.cpp's converter writes them, and the model
-    parameter each one is (``layout.parameters``); the modules are the family's (``layout.names``)."""
-    top, parts = dict(layout.names.model_tensors), dict(layout.names.layer_tensors)
+    """Every tensor under llama.cpp's name, layer parts in the family table's order, and the model parameter each
+    one is (``layout.parameters``); the modules are the family's (``layout.names``)."""
+    top = dict(layout.names.model_tensors)
     _put(layout, "token_embd.weight", model, f"{top['token_embd']}.weight")
-    heads = {"attn_q": "n_head", "attn_k": "n_head_kv", "attn_v": None, "attn_output": None}
-    for i, (layer, shape) in enumerate(zip(layers, layout.layers, strict=True)):
+    for i, (layer, kept, shape) in enumerate(zip(layers, layout.kept, layout.layers, strict=True)):
         p, at = f"blk.{i}.", f"{layout.names.layers}.{i}."
-        if shape.n_head == 0:  # no heads left: deci runs no attention (and reads no attention tensors) here
-            _fill_ffn(layout, model, p, at, layer)
-            continue
-        _norm(layout, p + "attn_norm.weight", model, at + parts["attn_norm"] + ".weight")
-        for dst, key in heads.items():
-            lin = _module(layer, parts[dst])
-            for kind in ("weight", "bias"):
-                if getattr(lin, kind, None) is None:
-                    continue
-                a = _put(layout, f"{p}{dst}.{kind}", model, f"{at}{parts[dst]}.{kind}")
-                if key is not None and layout.arch in PERMUTED:
-                    layout.tensors[f"{p}{dst}.{kind}"] = rope_permute(a, getattr(shape, key))
-                    layout.permuted[f"{p}{dst}.{kind}"] = getattr(shape, key)
-        for dst in ("attn_q_norm", "attn_k_norm"):  # per-head q/k norms (qwen3), where the family has them
-            if dst in parts:
-                _put(layout, f"{p}{dst}.weight", model, f"{at}{parts[dst]}.weight")
-        _fill_ffn(layout, model, p, at, layer)
+        for part, path in layout.names.layer_tensors:
+            if shape.n_head == 0 and part in ATTENTION_PARTS:  # deci runs no attention (and reads none) here
+                continue
+            if part in SLOTTED:
+                _projection(layout, model, _module(layer, path), p + part, at + path, (kept, shape))
+            elif _module(layer, path) is None:  # a q/k norm of an attention with no heads left: never used
+                layout.tensors[f"{p}{part}.weight"] = np.ones(layout.head_dim, dtype=np.float32)
+                layout.padded.add(f"{p}{part}.weight")
+            else:
+                _norm(layout, f"{p}{part}.weight", model, f"{at}{path}.weight")
     _norm(layout, "output_norm.weight", model, f"{top['output_norm']}.weight")
     if not layout.tied:
         _put(layout, "output.weight", model, f"{top['output']}.weight")
+
+
+def _slots(layout: Layout, part: str, kept: LayerShape, shape: LayerShape) -> tuple[np.ndarray, int]:
+    """The rows (or columns) of ``part``'s weight that the model's kept heads / neurons fill in the file, and how
+    many the file has: all of them in order, unless the layer is padded to a wider shape (:func:`_padded`)."""
+    axis, kind = SLOTTED[part]
+    if kind == "ff":
+        return np.arange(kept.n_ff), shape.n_ff
+    q, kv = _head_slots(kept, shape)
+    slots, n = (q, shape.n_head) if kind == "q" else (kv, shape.n_head_kv)
+    rows = np.asarray(slots, dtype=np.int64)[:, None] * layout.head_dim + np.arange(layout.head_dim)
+    return rows.reshape(-1), n * layout.head_dim
+
+
+def _projection(layout: Layout, model: nn.Module, lin: nn.Module | None, name: str, parameter: str,
+                shapes: tuple[LayerShape, LayerShape]) -> None:
+    """A projection's weight (and bias) as ``name.weight`` (``name.bias``), its heads or neurons at their slots
+    of the written shape; zeros where the layer kept none (an FFN with no neurons: the layer adds nothing)."""
+    kept, shape = shapes
+    part = name.rpartition(".")[2]
+    axis, _ = SLOTTED[part]
+    index, size = _slots(layout, part, kept, shape)
+    for kind in ("weight", "bias"):
+        tname = f"{name}.{kind}"
+        if kind == "weight" and not len(index):
+            layout.tensors[tname] = np.zeros((size, layout.hidden) if axis == 0 else (layout.hidden, size),
+                                             dtype=np.float32)
+            layout.padded.add(tname)
+            continue
+        if getattr(lin, kind, None) is None:
+            continue
+        a = _put(layout, tname, model, f"{parameter}.{kind}")
+        if part in ROPE_HEADS and layout.arch in PERMUTED:
+            layout.permuted[tname] = getattr(kept, ROPE_HEADS[part])
+            a = layout.tensors[tname] = rope_permute(a, layout.permuted[tname])
+        if len(index) != size and (kind == "weight" or axis == 0):  # an output bias is over the hidden size
+            out = np.zeros((*a.shape[:axis], size, *a.shape[axis + 1:]), dtype=np.float32)
+            out[(slice(None),) * axis + (index,)] = a
+            layout.tensors[tname] = out
+            layout.placed[tname] = (axis, index)
 
 
 def _put(layout: Layout, name: str, model: nn.Module, parameter: str) -> np.ndarray:
@@ -299,22 +448,3 @@ def _norm(layout: Layout, name: str, model: nn.Module, parameter: str) -> None:
         layout.shifted[name] = 1.0
     _put(layout, name, model, parameter)
     layout.tensors[name] = layout.tensors[name] + layout.shifted.get(name, 0.0)
-
-
-def _fill_ffn(layout: Layout, model: nn.Module, p: str, at: str, layer: nn.Module) -> None:
-    """The FFN tensors of the layer ``layer`` (``p``: its GGUF prefix ``blk.{i}.``, ``at``: its module path)."""
-    parts = dict(layout.names.layer_tensors)
-    _norm(layout, p + "ffn_norm.weight", model, at + parts["ffn_norm"] + ".weight")
-    gate, down = _module(layer, parts["ffn_gate"]), _module(layer, parts["ffn_down"])
-    if gate.out_features == 0:  # no neurons left: ZERO_FFN of zeros, which add exactly nothing
-        names = [f"{p}{part}.weight" for part in FFN_PARTS]
-        for name in names:
-            width = layout.zero_ffn
-            layout.tensors[name] = np.zeros((width, layout.hidden) if "down" not in name else (layout.hidden, width),
-                                            dtype=np.float32)
-        layout.padded.update(names)
-    else:
-        for part in FFN_PARTS:
-            _put(layout, f"{p}{part}.weight", model, f"{at}{parts[part]}.weight")
-    if down.bias is not None:  # added by bias compensation (_check_config allows it per arch)
-        _put(layout, p + "ffn_down.bias", model, f"{at}{parts['ffn_down']}.bias")

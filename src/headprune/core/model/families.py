@@ -70,8 +70,27 @@ LLAMA_LAYER_TENSORS = (("attn_norm", "input_layernorm"), ("attn_q", "self_attn.q
                        ("ffn_norm", "post_attention_layernorm"), ("ffn_gate", "mlp.gate_proj"),
                        ("ffn_up", "mlp.up_proj"), ("ffn_down", "mlp.down_proj"))
 QK_NORM_TENSORS = (("attn_q_norm", "self_attn.q_norm"), ("attn_k_norm", "self_attn.k_norm"))  # Qwen3's per-head norms
+# Gemma-3: Qwen3's q/k norms and two more norms per layer, after attention and after the FFN; llama.cpp's ffn_norm is
+# the norm before the FFN (Gemma-3's pre_feedforward_layernorm, not its post_attention_layernorm)
+GEMMA3_LAYER_TENSORS = (LLAMA_LAYER_TENSORS[:5] + QK_NORM_TENSORS
+                        + (("post_attention_norm", "post_attention_layernorm"),
+                           ("ffn_norm", "pre_feedforward_layernorm")) + LLAMA_LAYER_TENSORS[6:]
+                        + (("post_ffw_norm", "post_feedforward_layernorm"),))
 GGUF_LAYER_PARTS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate", "ffn_up",
-                    "ffn_down")  # every GGUFNames.layer_tensors names these; attn_q_norm / attn_k_norm optional
+                    "ffn_down")  # every GGUFNames.layer_tensors names these; the others below are optional
+GGUF_OPTIONAL_PARTS = ("attn_q_norm", "attn_k_norm", "post_attention_norm", "post_ffw_norm")
+
+
+@dataclass(frozen=True)
+class SlidingNames:
+    """Sliding-window layers llama.cpp applies layer by layer (``{arch}.attention.sliding_window`` and the per-layer
+    ``sliding_window_pattern``), each layer type with its own rope base (``rope.freq_base`` for full-attention
+    layers, ``rope.freq_base_swa`` for sliding ones): the config keys and layer-type names that say so."""
+
+    window: str = "sliding_window"  # config key of the window (tokens a query sees, itself included)
+    layer_types: str = "layer_types"  # config key of the per-layer types
+    sliding: str = "sliding_attention"  # the type of a sliding layer; also its rope_parameters entry
+    full: str = "full_attention"  # the type of a full-attention layer; also its rope_parameters entry
 
 
 @dataclass(frozen=True)
@@ -88,13 +107,27 @@ class GGUFNames:
     window: str | None = None  # the config key of a sliding window llama.cpp's architecture does not apply
     query_is_hidden: bool = False  # llama.cpp sizes the query bias by the hidden size (qwen2)
     tied: bool = False  # llama.cpp reads the output layer from the token embeddings (gemma)
+    sliding: SlidingNames | None = None  # sliding-window layers llama.cpp applies per layer (gemma3)
+    # config key of the attention score scale (scores * value ** -0.5) where llama.cpp's architecture scales by
+    # 1 / sqrt(head_dim) instead: the ratio is folded into attn_q_norm's weight (a factor on every query)
+    query_scale: str | None = None
+    scale_hidden_layers: tuple[int, ...] = ()  # layer counts at which llama.cpp scales by 1 / sqrt(hidden / heads)
+    # llama.cpp builds every layer from layer 0's head count and FFN width: uneven layers are written padded with
+    # zero heads (their output-projection columns zero) and zero neurons, which add exactly nothing
+    pad_layers: bool = False
+    unset: tuple[str, ...] = ()  # config keys llama.cpp's architecture does not apply: refused unless None / False
 
     def __post_init__(self):
         parts = dict(self.layer_tensors)
         missing = [p for p in GGUF_LAYER_PARTS if p not in parts]
-        if missing or {p for p, _ in self.model_tensors} != {"token_embd", "output_norm", "output"}:
-            raise ConfigError(f"GGUFNames layer_tensors / model_tensors: missing {missing or 'a model tensor'}; "
-                              f"allowed: {', '.join(GGUF_LAYER_PARTS)} per layer and token_embd, output_norm, output")
+        unknown = [p for p in parts if p not in GGUF_LAYER_PARTS + GGUF_OPTIONAL_PARTS]
+        if missing or unknown or {p for p, _ in self.model_tensors} != {"token_embd", "output_norm", "output"}:
+            raise ConfigError(f"GGUFNames layer_tensors / model_tensors: missing {missing or 'a model tensor'}, "
+                              f"unknown {unknown}; allowed: {', '.join(GGUF_LAYER_PARTS)} per layer (optional: "
+                              f"{', '.join(GGUF_OPTIONAL_PARTS)}) and token_embd, output_norm, output")
+        if self.query_scale and "attn_q_norm" not in parts:
+            raise ConfigError(f"GGUFNames query_scale={self.query_scale!r} without attn_q_norm; allowed: a family "
+                              "whose layers have a query norm to fold the scale into")
 
 
 @dataclass(frozen=True)
@@ -142,6 +175,12 @@ BUILT_IN: tuple[Family, ...] = (
     Family("Llama", ("llama",), **_DECODER, stock_target=True, listed=True, gguf=GGUFNames("llama")),
     Family("Gemma", ("gemma",), **_DECODER,
            gguf=GGUFNames("gemma", activations=("gelu_pytorch_tanh",), norm_plus_one=True, tied=True)),
+    Family("Gemma-3", ("gemma3_text",), **_DECODER,
+           gguf=GGUFNames("gemma3", layer_tensors=GEMMA3_LAYER_TENSORS, activations=("gelu_pytorch_tanh",),
+                          norm_plus_one=True, tied=True, sliding=SlidingNames(), query_scale="query_pre_attn_scalar",
+                          scale_hidden_layers=(62,), pad_layers=True,
+                          unset=("attn_logit_softcapping", "final_logit_softcapping",
+                                 "use_bidirectional_attention"))),
     Family("Qwen2-MoE", ("qwen2_moe",), **(_DECODER | {"ffn_keys": ("moe_intermediate_size",
                                                                       "shared_expert_intermediate_size")})),
     Family("GPT-2", ("gpt2",), fused=Fused("c_attn", "c_proj", cross_query="q_attn"),
