@@ -29,9 +29,12 @@ Stages (each recorded; the summary says which were kept):
    the pruned model trained for a few passes over the fit batches to match the unpruned model's output distribution
    (:mod:`.distill`; no labels read), kept only if it lowers the validation loss further.
 
+Every scoring pass runs inside :func:`headprune.scoring.checkpointed_blocks` (one input per block kept, each
+block's activations recomputed in the backward: the same scores). The copy the stand-in and the cut work on shares
+every tensor but the output projections with the model passed (:mod:`.copies`).
+
 ``low_memory=True`` (for a model near the machine's memory; no refit, no distillation) changes how, not what:
-the scoring pass runs inside :func:`headprune.scoring.checkpointed_blocks` (one input per block kept) and gathers
-no second moments; linear stand-ins gather theirs one block at a time (:mod:`.blockwise`: the same moments);
+the scoring pass gathers no second moments; linear stand-ins gather theirs one block at a time (:mod:`.blockwise`: the same moments);
 the cut is made on the model passed, which becomes the returned model (no copy). Same scores, units and weights.
 """
 
