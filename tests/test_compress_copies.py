@@ -24,7 +24,8 @@ def _storages(model) -> set[int]:
 
 
 @pytest.mark.parametrize("name", ["headprune-fisher+linear", "headprune-fisher+linear-seq",
-                                  "headprune-fisher+reconstruct", "heads-fisher+tune"])
+                                  "headprune-fisher+reconstruct", "headprune-fisher+obs-seq-2steps",
+                                  "heads-fisher+tune-unguarded"])  # its tuned scales folded into the output projections
 def test_the_model_passed_is_unchanged_and_shares_nothing_with_the_result(name):
     torch.manual_seed(0)
     model = tiny_decoder("llama", layers=3, seed=0)
