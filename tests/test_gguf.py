@@ -37,6 +37,24 @@ def test_load_model_reads_gguf_exactly(tiny_gguf):
     assert tok.convert_ids_to_tokens([3, 4]) == ["a", "b"]
 
 
+def test_load_model_holds_the_tensors_transformers_reads_bit_for_bit(tiny_gguf):
+    """load_gguf rebuilds the model on the meta device and takes transformers' tensors: every parameter and buffer
+    (non-persistent ones too) equals transformers' own GGUF load bit for bit, ties kept, nothing left on meta."""
+    _, file = tiny_gguf
+    loaded = hp.load_model(file)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32,
+                                                            local_files_only=True)
+
+    def every(m):
+        return {**dict(m.named_parameters(remove_duplicate=False)), **dict(m.named_buffers(remove_duplicate=False))}
+
+    got, want = every(loaded), every(ref)
+    assert got.keys() == want.keys() and len(want) > 10
+    for name, t in want.items():
+        assert not got[name].is_meta and got[name].dtype == t.dtype and torch.equal(got[name], t), name
+    assert [n for n, _ in loaded.named_parameters()] == [n for n, _ in ref.named_parameters()]  # the same ties
+
+
 def test_cli_sites_prints_family_and_layout(tiny_gguf, tmp_path):
     _, file = tiny_gguf
     r = runner.invoke(app, ["sites", str(file)])

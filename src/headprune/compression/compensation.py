@@ -13,7 +13,8 @@ its ``stage``:
   :class:`headprune.compression.plan.PlanContext`);
 - ``"standin"``: ``apply(pruned, model, stats, dropped_heads, dropped_neurons, settings) -> note`` before the
   cut, from the channel statistics of the calibration batches (``gram``: second moments too): ``bias``,
-  ``linear``; at most one. Returning ``(note, {name: bias shift})`` instead says its whole effect is those
+  ``linear``; at most one. It writes only into the output projections (weights, biases) of the sites and FFNs:
+  ``pruned`` shares every other tensor with the model passed (:mod:`.copies`). Returning ``(note, {name: bias shift})`` instead says its whole effect is those
   bias shifts, which the plan then records (replayable);
 - ``"refit"``: ``apply(student, teacher, batches, settings, progress) -> rows`` on a copy of the pruned model,
   kept only where the validation loss drops (``done``: its key among the losses): ``reconstruct`` (its rows: the

@@ -11,7 +11,6 @@ Arguments the settings cannot use are refused, not dropped.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterable, Mapping
 
@@ -29,6 +28,7 @@ from ..core.prune import prune_heads
 from ..core.safety.verify import verify_surgery
 from ..errors import ConfigError
 from ..scoring.gradients import LossFn
+from .copies import owning, working_copy
 from .fingerprint import fingerprint
 from .guard import Guard
 from .plan import plan_heads
@@ -104,6 +104,8 @@ def compress(
     plan = plan_of(None if cut_in_place else model, pruned, drop_h, drop_n, made_on=made_on,
                    sizes={"before": before, "after": after},
                    info={"settings": settings.to_dict(), "stages": run.guard.stages})
+    if not cut_in_place:  # the stages' copy shared the tensors no stage wrote with ``model``: the result owns its own
+        pruned = owning(pruned, model)
     return CompressResult(model=pruned, settings=settings.to_dict(), dropped_heads=drop_h, dropped_neurons=drop_n,
                           kept_heads=kept_heads(pruned),
                           kept_neurons=kept_neurons(pruned) if find_ffns(pruned, skip_moe=True) else {},
@@ -123,7 +125,7 @@ def _head_plan(run: Run, calib: list, sites: list[str] | None, inplace: bool) ->
     plan = plan_heads(model, calib, settings, sites=sites, loss_fn=run.loss_fn, progress=run.progress)
     run.guard.stages.update(plan.stages)
     run.guard.losses.update(plan.losses)
-    pruned = model if inplace else copy.deepcopy(model)
+    pruned = model if inplace else working_copy(model)
     start = time.perf_counter()
     scales = None
     if plan.scales is not None:

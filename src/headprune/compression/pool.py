@@ -29,9 +29,12 @@ Stages (each recorded; the summary says which were kept):
    the pruned model trained for a few passes over the fit batches to match the unpruned model's output distribution
    (:mod:`.distill`; no labels read), kept only if it lowers the validation loss further.
 
+Every scoring pass runs inside :func:`headprune.scoring.checkpointed_blocks` (one input per block kept, each
+block's activations recomputed in the backward: the same scores). The copy the stand-in and the cut work on shares
+every tensor but the output projections with the model passed (:mod:`.copies`).
+
 ``low_memory=True`` (for a model near the machine's memory; no refit, no distillation) changes how, not what:
-the scoring pass runs inside :func:`headprune.scoring.checkpointed_blocks` (one input per block kept) and gathers
-no second moments; linear stand-ins gather theirs one block at a time (:mod:`.blockwise`: the same moments);
+the scoring pass gathers no second moments; linear stand-ins gather theirs one block at a time (:mod:`.blockwise`: the same moments);
 the cut is made on the model passed, which becomes the returned model (no copy). Same scores, units and weights.
 """
 
@@ -41,7 +44,6 @@ import copy
 import math
 import time
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -65,6 +67,7 @@ from ..selection.gqa import kv_groups
 from ..selection.units import select_units
 from .blockwise import blockwise_standins
 from .compensation import compensation_spec
+from .copies import working_copy
 from .guard import Guard, State
 from .settings import PruneSettings
 
@@ -216,12 +219,14 @@ def _select(model: nn.Module, settings: PruneSettings, costs: UnitCosts, head_sc
 
 def _cut(run: Run, model: nn.Module, calib: list, stats, drop_h: dict, drop_n: dict,
          inplace: bool = False) -> tuple[nn.Module, dict, dict]:
-    """(a pruned copy of ``model`` (``inplace``: ``model``), the heads and
-    neurons dropped): the stand-in (which may re-choose the units within each site / FFN: ``obs-seq``), the cut."""
+    """(a pruned copy of ``model`` sharing the tensors no stand-in writes (:func:`.copies.working_copy`; ``inplace``:
+    ``model``), the heads and neurons dropped): the stand-in (which may re-choose the units within each site / FFN:
+    ``obs-seq``), the cut."""
     t = time.perf_counter()
     settings = run.settings
-    # low_memory: no stage after reads the original; a later round: ``model`` is the rounds' own copy
-    pruned = model if settings.low_memory or inplace else copy.deepcopy(model)
+    # low_memory: no stage after reads the original; a later round: ``model`` is the rounds' own copy; else a copy
+    # sharing all but the output projections with ``model`` (compress gives the result its own tensors at the end)
+    pruned = model if settings.low_memory or inplace else working_copy(model)
     standin: Any = settings.standin  # a stand-in compensation: gram, apply (compensation.check_compensation)
     if standin is not None and (any(drop_h.values()) or any(drop_n.values())):
         if _block_by_block(settings):  # one block's moments at a time
@@ -280,7 +285,9 @@ def _scores(model: nn.Module, calib: list, settings: PruneSettings, costs: UnitC
     request = ScoreRequest(units=settings.units, loss_fn=loss_fn, seed=settings.seed, costs=costs,
                            stats=standin is not None and not later, gram=bool(standin and standin.gram) and not later,
                            progress=progress)
-    with checkpointed_blocks(model) if settings.low_memory else nullcontext():  # one input per block kept
+    # one input per block kept, each block's activations recomputed in the backward: the same scores (the same
+    # operations on the same inputs) and moments (counted once per batch), without every block's activations at once
+    with checkpointed_blocks(model):
         found = settings.scorer.score(model, calib, request)
     check_finite_scores({**found.heads, **found.neurons}, f"the {settings.scorer.name} scores")
     return found.heads, found.neurons, found.stats

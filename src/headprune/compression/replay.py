@@ -9,7 +9,8 @@ result, after the cut, at the kept width). It also holds the :func:`~.fingerprin
 made on, so :func:`apply_plan` refuses another model, or the same config with other weights, before any change.
 
 :func:`plan_of` makes it from the model before and after: with the unpruned model still at hand it cuts a copy of
-it and keeps the tensors that differ; when the model was cut in place (``low_memory``, ``inplace``) it keeps every
+it (new modules, its tensors shared: surgery replaces tensors, so only the cut ones are new) and keeps the tensors
+that differ; when the model was cut in place (``low_memory``, ``inplace``) it keeps every
 tensor whose bytes are not the unpruned model's (the fingerprint's per-tensor hashes), so every tensor surgery
 sliced is stored too. Both replay exactly: :func:`apply_plan` gives the biases, cuts the heads, then the neurons,
 and sets the stored tensors.
@@ -17,7 +18,6 @@ and sets the stored tensors.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -29,6 +29,7 @@ from safetensors.torch import save as save_tensors
 from torch import nn
 
 from ..core.cut.biases import add_zero_biases, added_biases
+from ..core.cut.snapshot import shared_copy
 from ..core.model.records import ADDED_BIASES_KEY
 from ..core.prune import prune_heads, prune_neurons
 from ..core.safety.verify import verify_surgery
@@ -107,7 +108,8 @@ def plan_of(original: nn.Module | None, compressed: nn.Module, dropped_heads: di
     """The :class:`Plan` that turns the model ``made_on`` fingerprints (:func:`~.fingerprint.fingerprint`, taken
     before any change) into ``compressed`` by dropping ``dropped_heads`` / ``dropped_neurons`` (original indices).
 
-    ``original``: that model, unchanged (a copy of it is cut to tell which tensors a stage rewrote); None when it
+    ``original``: that model, unchanged (a copy of it sharing its tensors, :func:`~headprune.core.cut.snapshot.
+    shared_copy`, is cut to tell which tensors a stage rewrote: only the cut tensors take new memory); None when it
     was cut in place: every tensor whose bytes the fingerprint does not hold under its key is then stored."""
     heads = {k: [int(i) for i in v] for k, v in dropped_heads.items() if len(v)}
     neurons = {k: [int(i) for i in v] for k, v in dropped_neurons.items() if len(v)}
@@ -116,7 +118,7 @@ def plan_of(original: nn.Module | None, compressed: nn.Module, dropped_heads: di
                 sizes=sizes or {}, info=info or {})
     final = compressed.state_dict()
     if original is not None:
-        reference = cut(copy.deepcopy(original), plan, verify=False).state_dict()
+        reference = cut(shared_copy(original), plan, verify=False).state_dict()  # only the cut tensors are new
         if reference.keys() != final.keys():
             odd = sorted(reference.keys() ^ final.keys())
             raise VerificationError(f"the compressed model's tensors are not those of the plan's cut: {odd[:3]}")

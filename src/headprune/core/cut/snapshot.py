@@ -2,16 +2,33 @@
 
 Surgery of heads and of neurons replaces parameters, children and classes rather than writing into
 them, so shallow copies of each affected module's dictionaries hold the old tensors and modules; the
-config's headprune records (:data:`.records.RECORD_KEYS`) are deep-copied.
+config's headprune records (:data:`.records.RECORD_KEYS`) are deep-copied. For the same reason
+:func:`shared_copy` -- new modules, the very same tensors -- can be cut without touching the model it copies.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterable
 
+import torch
 from torch import nn
 
 from ..model.records import RECORD_KEYS
+
+
+def tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer object of ``model``, each once (tied ones once)."""
+    return [*model.parameters(), *model.buffers()]
+
+
+def shared_copy(model: nn.Module, shared: Iterable[torch.Tensor] | None = None) -> nn.Module:
+    """A deep copy of ``model`` (modules, config, attributes) that holds the very tensor objects ``shared`` of
+    ``model`` (default: all its parameters and buffers) and copies the rest; tied tensors stay tied. Surgery
+    (heads, neurons, zero biases) on it leaves ``model`` as it was, since surgery replaces tensors; anything that
+    writes into a shared tensor writes into ``model``'s."""
+    memo: dict[int, object] = {id(t): t for t in (tensors(model) if shared is None else shared)}
+    return copy.deepcopy(model, memo)
 
 
 class Snapshot:

@@ -3,7 +3,8 @@
 transformers reads GGUF itself (``from_pretrained(folder, gguf_file=name)``: the architecture, the
 config and the tokenizer come from the file's metadata, quantized weights are de-quantised to the
 dtype asked for). headprune then rebuilds the model as its plain class without the
-``quantization_config`` that marks it GGUF-loaded, so it can be pruned and saved like any other.
+``quantization_config`` that marks it GGUF-loaded, so it can be pruned and saved like any other: built on the
+meta device and handed the loaded tensors, so the weights are never held twice.
 Decoder-only language models (Llama, Qwen2, Mistral, ... GGUF's families) load as
 ``AutoModelForCausalLM``. Needs the ``gguf`` package (the ``demo`` extra).
 """
@@ -44,9 +45,20 @@ def load_gguf(file: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Mod
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # a de-quantised copy: transformers refuses to save GGUF-loaded models
-    model = type(loaded)(config)
-    model.load_state_dict(loaded.state_dict())
+    with torch.device("meta"):  # no second set of weights: the loaded model's tensors are handed over
+        model = type(loaded)(config)
+    model.load_state_dict(loaded.state_dict(), assign=True)
+    for name, buffer in loaded.named_buffers():  # those not in the state dict (non-persistent: rotary frequencies)
+        owner, _, attr = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if module._buffers.get(attr) is not None and module._buffers[attr].is_meta:
+            module._buffers[attr] = buffer
+    model.tie_weights()
     del loaded
+    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:
+        raise UnsupportedModelError(f"GGUF file {str(path)!r}: {type(model).__name__} has tensors transformers did not "
+                                    f"load ({', '.join(left[:3])})")
     return model.to(dtype).eval()
 
 
