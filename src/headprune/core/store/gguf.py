@@ -3,8 +3,12 @@
 transformers reads GGUF itself (``from_pretrained(folder, gguf_file=name)``: the architecture, the
 config and the tokenizer come from the file's metadata, quantized weights are de-quantised to the
 dtype asked for). headprune then rebuilds the model as its plain class without the
-``quantization_config`` that marks it GGUF-loaded, so it can be pruned and saved like any other: built on the
-meta device and handed the loaded tensors, so the weights are never held twice.
+``quantization_config`` that marks it GGUF-loaded, so it can be pruned and saved like any other. For the families
+whose tensors transformers' GGUF reader converts one at a time (Llama, Qwen2, Mistral, Gemma 2/3, ...: its
+per-tensor processors), the file is read one tensor at a time instead: the model is built on the meta device and each
+tensor is de-quantised, converted by transformers' own processor and name map, and put in place, so the process never
+holds a second copy of the weights (transformers de-quantises the whole file before the model takes it). Other
+families are loaded by transformers and rebuilt around its tensors.
 Decoder-only language models (Llama, Qwen2, Mistral, ... GGUF's families) load as
 ``AutoModelForCausalLM``. Needs the ``gguf`` package (the ``demo`` extra).
 """
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -37,11 +42,23 @@ def load_gguf(file: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Mod
 
     try:
         with transformers_bars_off():
-            loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
-                                                          local_files_only=True)
-    except (ValueError, KeyError, OSError, RuntimeError) as e:
+            model = _streamed(path, dtype)
+            if model is None:
+                model = _rebuilt(AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype,
+                                                                      local_files_only=True))
+    except (ValueError, KeyError, OSError, RuntimeError, NotImplementedError) as e:
         raise UnsupportedModelError(f"GGUF file {str(path)!r} cannot be loaded by transformers: "
                                     f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+    model.tie_weights()
+    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
+    if left:
+        raise UnsupportedModelError(f"GGUF file {str(path)!r}: {type(model).__name__} has tensors transformers did not "
+                                    f"load ({', '.join(left[:3])})")
+    return model.to(dtype).eval()
+
+
+def _rebuilt(loaded: nn.Module) -> nn.Module:
+    """``loaded`` (transformers' GGUF load) as its plain class without ``quantization_config``, holding its tensors."""
     config = loaded.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # a de-quantised copy: transformers refuses to save GGUF-loaded models
@@ -53,13 +70,66 @@ def load_gguf(file: str | Path, *, dtype: torch.dtype = torch.float32) -> nn.Mod
         module = model.get_submodule(owner)
         if module._buffers.get(attr) is not None and module._buffers[attr].is_meta:
             module._buffers[attr] = buffer
-    model.tie_weights()
-    del loaded
-    left = [n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta]
-    if left:
-        raise UnsupportedModelError(f"GGUF file {str(path)!r}: {type(model).__name__} has tensors transformers did not "
-                                    f"load ({', '.join(left[:3])})")
-    return model.to(dtype).eval()
+    return model
+
+
+def _streamed(path: Path, dtype: torch.dtype) -> nn.Module | None:
+    """The model read one tensor at a time, as transformers' GGUF reader converts each (its processor and name map);
+    None for a family whose processor is not per tensor (mixture-of-experts ones fill several tensors at once) or
+    that transformers reads through its newer block loader."""
+    from accelerate import init_empty_weights
+    from gguf import GGUFReader
+    from gguf.quants import dequantize
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import modeling_gguf_pytorch_utils as legacy
+    from transformers.integrations.gguf.utils import is_gguf_arch_supported
+
+    reader = GGUFReader(str(path))
+    arch = legacy.read_field(reader, "general.architecture")[0]
+    processor_class = legacy.TENSOR_PROCESSORS.get(arch, legacy.TensorProcessor)
+    if is_gguf_arch_supported(arch) or processor_class not in _per_tensor(legacy):
+        return None
+    parsed = legacy.load_gguf_checkpoint(str(path), return_tensors=False)
+    config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary frequencies) computed
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    processor = processor_class(config=parsed["config"])
+    names = legacy.get_gguf_hf_weights_map(model, processor)
+    for tensor in reader.tensors:
+        result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
+                                   tensor_key_mapping=names, parsed_parameters=parsed)
+        if result.name in names:
+            _put(model, names[result.name], _owned(result.weights), dtype)
+    return model
+
+
+def _per_tensor(legacy) -> tuple:
+    """transformers' GGUF tensor processors (of its module ``legacy``) that convert each tensor on its own."""
+    return (legacy.TensorProcessor, legacy.LlamaTensorProcessor, legacy.Gemma2TensorProcessor,
+            legacy.NemotronTensorProcessor)
+
+
+def _owned(weights: np.ndarray) -> torch.Tensor:
+    """``weights`` as a tensor: shared when already a writable C-ordered array, else copied once (a memory-mapped
+    float32 tensor of the file is read-only)."""
+    if not (weights.flags.writeable and weights.flags.c_contiguous):
+        weights = np.copy(weights)
+    return torch.from_numpy(weights)
+
+
+def _put(model: nn.Module, name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
+    """Parameter or persistent buffer ``name`` of ``model`` set to ``value`` (in ``dtype``), shapes checked."""
+    owner, _, attr = name.rpartition(".")
+    module = model.get_submodule(owner)
+    old = module._parameters.get(attr, module._buffers.get(attr))
+    if old is None or tuple(old.shape) != tuple(value.shape):
+        raise ValueError(f"tensor {name}: shape {tuple(value.shape)} where the model has "
+                         f"{None if old is None else tuple(old.shape)}")
+    value = value.to(dtype if old.is_floating_point() else old.dtype)
+    if attr in module._parameters:
+        module._parameters[attr] = nn.Parameter(value, requires_grad=old.requires_grad)
+    else:
+        module._buffers[attr] = value
 
 
 def load_gguf_tokenizer(file: str | Path):
