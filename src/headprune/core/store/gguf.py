@@ -79,28 +79,44 @@ def _streamed(path: Path, dtype: torch.dtype) -> nn.Module | None:
     that transformers reads through its newer block loader."""
     from accelerate import init_empty_weights
     from gguf import GGUFReader
-    from gguf.quants import dequantize
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers import modeling_gguf_pytorch_utils as legacy
+    from transformers.integrations.gguf.reader import read_gguf_metadata
     from transformers.integrations.gguf.utils import is_gguf_arch_supported
 
-    reader = GGUFReader(str(path))
-    arch = legacy.read_field(reader, "general.architecture")[0]
+    arch = read_gguf_metadata(str(path))[0]["general.architecture"]  # the vocabulary left unread
     processor_class = legacy.TENSOR_PROCESSORS.get(arch, legacy.TensorProcessor)
     if is_gguf_arch_supported(arch) or processor_class not in _per_tensor(legacy):
         return None
-    parsed = legacy.load_gguf_checkpoint(str(path), return_tensors=False)
+    parsed = legacy.load_gguf_checkpoint(str(path), return_tensors=False)  # metadata only, as transformers reads it
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     with init_empty_weights(include_buffers=False):  # parameters on meta; buffers (rotary frequencies) computed
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     processor = processor_class(config=parsed["config"])
     names = legacy.get_gguf_hf_weights_map(model, processor)
-    for tensor in reader.tensors:
-        result = processor.process(weights=dequantize(tensor.data, tensor.tensor_type), name=tensor.name,
-                                   tensor_key_mapping=names, parsed_parameters=parsed)
+    tensors = GGUFReader(str(path)).tensors  # memory-mapped; the reader's parsed metadata (the vocabulary) let go
+    for tensor in tensors:
+        result = processor.process(weights=_dequantized(tensor), name=tensor.name, tensor_key_mapping=names,
+                                   parsed_parameters=parsed)
         if result.name in names:
             _put(model, names[result.name], _owned(result.weights), dtype)
     return model
+
+
+def _dequantized(tensor, rows: int = 1024) -> np.ndarray:
+    """A GGUF reader's ``tensor`` as floats, ``rows`` rows at a time (its blocks never span rows), so that
+    de-quantising a large tensor (an embedding) needs no full-size temporaries beside its result."""
+    from gguf.quants import dequantize
+
+    data = tensor.data  # [rows, bytes per row] for block types, else [rows, columns]
+    if data.ndim < 2 or data.shape[0] <= rows:
+        return dequantize(data, tensor.tensor_type)
+    first = dequantize(data[:rows], tensor.tensor_type)
+    out = np.empty((data.shape[0], *first.shape[1:]), dtype=first.dtype)
+    out[:rows] = first
+    for start in range(rows, data.shape[0], rows):
+        out[start:start + rows] = dequantize(data[start:start + rows], tensor.tensor_type)
+    return out
 
 
 def _per_tensor(legacy) -> tuple:
