@@ -187,13 +187,13 @@ def load_model_dir(model_dir: Path, task: str | None = None, device: str | None 
     if task is not None:
         check_task(task)
     note(f"loading {model_dir} ...", show=not quiet)
-    model = load_model(model_dir, **device_dtype(device, dtype))
-    if task is not None:
-        check_model(task, model, str(model_dir))
-    tokenizer = load_tokenizer(model_dir)
+    tokenizer = load_tokenizer(model_dir)  # first: reading a GGUF's vocabulary takes memory the weights then reuse
     if tokenizer is None:
         raise ConfigError(f"model directory {str(model_dir)!r} has no tokenizer (tokenizer.json, "
                           "tokenizer_config.json, vocab.txt or spiece.model); save one beside the model")
+    model = load_model(model_dir, **device_dtype(device, dtype))
+    if task is not None:
+        check_model(task, model, str(model_dir))
     return model, tokenizer
 
 
