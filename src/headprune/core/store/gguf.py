@@ -80,13 +80,18 @@ def _streamed(path: Path, dtype: torch.dtype) -> nn.Module | None:
     from accelerate import init_empty_weights
     from gguf import GGUFReader
     from transformers import AutoConfig, AutoModelForCausalLM
-    from transformers import modeling_gguf_pytorch_utils as legacy
-    from transformers.integrations.gguf.reader import read_gguf_metadata
-    from transformers.integrations.gguf.utils import is_gguf_arch_supported
 
-    arch = read_gguf_metadata(str(path))[0]["general.architecture"]  # the vocabulary left unread
-    processor_class = legacy.TENSOR_PROCESSORS.get(arch, legacy.TensorProcessor)
-    if is_gguf_arch_supported(arch) or processor_class not in _per_tensor(legacy):
+    try:  # transformers' GGUF internals: where a version lacks or renames them, its own whole-file load is used
+        from transformers import modeling_gguf_pytorch_utils as legacy
+        from transformers.integrations.gguf.reader import read_gguf_metadata
+        from transformers.integrations.gguf.utils import is_gguf_arch_supported
+
+        arch = read_gguf_metadata(str(path))[0]["general.architecture"]  # the vocabulary left unread
+        processor_class = legacy.TENSOR_PROCESSORS.get(arch, legacy.TensorProcessor)
+        per_tensor = _per_tensor(legacy)
+    except (ImportError, AttributeError):
+        return None
+    if is_gguf_arch_supported(arch) or processor_class not in per_tensor:
         return None
     parsed = legacy.load_gguf_checkpoint(str(path), return_tensors=False)  # metadata only, as transformers reads it
     config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
